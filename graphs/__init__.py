@@ -1,0 +1,1 @@
+"""neatpack.graphs: prebuilt graphs and the checkpointable loader."""

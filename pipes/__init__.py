@@ -1,0 +1,1 @@
+"""neatpack.pipes: the nodes and the pure functions behind them."""
