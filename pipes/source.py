@@ -227,8 +227,11 @@ class PackSource(BaseNode[PackRef]):
         }
 
     def tail_dropped(self) -> list[int]:
-        """Pack indices this epoch's ``drop`` tail removes (counted by the loader's ledger)."""
-        if self.tail != "drop":
-            return []
+        """Pack indices of this epoch's ``drop`` tail whose slots fall to this rank.
+
+        The union over ranks is the whole dropped tail, each pack once (the loader's ledger
+        counts them).
+        """
         kept = self._start + self._limit * self.world_size
-        return [int(i) for i in self._order[kept:]]
+        slots = range(kept + self.rank, len(self._order), self.world_size)
+        return [int(self._order[s]) for s in slots]
