@@ -1,0 +1,300 @@
+"""Collate packs (or plain samples) into one batch, with the attention mask each backend wants.
+
+``neat_packed_vlm_collater`` takes packs (docs/data_contracts.md section 5) and returns a batch
+(section 6). Example, two packs of 5 and 3 tokens, ``mask_format="doc_ids"``::
+
+    pack 0  sample_ids [17, 4]   attention_mask (doc ids) [1, 1, 1, 2, 2]
+    pack 1  sample_ids [92]      attention_mask (doc ids) [1, 1, 1]
+
+    batch["attention_mask"] = [[1, 1, 1, 2, 2],
+                               [1, 1, 1, 0, 0]]      # right padding = 0
+    batch["labels"]         = ...  -100 on padding
+    batch["sample_ids"]     = [[17, 4], [92]]
+
+The collater does no shift: packs were shifted per sample when they were built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import mask as M
+
+__all__ = [
+    "FLASH_FORMATS",
+    "MASK_FORMATS",
+    "merge_media",
+    "neat_packed_vlm_collater",
+    "resolve_mask_format",
+]
+
+IGNORE_INDEX = -100
+FLASH_FORMATS = ("flash_attention_2", "flash_attention_3")
+#: Every accepted ``attn_implementation`` / ``mask_format`` value; the check uses this tuple.
+MASK_FORMATS = ("sdpa", "eager", *FLASH_FORMATS, "flex_attention", "position_ids", "thd", "doc_ids")
+#: Formats with no attention mask: document boundaries travel in positions or cu_seqlens.
+MASK_FREE_FORMATS = (*FLASH_FORMATS, "position_ids", "thd")
+PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
+MEDIA_CAT_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "image_position_ids")
+
+
+def resolve_mask_format(
+    attn_implementation: str | None = None,
+    mask_format: str | None = None,
+    materialize_4d_mask: bool = True,
+) -> str:
+    """The mask format to build: ``mask_format`` wins, then ``attn_implementation``, then sdpa.
+
+    ``materialize_4d_mask=False`` turns the 4D formats (sdpa, eager) into ``doc_ids`` (the
+    seed's behaviour, used with context parallelism where the mask is built per shard).
+    """
+    name = mask_format if mask_format is not None else attn_implementation
+    name = "sdpa" if name is None else name
+    if name not in MASK_FORMATS:
+        raise ValueError(
+            f"unknown mask format {name!r} (from {attn_implementation=}, {mask_format=}); "
+            f"valid: {', '.join(MASK_FORMATS)}"
+        )
+    if not materialize_4d_mask and name in ("sdpa", "eager"):
+        return "doc_ids"
+    return name
+
+
+def merge_media(values: Sequence[Any], dtype: torch.dtype | None = None) -> Tensor | list[Tensor]:
+    """Concatenate pixel tensors on dim 0, or a flat list when their trailing shapes differ.
+
+    A value may be a tensor or a list of per-image tensors (variable resolution). ``dtype``
+    casts (the seed always casts to bf16; here float32 is kept unless asked).
+    """
+    parts: list[Tensor] = []
+    as_list = False
+    for v in values:
+        if isinstance(v, Tensor):
+            parts.append(v)
+        else:
+            as_list = True
+            parts.extend(v)
+    if parts and not as_list and all(p.shape[1:] == parts[0].shape[1:] for p in parts):
+        out = torch.cat(parts)
+        return out if dtype is None else out.to(dtype)
+    return [p if dtype is None else p.to(dtype) for p in parts]
+
+
+def _ids(pack: Mapping[str, Any]) -> list[int]:
+    return [int(i) for i in pack.get("sample_ids", [])]
+
+
+def _check_pack_media(pack: Mapping[str, Any], row: int, merge: int) -> tuple[int, int]:
+    """Images / videos in the pack, checked against its placeholder tokens. Raises ValueError."""
+    counts = []
+    mm = pack.get("mm_token_type_ids")
+    for kind, grid_key, pix_key, token_type in (
+        ("image", "image_grid_thw", "pixel_values", 1),
+        ("video", "video_grid_thw", "pixel_values_videos", 2),
+    ):
+        grid = pack.get(grid_key)
+        n = 0 if grid is None else int(grid.shape[0])
+        declared = pack.get(f"n_{kind}s")
+        if declared is not None and int(declared) != n:
+            raise ValueError(
+                f"pack {row} (sample_ids={_ids(pack)}): n_{kind}s={int(declared)} but "
+                f"{grid_key} has {n} rows; rebuild the pack."
+            )
+        patches = 0 if grid is None else int(grid.long().prod(dim=-1).sum())
+        tokens = 0 if mm is None else int((torch.as_tensor(mm) == token_type).sum())
+        if mm is None and n:
+            raise ValueError(
+                f"pack {row} (sample_ids={_ids(pack)}) has {n} {kind}(s) but no "
+                "mm_token_type_ids; transformers 5 needs them with media."
+            )
+        if tokens * merge * merge != patches:
+            raise ValueError(
+                f"pack {row} (sample_ids={_ids(pack)}): {tokens} {kind} placeholder tokens but "
+                f"{grid_key} implies {patches} patches = {patches // (merge * merge)} tokens at "
+                f"spatial_merge_size={merge}; the media and the text disagree."
+            )
+        pix = pack.get(pix_key)
+        if isinstance(pix, Tensor) and pix.dim() == 2 and n and pix.shape[0] != patches:
+            raise ValueError(
+                f"pack {row} (sample_ids={_ids(pack)}): {pix_key} has {pix.shape[0]} patch rows "
+                f"but {grid_key} implies {patches}."
+            )
+        counts.append(n)
+    return counts[0], counts[1]
+
+
+def _target_length(
+    lengths: list[int],
+    packs: Sequence[Mapping[str, Any]],
+    max_length: int | None,
+    multiple: int | None,
+) -> int:
+    if multiple is not None and multiple < 1:
+        raise ValueError(f"pad_to_multiple_of must be >= 1; got {multiple=}")
+    if max_length is not None:
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1; got {max_length=}")
+        if multiple is not None and max_length % multiple:
+            raise ValueError(f"{max_length=} is not a multiple of pad_to_multiple_of={multiple}")
+        for row, t in enumerate(lengths):
+            if t > max_length:
+                raise ValueError(
+                    f"pack {row} (sample_ids={_ids(packs[row])}) has {t} tokens > {max_length=}; "
+                    "packs are never cut here: plan with a capacity <= max_length."
+                )
+        return max_length
+    s = max(lengths)
+    return s if multiple is None else -(-s // multiple) * multiple
+
+
+def neat_packed_vlm_collater(
+    batch: Sequence[Mapping[str, Any]],
+    padding_idx: int = 0,
+    max_length: int | None = None,
+    attn_implementation: str | None = None,
+    materialize_4d_mask: bool = True,
+    *,
+    pad_to_multiple_of: int | None = None,
+    mask_format: str | None = None,
+    mask_dtype: torch.dtype = torch.float32,
+    pixel_dtype: torch.dtype | None = None,
+    spatial_merge_size: int = 2,
+    check_media: bool = True,
+) -> dict[str, Any]:
+    """Pad a list of packs to ``[B, S]`` and build the attention inputs for one backend.
+
+    ``S`` is the longest pack, or ``max_length``, rounded up to ``pad_to_multiple_of``. A pack
+    longer than ``max_length`` is a ``ValueError`` naming its sample ids (the seed lets it
+    through, bug B5). Formats (``mask_format``, else ``attn_implementation``, else sdpa):
+
+    ============== ==================================================================
+    sdpa           ``attention_mask`` bool ``[B,1,S,S]``, True = attend
+    eager          ``attention_mask`` additive ``mask_dtype`` ``[B,1,S,S]`` (0 / finfo.min)
+    flash_*        ``attention_mask=None``; ``cu_seq_lens_q/k``, ``max_length_q/k``
+    flex_attention ``attention_mask`` = flex ``BlockMask``
+    position_ids   ``attention_mask=None``; boundaries in ``position_ids`` (``use_cache=False``)
+    thd            ``attention_mask=None``; ``packed_seq_params`` (THD cu_seqlens, padded too)
+    doc_ids        ``attention_mask`` = the ``[B,S]`` document ids
+    ============== ==================================================================
+
+    ``position_ids`` is ``[B,S]`` for text packs. For mRoPE packs it is ``[3,B,S]`` with a mask
+    and ``[4,B,S]`` (text row + mRoPE rows) for the mask-free formats. Every batch carries
+    ``doc_ids``, ``sample_ids`` (list per row) and ``mm_token_type_ids``. Padding rows attend to
+    themselves only, so no mask row is fully masked. An empty batch or a zero-length pack is a
+    ``ValueError`` (the seed returns ``{}`` / an all-padding row, bug B3). Pixels keep their
+    dtype unless ``pixel_dtype`` is given (the seed casts to bf16).
+    """
+    fmt = resolve_mask_format(attn_implementation, mask_format, materialize_4d_mask)
+    if len(batch) == 0:
+        raise ValueError("empty batch: neat_packed_vlm_collater needs at least one pack")
+    lengths = []
+    for row, pack in enumerate(batch):
+        missing = [k for k in ("input_ids", "labels", "attention_mask") if k not in pack]
+        if missing:
+            raise ValueError(f"pack {row} (sample_ids={_ids(pack)}) lacks keys {missing}")
+        t = int(pack["input_ids"].shape[-1])
+        if t == 0:
+            raise ValueError(
+                f"pack {row} (sample_ids={_ids(pack)}) has zero tokens; an empty pack would be an "
+                "all-padding row. Drop it before collating (its samples were likely overlong)."
+            )
+        lengths.append(t)
+    s = _target_length(lengths, batch, max_length, pad_to_multiple_of)
+    b = len(batch)
+    pos_dims = {int(torch.as_tensor(p["position_ids"]).dim()) for p in batch if "position_ids" in p}
+    if len(pos_dims) > 1 or (pos_dims and len([p for p in batch if "position_ids" in p]) < b):
+        raise ValueError(
+            "packs disagree on position_ids: some are mRoPE [3,T], some [T] or missing "
+            f"(sample_ids={[_ids(p) for p in batch]}); build every pack with the same has_mrope."
+        )
+    mrope = pos_dims == {2}
+
+    input_ids = torch.full((b, s), padding_idx, dtype=torch.long)
+    labels = torch.full((b, s), IGNORE_INDEX, dtype=torch.long)
+    doc_ids = torch.zeros((b, s), dtype=torch.long)
+    mm = torch.zeros((b, s), dtype=torch.long)
+    pos = torch.zeros((3, b, s) if mrope else (b, s), dtype=torch.long)
+    text_pos = torch.zeros((b, s), dtype=torch.long)
+    has_text_pos = all("text_position_ids" in p for p in batch)
+    for row, (pack, t) in enumerate(zip(batch, lengths, strict=True)):
+        input_ids[row, :t] = pack["input_ids"]
+        labels[row, :t] = pack["labels"]
+        doc_ids[row, :t] = pack["attention_mask"]
+        if pack.get("mm_token_type_ids") is not None:
+            mm[row, :t] = torch.as_tensor(pack["mm_token_type_ids"]).reshape(-1)
+        if "position_ids" in pack:
+            pos[..., row, :t] = torch.as_tensor(pack["position_ids"])
+        if has_text_pos:
+            text_pos[row, :t] = pack["text_position_ids"]
+    try:
+        M.check_doc_ids(doc_ids)
+    except ValueError as err:
+        raise ValueError(f"bad attention_mask (document ids) in a pack: {err}") from err
+    if not has_text_pos:
+        text_pos = M.to_text_position_ids(doc_ids)
+    if not pos_dims:
+        pos = text_pos
+
+    out: dict[str, Any] = {
+        "input_ids": input_ids,
+        "labels": labels,
+        "mm_token_type_ids": mm,
+        "position_ids": pos,
+        "doc_ids": doc_ids,
+        "sample_ids": [_ids(p) for p in batch],
+    }
+    if fmt == "sdpa":
+        out["attention_mask"] = M.to_4d_bool_mask(doc_ids)
+    elif fmt == "eager":
+        out["attention_mask"] = M.to_4d_additive_mask(doc_ids, mask_dtype)
+    elif fmt == "flex_attention":
+        out["attention_mask"] = M.to_block_mask(doc_ids)
+    elif fmt == "doc_ids":
+        out["attention_mask"] = doc_ids
+    else:
+        out["attention_mask"] = None
+        if mrope:
+            out["position_ids"] = M.to_mrope_text_position_ids(text_pos, pos)
+        if fmt in FLASH_FORMATS:
+            out.update(M.to_cu_seqlens(doc_ids))
+        elif fmt == "thd":
+            seq_lens = (
+                [list(p["seq_lens"]) for p in batch]
+                if all("seq_lens" in p for p in batch)
+                else None
+            )
+            out["packed_seq_params"] = M.to_thd_params(doc_ids, seq_lens=seq_lens)
+    out.update(_collate_media(batch, pixel_dtype, spatial_merge_size, check_media))
+    return out
+
+
+def _collate_media(
+    batch: Sequence[Mapping[str, Any]], pixel_dtype: torch.dtype | None, merge: int, check: bool
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    n_img, n_vid = [], []
+    for row, pack in enumerate(batch):
+        if check:
+            i, v = _check_pack_media(pack, row, merge)
+        else:
+            i = int(pack.get("n_images") or 0)
+            v = int(pack.get("n_videos") or 0)
+        n_img.append(i)
+        n_vid.append(v)
+    for key in PIXEL_KEYS:
+        vals = [p[key] for p in batch if p.get(key) is not None]
+        if vals:
+            out[key] = merge_media(vals, pixel_dtype)
+    for key in MEDIA_CAT_KEYS:
+        vals = [p[key] for p in batch if p.get(key) is not None]
+        if vals:
+            out[key] = torch.cat(vals)
+    if any(n_img):
+        out["n_images_per_sample"] = torch.tensor(n_img, dtype=torch.long)
+    if any(n_vid):
+        out["n_videos_per_sample"] = torch.tensor(n_vid, dtype=torch.long)
+    return out

@@ -1,0 +1,271 @@
+"""Document ids -> every attention-mask format a packed batch can be fed with.
+
+A packed batch describes its documents with one integer tensor ``doc_ids`` of shape ``[B, S]``:
+``1..k`` for the tokens of the k-th document of the row, ``0`` for right padding (the seed's
+"indexed attention mask"). Every function here is pure and vectorized (no Python loop over
+tokens) and turns that tensor into what one attention backend wants::
+
+    doc_ids = [[1, 1, 2, 2, 2, 0]]        # two documents (2 + 3 tokens), one padding token
+
+    to_4d_bool_mask -> [1, 1, 6, 6] bool, True = may attend     to_text_position_ids
+        q\\k 0 1 2 3 4 5                                           -> [[0, 1, 0, 1, 2, 0]]
+        0    1 . . . . .
+        1    1 1 . . . .                                        to_cu_seqlens (flash varlen)
+        2    . . 1 . . .                                           cu_seq_lens_q = [0, 2, 5, 6]
+        3    . . 1 1 . .                                           max_length_q = 3
+        4    . . 1 1 1 .
+        5    . . . . . 1    <- padding attends to itself only
+
+Padding rows attend to themselves (the diagonal), never to a document, and no document token
+attends to padding. So no row of a mask is fully masked: SDPA kernels that return NaN for a
+fully masked row (peer note B18, pytorch#103749) cannot be hit, and padding outputs stay finite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "check_doc_ids",
+    "to_4d_additive_mask",
+    "to_4d_bool_mask",
+    "to_block_mask",
+    "to_cu_seqlens",
+    "to_mrope_text_position_ids",
+    "to_text_position_ids",
+    "to_thd_params",
+]
+
+
+def check_doc_ids(doc_ids: Tensor) -> None:
+    """Raise ``ValueError`` unless ``doc_ids`` is a valid ``[B, S]`` document-id tensor.
+
+    Valid: integer dtype, 2-D, no negative value, non-decreasing along each row among the
+    document tokens, and padding (0) only as a suffix. Equality of ids then means "same
+    contiguous document", which every mask below relies on.
+    """
+    if doc_ids.dim() != 2:
+        raise ValueError(
+            f"doc_ids must be [B, S]; got shape {tuple(doc_ids.shape)}. "
+            "Stack per-pack document ids into a batch first (use neat_packed_vlm_collater)."
+        )
+    if doc_ids.dtype.is_floating_point or doc_ids.dtype == torch.bool:
+        raise ValueError(f"doc_ids must be an integer tensor; got {doc_ids.dtype=}")
+    if doc_ids.numel() == 0:
+        return
+    if bool((doc_ids < 0).any()):
+        raise ValueError(f"doc_ids must be >= 0 (0 = padding); got min {int(doc_ids.min())}")
+    pad = doc_ids == 0
+    if bool((pad[:, :-1] & ~pad[:, 1:]).any()):
+        row = int((pad[:, :-1] & ~pad[:, 1:]).any(1).nonzero()[0])
+        raise ValueError(
+            f"doc_ids row {row} has a document token after padding: {doc_ids[row].tolist()[:64]}; "
+            "padding (0) must be a right suffix of the row."
+        )
+    step = doc_ids[:, 1:] - doc_ids[:, :-1]
+    if bool(((step < 0) & ~pad[:, 1:]).any()):
+        row = int(((step < 0) & ~pad[:, 1:]).any(1).nonzero()[0])
+        raise ValueError(
+            f"doc_ids row {row} is not non-decreasing: {doc_ids[row].tolist()[:64]}; "
+            "documents must be numbered 1..k in order."
+        )
+
+
+def to_4d_bool_mask(doc_ids: Tensor) -> Tensor:
+    """Block-causal ``[B, 1, S, S]`` bool mask, ``True`` = may attend (SDPA convention).
+
+    >>> to_4d_bool_mask(torch.tensor([[1, 1, 2, 0]]))[0, 0].int().tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    """
+    check_doc_ids(doc_ids)
+    s = doc_ids.shape[1]
+    q = doc_ids[:, :, None]
+    k = doc_ids[:, None, :]
+    causal = torch.ones(s, s, dtype=torch.bool, device=doc_ids.device).tril_()
+    mask = (q == k) & (k > 0) & causal
+    mask |= torch.eye(s, dtype=torch.bool, device=doc_ids.device)  # padding rows: self only
+    return mask.unsqueeze(1)
+
+
+def to_4d_additive_mask(doc_ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Block-causal ``[B, 1, S, S]`` additive mask: ``0`` = attend, ``finfo(dtype).min`` = blocked.
+
+    Eager attention *adds* the mask to the scores, so a bool mask there is silently wrong (it
+    adds 0 or 1). An additive mask in the model's dtype is right for both eager and sdpa.
+
+    >>> to_4d_additive_mask(torch.tensor([[1, 2]]))[0, 0].eq(0).int().tolist()
+    [[1, 0], [0, 1]]
+    """
+    if not dtype.is_floating_point:
+        raise ValueError(f"additive masks need a floating dtype; got {dtype=}")
+    allowed = to_4d_bool_mask(doc_ids)
+    out = torch.zeros(allowed.shape, dtype=dtype, device=doc_ids.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def _segment_starts(doc_ids: Tensor) -> Tensor:
+    """Flat bool ``[B*S]``: True where a segment (a document or a row's padding run) starts."""
+    b, s = doc_ids.shape
+    flat = doc_ids.reshape(-1)
+    starts = torch.ones_like(flat, dtype=torch.bool)
+    starts[1:] = flat[1:] != flat[:-1]
+    starts.view(b, s)[:, 0] = True  # every row starts a segment, even with equal ids
+    return starts
+
+
+def to_cu_seqlens(doc_ids: Tensor) -> dict[str, Any]:
+    """Flash-attention varlen kwargs for the padding-free path of transformers 5.x.
+
+    The batch is seen as one stream of ``B*S`` tokens (transformers reshapes q/k/v to
+    ``[B*S, H, D]`` when these kwargs are given and ``attention_mask`` is None). A segment starts
+    at every document and at every row start; a row's padding run is its own segment, so
+    ``cu_seq_lens_q[-1] == B*S``. Names and types are those of
+    ``transformers.modeling_flash_attention_utils.FlashAttentionKwargs``: int32 tensors and
+    Python ints.
+
+    >>> kw = to_cu_seqlens(torch.tensor([[1, 1, 1, 1, 2, 2], [1, 1, 0, 0, 0, 0]]))
+    >>> kw["cu_seq_lens_q"].tolist(), kw["max_length_q"]
+    ([0, 4, 6, 8, 12], 4)
+    """
+    check_doc_ids(doc_ids)
+    n = doc_ids.numel()
+    starts = _segment_starts(doc_ids).nonzero().view(-1).to(torch.int32)
+    cu = torch.cat([starts, torch.tensor([n], dtype=torch.int32, device=doc_ids.device)])
+    max_len = int(cu.diff().max()) if cu.numel() > 1 else 0
+    return {
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": max_len,
+        "max_length_k": max_len,
+    }
+
+
+def to_thd_params(
+    doc_ids: Tensor,
+    seq_lens_padded: list[list[int]] | None = None,
+    *,
+    seq_lens: list[list[int]] | None = None,
+) -> dict[str, Any]:
+    """Packed-sequence parameters in the THD layout (Megatron ``PackedSeqParams`` / TE names).
+
+    The batch is flattened to ``B*S`` tokens. The run of tokens with one document id is that
+    document's *padded* span (a pack built with ``sequence_alignment`` puts the alignment pad
+    inside the document's id); the row's tail padding is folded into the row's last document, so
+    ``cu_seqlens_q_padded[-1] == B*S``. ``seq_lens`` gives the real (unpadded) lengths per row,
+    defaulting to the spans; ``seq_lens_padded``, when given (the pack's field), is checked
+    against the spans. A row with no document is one span of real length 0.
+
+    >>> p = to_thd_params(torch.tensor([[1, 1, 1, 1, 2, 2, 0, 0]]), seq_lens=[[3, 2]])
+    >>> p["cu_seqlens_q"].tolist(), p["cu_seqlens_q_padded"].tolist()
+    ([0, 3, 5], [0, 4, 8])
+    """
+    check_doc_ids(doc_ids)
+    b, s = doc_ids.shape
+    n_docs = doc_ids.amax(dim=1) if s else torch.zeros(b, dtype=torch.long)
+    counts = torch.zeros(b, int(n_docs.max()) + 1 if b else 1, dtype=torch.long)
+    counts.scatter_add_(1, doc_ids.long(), torch.ones_like(doc_ids, dtype=torch.long))
+    spans: list[list[int]] = []
+    reals: list[list[int]] = []
+    for row, (k, c) in enumerate(zip(n_docs.tolist(), counts.tolist(), strict=True)):
+        docs = c[1 : k + 1]
+        if seq_lens_padded is not None and list(seq_lens_padded[row]) != docs:
+            raise ValueError(
+                f"row {row}: seq_lens_padded={list(seq_lens_padded[row])} does not match the "
+                f"document spans {docs} in doc_ids; pass the pack's own seq_lens_padded."
+            )
+        real = docs if seq_lens is None else list(seq_lens[row])
+        if len(real) != len(docs) or any(r < 0 or r > d for r, d in zip(real, docs, strict=True)):
+            raise ValueError(
+                f"row {row}: seq_lens={real} must give one length per document, each at most "
+                f"its span in doc_ids {docs}."
+            )
+        span = list(docs) or [0]
+        span[-1] += s - sum(docs)  # fold the row's tail padding into its last document
+        spans.append(span)
+        reals.append(list(real) or [0])
+    flat_pad = [x for r in spans for x in r]
+    flat_real = [x for r in reals for x in r]
+    dev = doc_ids.device
+    cu_pad = torch.tensor([0, *flat_pad], dtype=torch.int32, device=dev).cumsum(
+        0, dtype=torch.int32
+    )
+    cu = torch.tensor([0, *flat_real], dtype=torch.int32, device=dev).cumsum(0, dtype=torch.int32)
+    max_len = max(flat_pad) if flat_pad else 0
+    return {
+        "qkv_format": "thd",
+        "cu_seqlens_q": cu,
+        "cu_seqlens_kv": cu,
+        "cu_seqlens_q_padded": cu_pad,
+        "cu_seqlens_kv_padded": cu_pad,
+        "max_seqlen_q": max_len,
+        "max_seqlen_kv": max_len,
+    }
+
+
+def to_block_mask(doc_ids: Tensor, *, block_size: int = 128) -> Any:
+    """A flex-attention ``BlockMask`` with the same pattern as :func:`to_4d_bool_mask`.
+
+    Built without ``torch.compile`` (``_compile=False``) so it works on CPU; the mask is sparse
+    in blocks of ``block_size`` tokens, so memory is ``O(B * (S/block_size)^2)``.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    check_doc_ids(doc_ids)
+    b, s = doc_ids.shape
+    ids = doc_ids.long()
+
+    def document_causal(bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        dq = ids[bi, qi]
+        dk = ids[bi, ki]
+        return ((dq == dk) & (dk > 0) & (ki <= qi)) | (qi == ki)
+
+    return create_block_mask(
+        document_causal,
+        B=b,
+        H=None,
+        Q_LEN=s,
+        KV_LEN=s,
+        device=str(doc_ids.device),
+        BLOCK_SIZE=block_size,
+        _compile=False,
+    )
+
+
+def to_text_position_ids(doc_ids: Tensor) -> Tensor:
+    """Positions ``0..L-1`` restarting at every document, ``0`` on padding; ``[B, S]`` int64.
+
+    >>> to_text_position_ids(torch.tensor([[1, 1, 1, 2, 2, 0]])).tolist()
+    [[0, 1, 2, 0, 1, 0]]
+    """
+    check_doc_ids(doc_ids)
+    b, s = doc_ids.shape
+    idx = torch.arange(s, device=doc_ids.device).expand(b, s)
+    starts = _segment_starts(doc_ids).view(b, s)
+    run_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return (idx - run_start).masked_fill_(doc_ids == 0, 0)
+
+
+def to_mrope_text_position_ids(text_position_ids: Tensor, mrope_position_ids: Tensor) -> Tensor:
+    """Stack ``[B, S]`` text positions over ``[3, B, S]`` mRoPE ids into ``[4, B, S]``.
+
+    Qwen-VL text models read row 0 (positions restarting per document) only to find the packed
+    documents when ``attention_mask`` is None, and rows 1-3 for rotary embeddings. ``[3, B, S]``
+    alone with no mask leaks attention across documents (mRoPE rows jump inside an image).
+    Needs ``use_cache=False`` (a cache disables packed-sequence detection).
+    """
+    if text_position_ids.dim() != 2 or mrope_position_ids.dim() != 3:
+        raise ValueError(
+            f"need text [B,S] and mRoPE [3,B,S]; got {tuple(text_position_ids.shape)} and "
+            f"{tuple(mrope_position_ids.shape)}"
+        )
+    if mrope_position_ids.shape[0] != 3 or mrope_position_ids.shape[1:] != text_position_ids.shape:
+        raise ValueError(
+            f"mRoPE ids {tuple(mrope_position_ids.shape)} do not match text positions "
+            f"{tuple(text_position_ids.shape)}; expected (3, B, S)."
+        )
+    return torch.cat(
+        [text_position_ids.unsqueeze(0).to(mrope_position_ids.dtype), mrope_position_ids]
+    )
