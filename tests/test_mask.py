@@ -1,0 +1,178 @@
+"""Document ids -> masks: literal examples, brute-force properties, flex parity, bad input."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neatpack.pipes import mask as M
+
+
+def _doc_ids(rows: list[list[int]], s: int) -> torch.Tensor:
+    """Rows of document lengths -> right-padded [B, S] document ids."""
+    out = torch.zeros(len(rows), s, dtype=torch.long)
+    for r, lens in enumerate(rows):
+        pos = 0
+        for k, n in enumerate(lens, start=1):
+            out[r, pos : pos + n] = k
+            pos += n
+    return out
+
+
+def _reference(doc: torch.Tensor) -> torch.Tensor:
+    """Brute force: (same doc and causal and not padding) or the diagonal."""
+    b, s = doc.shape
+    ref = torch.zeros(b, 1, s, s, dtype=torch.bool)
+    for r in range(b):
+        for i in range(s):
+            for j in range(s):
+                same = doc[r, i] == doc[r, j] and doc[r, j] > 0 and j <= i
+                ref[r, 0, i, j] = bool(same) or i == j
+    return ref
+
+
+packs = st.lists(
+    st.lists(st.integers(1, 6), min_size=0, max_size=4), min_size=1, max_size=3
+).flatmap(
+    lambda rows: st.tuples(
+        st.just(rows), st.integers(max(1, max(sum(r) for r in rows)), max(sum(r) for r in rows) + 3)
+    )
+)
+
+
+def test_doctests_pass() -> None:
+    result = doctest.testmod(M)
+    assert result.attempted >= 7
+    assert result.failed == 0
+
+
+def test_bool_mask_literal() -> None:
+    got = M.to_4d_bool_mask(torch.tensor([[1, 1, 2, 2, 2, 0]]))
+    expected = [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert got.shape == (1, 1, 6, 6)
+    assert got.dtype == torch.bool
+    assert got[0, 0].int().tolist() == expected
+
+
+@given(packs)
+def test_masks_match_brute_force(case: tuple[list[list[int]], int]) -> None:
+    rows, s = case
+    doc = _doc_ids(rows, s)
+    bool_mask = M.to_4d_bool_mask(doc)
+    assert torch.equal(bool_mask, _reference(doc))
+    assert bool(bool_mask.any(-1).all())  # no fully masked row
+    add = M.to_4d_additive_mask(doc, torch.float32)
+    assert torch.equal(add == 0, bool_mask)
+    assert bool((add[~bool_mask] == torch.finfo(torch.float32).min).all())
+
+
+@given(packs)
+def test_cu_seqlens_and_positions(case: tuple[list[list[int]], int]) -> None:
+    rows, s = case
+    doc = _doc_ids(rows, s)
+    kw = M.to_cu_seqlens(doc)
+    expected = [0]
+    for lens in rows:
+        segs = [n for n in lens if n] + ([s - sum(lens)] if s > sum(lens) else [])
+        for n in segs:
+            expected.append(expected[-1] + n)
+    assert kw["cu_seq_lens_q"].tolist() == expected
+    assert kw["cu_seq_lens_q"].dtype == torch.int32
+    assert kw["cu_seq_lens_k"] is kw["cu_seq_lens_q"]
+    assert kw["max_length_q"] == max(b - a for a, b in zip(expected, expected[1:], strict=False))
+    assert isinstance(kw["max_length_q"], int)
+    pos = M.to_text_position_ids(doc)
+    for r, lens in enumerate(rows):
+        want = [i for n in lens for i in range(n)] + [0] * (s - sum(lens))
+        assert pos[r].tolist() == want
+
+
+@given(packs)
+def test_thd_params(case: tuple[list[list[int]], int]) -> None:
+    rows, s = case
+    doc = _doc_ids(rows, s)
+    real = [[max(0, n - 1) for n in lens] for lens in rows]  # pretend 1 alignment pad per doc
+    p = M.to_thd_params(doc, [list(r) for r in rows], seq_lens=real)
+    assert p["qkv_format"] == "thd"
+    assert int(p["cu_seqlens_q_padded"][-1]) == doc.numel()
+    flat_real = [n for r in real for n in (r or [0])]
+    assert p["cu_seqlens_q"].diff().tolist() == flat_real
+    spans = p["cu_seqlens_q_padded"].diff().tolist()
+    assert len(spans) == len(flat_real)
+    assert all(a >= b for a, b in zip(spans, flat_real, strict=True))
+
+
+def test_thd_rejects_wrong_padded_lengths() -> None:
+    doc = torch.tensor([[1, 1, 2, 0]])
+    with pytest.raises(ValueError, match="seq_lens_padded"):
+        M.to_thd_params(doc, [[1, 2]])
+    with pytest.raises(ValueError, match="seq_lens"):
+        M.to_thd_params(doc, seq_lens=[[3, 1]])
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_block_mask_matches_bool_mask_through_flex_attention() -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    doc = torch.tensor([[1, 1, 2, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 1, 2, 3]])
+    bm = M.to_block_mask(doc, block_size=4)
+    assert bm.shape == (2, 1, 8, 8)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 16, generator=gen) for _ in range(3))
+    got = flex_attention(q, k, v, block_mask=bm)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=M.to_4d_bool_mask(doc)
+    )
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def test_sdpa_padding_rows_are_finite() -> None:
+    doc = torch.tensor([[1, 1, 0, 0]])
+    q = torch.randn(1, 2, 4, 8)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, q, q, attn_mask=M.to_4d_bool_mask(doc)
+    )
+    assert bool(torch.isfinite(out).all())
+
+
+def test_mrope_text_position_ids() -> None:
+    text = torch.tensor([[0, 1, 0, 1]])
+    mrope = torch.arange(12).reshape(3, 1, 4)
+    out = M.to_mrope_text_position_ids(text, mrope)
+    assert out.shape == (4, 1, 4)
+    assert out[0].tolist() == [[0, 1, 0, 1]]
+    assert torch.equal(out[1:], mrope)
+    with pytest.raises(ValueError, match="3, B, S"):
+        M.to_mrope_text_position_ids(text, mrope[:2])
+
+
+@pytest.mark.badinput
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        (torch.tensor([1, 1, 0]), r"\[B, S\]"),
+        (torch.tensor([[1.0, 0.0]]), "integer"),
+        (torch.tensor([[1, -1]]), ">= 0"),
+        (torch.tensor([[1, 0, 2]]), "after padding"),
+        (torch.tensor([[2, 1, 1]]), "non-decreasing"),
+    ],
+)
+def test_bad_doc_ids(doc: torch.Tensor, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        M.to_4d_bool_mask(doc)
+
+
+def test_additive_mask_needs_float_dtype() -> None:
+    with pytest.raises(ValueError, match="floating"):
+        M.to_4d_additive_mask(torch.tensor([[1]]), torch.int64)
