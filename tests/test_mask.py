@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import itertools
 
 import pytest
 import torch
@@ -90,7 +91,7 @@ def test_cu_seqlens_and_positions(case: tuple[list[list[int]], int]) -> None:
     assert kw["cu_seq_lens_q"].tolist() == expected
     assert kw["cu_seq_lens_q"].dtype == torch.int32
     assert kw["cu_seq_lens_k"] is kw["cu_seq_lens_q"]
-    assert kw["max_length_q"] == max(b - a for a, b in zip(expected, expected[1:], strict=False))
+    assert kw["max_length_q"] == max(b - a for a, b in itertools.pairwise(expected))
     assert isinstance(kw["max_length_q"], int)
     pos = M.to_text_position_ids(doc)
     for r, lens in enumerate(rows):
