@@ -1,0 +1,128 @@
+"""Length index benchmark: records/s building the index from a generated JSONL with image
+metadata (estimate mode), and the reload time of a cached index.
+
+    python benchmarks/bench_lengths.py            # 200k records, 10M-entry reload
+    python benchmarks/bench_lengths.py --quick    # 5k records, 1M-entry reload
+
+Prints one JSON object: {"benchmark", "params", "metrics", "env"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.lengths import LengthIndex, build_length_index
+from neatpack.pipes.media_tokens import ImageTokenConfig
+from neatpack.pipes.read import JsonlSource
+
+WORDS = "the a cat dog picture shows red blue small large left right of in on with".split()
+
+
+def write_jsonl(path: Path, n: int, seed: int = 0) -> int:
+    """LLaVA-style and messages-style records, ~1 image each with ``images_meta``."""
+    rnd = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(n):
+            h, w = rnd.randint(16, 2000), rnd.randint(16, 2000)
+            q = " ".join(rnd.choices(WORDS, k=rnd.randint(3, 30)))
+            a = " ".join(rnd.choices(WORDS, k=rnd.randint(5, 120)))
+            if i % 2:
+                rec = {
+                    "conversations": [
+                        {"from": "human", "value": f"<image>\n{q}"},
+                        {"from": "gpt", "value": a},
+                    ],
+                    "image": f"img/{i}.jpg",
+                    "images_meta": [[h, w]],
+                }
+            else:
+                content = [{"type": "image", "image": f"img/{i}.jpg"}, {"type": "text", "text": q}]
+                rec = {
+                    "messages": [
+                        {"role": "user", "content": content},
+                        {"role": "assistant", "content": a},
+                    ],
+                    "images_meta": [[h, w]],
+                }
+            f.write(json.dumps(rec) + "\n")
+    return path.stat().st_size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--records", type=int, default=None)
+    ap.add_argument("--reload-entries", type=int, default=None)
+    args = ap.parse_args()
+    n = args.records or (5_000 if args.quick else 200_000)
+    m = args.reload_entries or (1_000_000 if args.quick else 10_000_000)
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        size = write_jsonl(root / "data.jsonl", n)
+        (root / "img").mkdir()
+        t0 = time.perf_counter()
+        source = JsonlSource(root / "data.jsonl", media_root=root)
+        t_open = time.perf_counter() - t0
+        est = LengthEstimator(image=ImageTokenConfig())
+        t0 = time.perf_counter()
+        index = build_length_index(source, est, progress=False)
+        t_build = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        build_length_index(source, est, cache_dir=root / "cache", progress=False)
+        t_build_save = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        build_length_index(source, est, cache_dir=root / "cache", progress=False)
+        t_cached = time.perf_counter() - t0
+
+        rng = np.random.default_rng(0)
+        big = LengthIndex(
+            total=rng.integers(1, 8192, m, dtype=np.int64),
+            visual=rng.integers(0, 4096, m, dtype=np.int64),
+            fingerprint="bench",
+        )
+        t0 = time.perf_counter()
+        big.save(root / "big.npz")
+        t_save = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        loaded = LengthIndex.load(root / "big.npz")
+        t_reload = time.perf_counter() - t0
+        if not np.array_equal(loaded.total, big.total):
+            raise SystemExit("reloaded index differs")
+    out = {
+        "benchmark": "lengths",
+        "params": {"records": n, "reload_entries": m, "quick": args.quick, "mode": "estimate"},
+        "metrics": {
+            "jsonl_bytes": size,
+            "open_index_s": round(t_open, 4),
+            "build_s": round(t_build, 4),
+            "records_per_s": round(n / t_build),
+            "records_per_s_incl_open": round(n / (t_build + t_open)),
+            "build_and_save_s": round(t_build_save, 4),
+            "cached_reload_s": round(t_cached, 4),
+            "big_save_s": round(t_save, 4),
+            "big_reload_s": round(t_reload, 4),
+            "mean_total": float(index.total.mean()),
+        },
+        "env": {
+            "python": sys.version.split()[0],
+            "numpy": np.__version__,
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

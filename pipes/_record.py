@@ -1,0 +1,173 @@
+"""Raw record -> Record (``docs/data_contracts.md`` section 1): role/content-list form, media
+paths resolved against (and confined to) the media root.
+
+>>> to_record({"messages": [{"role": "user", "content": "Hi"}]}, 3, None)["conversation"]
+[{'role': 'user', 'content': [{'type': 'text', 'text': 'Hi'}]}]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["MEDIA_TYPES", "RecordError", "resolve_media_path", "to_record"]
+
+MEDIA_TYPES = ("image", "video")
+ROLES = ("system", "user", "assistant")
+_LLAVA_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user",
+                "assistant": "assistant"}  # fmt: skip
+_CONVERSATION_KEYS = ("conversation", "messages", "conversations")
+_PASSTHROUGH = ("images_meta", "videos_meta", "_text_tokens")
+
+
+class RecordError(ValueError):
+    """A raw record that cannot be read; the message names the sample id and the fix."""
+
+
+def resolve_media_path(path: str, sample_id: int, media_root: str | None) -> str:
+    """Join a relative path to ``media_root`` (already ``realpath``-ed) and refuse any path whose
+    real location (symlinks followed) is outside it. Without a root the path is unchanged."""
+    if media_root is None:
+        return path
+    full = os.path.join(media_root, path)  # an absolute path stays absolute
+    real = os.path.realpath(full)
+    if real != media_root and not real.startswith(media_root + os.sep):
+        raise RecordError(
+            f"sample_id={sample_id}: media path {path!r} resolves to {real!r}, outside the media "
+            f"root {media_root!r}; move the file under the root or pass a different media_root"
+        )
+    return real
+
+
+def _media_block(kind: str, value: Any, sample_id: int, media_root: str | None) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = resolve_media_path(value, sample_id, media_root)
+    return {"type": kind, kind: value}
+
+
+def _block(item: Any, sample_id: int, media_root: str | None) -> dict[str, Any]:
+    if isinstance(item, str):
+        return {"type": "text", "text": item}
+    if not isinstance(item, Mapping):
+        raise RecordError(
+            f"sample_id={sample_id}: content item {item!r} is a {type(item).__name__}; "
+            "expected a str or a dict block"
+        )
+    kind = item.get("type")
+    if kind == "text" or (kind is None and "text" in item):
+        text = item.get("text")
+        if not isinstance(text, str):
+            raise RecordError(f"sample_id={sample_id}: text block has {text=!r}; expected a str")
+        return {"type": "text", "text": text}
+    for media in MEDIA_TYPES:
+        if kind == media or (kind is None and media in item):
+            value = item.get(media, item.get("path", item.get("url")))
+            if value is None:
+                raise RecordError(
+                    f"sample_id={sample_id}: {media} block {dict(item)!r} has no {media!r}, "
+                    "'path' or 'url' key"
+                )
+            return _media_block(media, value, sample_id, media_root)
+    raise RecordError(
+        f"sample_id={sample_id}: content block type {kind!r} is not one of {('text', *MEDIA_TYPES)}"
+    )
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _llava(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> list[dict[str, Any]]:
+    media = {
+        "image": _as_list(raw.get("images", raw.get("image"))),
+        "video": _as_list(raw.get("videos", raw.get("video"))),
+    }
+    used = dict.fromkeys(MEDIA_TYPES, 0)
+    conv: list[dict[str, Any]] = []
+    for turn in raw["conversations"]:
+        if not isinstance(turn, Mapping) or "from" not in turn or "value" not in turn:
+            raise RecordError(
+                f"sample_id={sample_id}: LLaVA turn {turn!r} needs 'from' and 'value' keys"
+            )
+        role = _LLAVA_ROLES.get(turn["from"])
+        if role is None:
+            raise RecordError(
+                f"sample_id={sample_id}: LLaVA role {turn['from']!r} is not one of "
+                f"{tuple(_LLAVA_ROLES)}"
+            )
+        value = turn["value"]
+        if not isinstance(value, str):
+            raise RecordError(f"sample_id={sample_id}: LLaVA {value=!r} is not a str")
+        content: list[dict[str, Any]] = []
+        # Split on <image>/<video>; a newline right next to a placeholder is layout, not text.
+        pieces = value.replace("<video>", "\x00video\x00").replace("<image>", "\x00image\x00")
+        for i, piece in enumerate(pieces.split("\x00")):
+            if i % 2 == 1:
+                kind = piece
+                if used[kind] >= len(media[kind]):
+                    raise RecordError(
+                        f"sample_id={sample_id}: more <{kind}> placeholders than the "
+                        f"{len(media[kind])} {kind} paths given"
+                    )
+                content.append(_media_block(kind, media[kind][used[kind]], sample_id, media_root))
+                used[kind] += 1
+            elif text := piece.strip("\n"):
+                content.append({"type": "text", "text": text})
+        conv.append({"role": role, "content": content})
+    for kind in MEDIA_TYPES:
+        if used[kind] == 0 and media[kind]:
+            # No placeholders at all: LLaVA convention puts the media first in the first user turn.
+            first = next((m for m in conv if m["role"] == "user"), None)
+            if first is None:
+                raise RecordError(f"sample_id={sample_id}: {kind} given but no user turn")
+            blocks = [_media_block(kind, v, sample_id, media_root) for v in media[kind]]
+            first["content"][:0] = blocks
+        elif used[kind] != len(media[kind]):
+            raise RecordError(
+                f"sample_id={sample_id}: {used[kind]} <{kind}> placeholders but "
+                f"{len(media[kind])} {kind} paths; make them match"
+            )
+    return conv
+
+
+def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> dict[str, Any]:
+    """Convert one raw record into a Record dict (see the module docstring)."""
+    if not isinstance(raw, Mapping):
+        raise RecordError(f"sample_id={sample_id}: record is a {type(raw).__name__}, not a dict")
+    key = next((k for k in _CONVERSATION_KEYS if k in raw), None)
+    if key is None:
+        raise RecordError(
+            f"sample_id={sample_id}: no conversation; expected one of the keys "
+            f"{_CONVERSATION_KEYS}, got {sorted(raw)}"
+        )
+    turns = raw[key]
+    if not isinstance(turns, list) or not turns:
+        raise RecordError(
+            f"sample_id={sample_id}: empty or non-list conversation {key}={turns!r}; "
+            "every record needs at least one message"
+        )
+    if key == "conversations" and isinstance(turns[0], Mapping) and "from" in turns[0]:
+        conv = _llava(raw, sample_id, media_root)
+    else:
+        conv = []
+        for msg in turns:
+            if not isinstance(msg, Mapping) or "role" not in msg:
+                raise RecordError(f"sample_id={sample_id}: message {msg!r} has no 'role'")
+            role, content = msg["role"], msg.get("content")
+            if role not in ROLES:
+                raise RecordError(f"sample_id={sample_id}: {role=!r} is not one of {ROLES}")
+            items = [content] if isinstance(content, str) else _as_list(content)
+            blocks = [_block(c, sample_id, media_root) for c in items]
+            conv.append({"role": role, "content": blocks})
+    record: dict[str, Any] = {"sample_id": sample_id, "conversation": conv}
+    meta = raw.get("mm_inputs_meta")  # the peer's nesting of the two meta lists
+    for k in _PASSTHROUGH:
+        v = raw.get(k)
+        if v is None and isinstance(meta, Mapping):
+            v = meta.get(k)
+        if v is not None:
+            record[k] = v
+    return record

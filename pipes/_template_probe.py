@@ -1,0 +1,74 @@
+"""Chat-template facts read from a real processor: the template's own token overhead (a tiny
+probe conversation) and the exact token count of a templated conversation.
+
+For the Qwen2-VL template with the real Qwen vocabulary the probe gives 5 tokens per message
+(``<|im_start|>``, role, newline, ``<|im_end|>``, newline; a role word that the vocabulary
+splits costs more, hence one constant per role), ``per_image=2`` (vision start and end
+around the one placeholder) and ``no_system`` = the default system prompt block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .estimate import TemplateOverhead
+
+__all__ = ["probe_overhead", "templated_text_tokens", "tokenizer_id"]
+
+
+def _tokenizer(processor: Any) -> Any:
+    return getattr(processor, "tokenizer", processor)
+
+
+def _placeholder_ids(processor: Any) -> set[int]:
+    tok = _tokenizer(processor)
+    ids = set()
+    for attr in ("image_token", "video_token"):
+        token = getattr(processor, attr, None)
+        if isinstance(token, str):
+            ids.add(int(tok.convert_tokens_to_ids(token)))
+    return ids
+
+
+def templated_text_tokens(processor: Any, conversation: list[dict[str, Any]]) -> int:
+    """Tokens of ``apply_chat_template(conversation)`` minus the media placeholders (each is
+    replaced by the media's visual tokens when the processor expands it)."""
+    text = processor.apply_chat_template(conversation, tokenize=False)
+    ids = _tokenizer(processor)(text, add_special_tokens=False)["input_ids"]
+    placeholders = _placeholder_ids(processor)
+    return sum(1 for i in ids if i not in placeholders)
+
+
+def probe_overhead(processor: Any) -> TemplateOverhead:
+    """Template overhead from five probe conversations (text "a" is one token)."""
+
+    def n(*msgs: tuple[str, list[dict[str, Any]]]) -> int:
+        return templated_text_tokens(processor, [{"role": r, "content": c} for r, c in msgs])
+
+    a = [{"type": "text", "text": "a"}]
+    t_a = len(_tokenizer(processor)("a", add_special_tokens=False)["input_ids"])
+    one = n(("user", a))
+    user = n(("system", a), ("user", a), ("user", a)) - n(("system", a), ("user", a)) - t_a
+    assistant = n(("user", a), ("assistant", a)) - one - t_a
+    system = n(("system", a), ("user", a)) - user - 2 * t_a
+    image = n(("user", [{"type": "image", "image": "probe.jpg"}, *a])) - one
+    video = n(("user", [{"type": "video", "video": "probe.mp4"}, *a])) - one
+    return TemplateOverhead(
+        per_system=float(system), per_user=float(user), per_assistant=float(assistant),
+        per_image=float(image), per_video=float(video), no_system=float(one - user - t_a),
+    )  # fmt: skip
+
+
+def tokenizer_id(processor: Any) -> str:
+    """A short content id of the tokenizer and chat template (part of the cache fingerprint)."""
+    if processor is None:
+        return ""
+    tok = _tokenizer(processor)
+    h = hashlib.sha256()
+    h.update(type(processor).__name__.encode())
+    h.update(str(len(tok)).encode())
+    h.update(str(getattr(processor, "chat_template", None) or "").encode())
+    for t in ("a", "Hello world", "<|im_start|>"):
+        h.update(repr(tok(t, add_special_tokens=False)["input_ids"]).encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,349 @@
+"""Token-length estimation of one Record without tokenizing (``estimate``), with a fit against
+the real tokenizer (``calibrated``), or by tokenizing the templated text once (``exact``).
+
+``estimate(record) -> (total, visual)``: ``total`` is the sample's length after the shift
+(``L - 1``) and includes the ``visual`` (image + video) tokens. Text is ``_text_tokens`` when
+present, else ``floor(chars / chars_per_token)``; the chat template's own tokens are added
+from ``TemplateOverhead`` (the peer left them out, so its packs overflowed).
+
+>>> est = LengthEstimator(image=ImageTokenConfig())
+>>> rec = {"sample_id": 0, "images_meta": [[280, 560]], "conversation": [
+...     {"role": "user", "content": [{"type": "image", "image": "x.jpg"},
+...                                  {"type": "text", "text": "What is this?"}]}]}
+>>> est.estimate(rec)  # 13 chars // 3 = 4, + 200 image + 2 vision marks + 5 + 11 template - 1
+(221, 200)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .media_tokens import ImageTokenConfig, VideoTokenConfig
+
+__all__ = [
+    "MODES",
+    "ON_MISSING_MEDIA",
+    "FallbackCounter",
+    "LengthEstimator",
+    "SampleEstimate",
+    "TemplateOverhead",
+    "TextStats",
+    "text_stats",
+]
+
+MODES = ("estimate", "calibrated", "exact")
+ON_MISSING_MEDIA = ("raise", "fallback")
+
+
+class EstimateError(ValueError):
+    """A record whose length cannot be estimated; the message names the sample id."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemplateOverhead:
+    """Chat-template tokens around the text. Defaults: the Qwen2-VL template with the real Qwen
+    vocabulary (``<|im_start|>``, role, newline, ``<|im_end|>``, newline per message; vision
+    start/end per media; the default system prompt when the first message is not a system one).
+    ``base`` is the constant that ``calibrate`` fits."""
+
+    base: float = 0.0
+    per_system: float = 5.0
+    per_user: float = 5.0
+    per_assistant: float = 5.0
+    per_image: float = 2.0
+    per_video: float = 2.0
+    no_system: float = 11.0
+
+    def tokens(self, st: TextStats) -> float:
+        return (
+            self.base + self.per_system * st.system + self.per_user * st.user
+            + self.per_assistant * st.assistant + self.per_image * st.images
+            + self.per_video * st.videos + (0.0 if st.first_is_system else self.no_system)
+        )  # fmt: skip
+
+
+class TextStats(NamedTuple):
+    """What the text estimate of a Record depends on."""
+
+    chars: int
+    system: int
+    user: int
+    assistant: int
+    images: int
+    videos: int
+    first_is_system: bool
+
+
+class SampleEstimate(NamedTuple):
+    total: int
+    visual: int
+    fallbacks: tuple[str, ...]  # reasons, e.g. ("image_missing",), empty when none
+
+
+@dataclass
+class FallbackCounter:
+    """Counts the media items that used the ``media_fallback`` estimate, with sample ids."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    sample_ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, sample_id: int, reasons: tuple[str, ...]) -> None:
+        for r in reasons:
+            self.counts[r] += 1
+            ids = self.sample_ids.setdefault(r, [])
+            if not ids or ids[-1] != sample_id:
+                ids.append(sample_id)
+
+
+def _positive_meta(sample_id: int, kind: str, meta: Any, n: int) -> list[float]:
+    if not isinstance(meta, list | tuple) or len(meta) < n:
+        raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r} needs {n} numbers")
+    try:
+        return [float(v) for v in meta[:n]]
+    except (TypeError, ValueError) as e:
+        raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r}: {e}") from e
+
+
+def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
+    """(height, width) of a PIL image or an image file's header (EXIF rotation applied, as
+    transformers' ``load_image`` does), or a fallback reason."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, Image.Image):
+        return value.height, value.width
+    if not isinstance(value, str):
+        return "image_not_a_path"
+    try:
+        with Image.open(value) as im:  # lazy: reads the header only, no decode
+            w, h = im.size
+            orientation = im.getexif().get(0x0112, 1)
+    except FileNotFoundError:
+        return "image_missing"
+    except (UnidentifiedImageError, OSError, SyntaxError):
+        return "image_unreadable"
+    return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LengthEstimator:
+    """Frozen length-estimation config plus a (non-compared) fallback counter.
+
+    Build it with ``LengthEstimator.from_processor(processor)`` (token configs and template
+    overhead from the real processor) or ``LengthEstimator.calibrate(source, processor)``.
+    Without an image/video config, media items use ``media_fallback`` (counted).
+    """
+
+    image: ImageTokenConfig | None = None
+    video: VideoTokenConfig | None = None
+    mode: str = "estimate"
+    chars_per_token: float = 3.0
+    overhead: TemplateOverhead = TemplateOverhead()
+    media_fallback: int = 500
+    on_missing_media: str = "raise"
+    processor: Any = field(default=None, repr=False, compare=False)
+    tokenizer_id: str = ""
+    fallbacks: FallbackCounter = field(default_factory=FallbackCounter, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"{self.mode=!r} is not one of {MODES}")
+        if self.on_missing_media not in ON_MISSING_MEDIA:
+            raise ValueError(f"{self.on_missing_media=!r} is not one of {ON_MISSING_MEDIA}")
+        if not self.chars_per_token > 0:
+            raise ValueError(f"{self.chars_per_token=} must be > 0")
+        if self.mode == "exact" and self.processor is None:
+            raise ValueError("mode='exact' needs processor=<a transformers processor>")
+
+    def config_key(self) -> str:
+        """What the length-index fingerprint covers: every field that changes a result."""
+        return repr(self)
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def from_processor(
+        cls, processor: Any, *, mode: str = "estimate", **kw: Any
+    ) -> LengthEstimator:
+        from ._template_probe import probe_overhead, tokenizer_id
+
+        image = ImageTokenConfig.from_processor(processor) if hasattr(
+            processor, "image_processor") else None  # fmt: skip
+        video = VideoTokenConfig.from_processor(processor) if getattr(
+            processor, "video_processor", None) is not None else None  # fmt: skip
+        kw.setdefault("overhead", probe_overhead(processor))
+        return cls(
+            image=image, video=video, mode=mode, processor=processor,
+            tokenizer_id=tokenizer_id(processor), **kw,
+        )  # fmt: skip
+
+    @classmethod
+    def calibrate(
+        cls, source: Any, processor: Any, n: int = 200, seed: int = 0, **kw: Any
+    ) -> LengthEstimator:
+        """Fit ``chars_per_token`` and a constant overhead correction by least squares on the
+        real tokenizer's count of the templated text of ``n`` records sampled with ``seed``
+        (media placeholders removed from the count: they are replaced by visual tokens)."""
+        from ._template_probe import templated_text_tokens
+
+        base = cls.from_processor(processor, **kw)
+        rng = np.random.default_rng(seed)
+        ids = np.sort(rng.choice(len(source), size=min(n, len(source)), replace=False))
+        xs, ys = [], []
+        for sid in ids:
+            rec = source[int(sid)]
+            st = text_stats(rec)
+            ys.append(
+                templated_text_tokens(processor, rec["conversation"]) - base.overhead.tokens(st)
+            )
+            xs.append((st.chars, 1.0))
+        if len(xs) < 2:
+            raise ValueError(f"calibrate needs at least 2 records; the source has {len(source)}")
+        (a, b), *_ = np.linalg.lstsq(np.asarray(xs, float), np.asarray(ys, float), rcond=None)
+        if not a > 0:
+            raise ValueError(
+                f"calibration gave tokens-per-char {a=}; use records with more text variety"
+            )
+        overhead = replace(base.overhead, base=base.overhead.base + float(b))
+        return replace(base, mode="calibrated", chars_per_token=float(1 / a), overhead=overhead)
+
+    # -- estimation -----------------------------------------------------------------------
+    def estimate(self, record: Mapping[str, Any]) -> tuple[int, int]:
+        """``(total, visual)`` for one Record; fallbacks are counted in ``self.fallbacks``."""
+        out = self.estimate_sample(record)
+        if out.fallbacks:
+            self.fallbacks.add(int(record.get("sample_id", -1)), out.fallbacks)
+        return out.total, out.visual
+
+    def estimate_sample(self, record: Mapping[str, Any]) -> SampleEstimate:
+        sid = int(record.get("sample_id", -1))
+        conv = record.get("conversation")
+        if not conv:
+            raise EstimateError(f"sample_id={sid}: empty conversation; nothing to estimate")
+        visual, reasons = self.visual_tokens(record)
+        if self.mode == "exact":
+            from ._template_probe import templated_text_tokens
+
+            text = templated_text_tokens(self.processor, conv)
+        else:
+            st = text_stats(record)
+            tt = record.get("_text_tokens")
+            body = int(tt) if tt is not None else math.floor(st.chars / self.chars_per_token)
+            text = body + round(self.overhead.tokens(st))
+        return SampleEstimate(max(text + visual - 1, 0), visual, reasons)
+
+    def visual_tokens(self, record: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
+        sid = int(record.get("sample_id", -1))
+        images, videos = _media(record)
+        images_meta = _aligned_meta(record, "images_meta", len(images), sid)
+        videos_meta = _aligned_meta(record, "videos_meta", len(videos), sid)
+        total, reasons = 0, []
+        for value, meta in zip(images, images_meta, strict=True):
+            if self.image is None:
+                reasons.append("image_no_config")
+                total += self.media_fallback
+                continue
+            if meta is not None:
+                h, w = _positive_meta(sid, "images", meta, 2)
+                if not (0 < h < 1e9 and 0 < w < 1e9) or h != int(h) or w != int(w):
+                    raise EstimateError(
+                        f"sample_id={sid}: images_meta {meta!r} must be positive integers "
+                        "[height, width]; fix the metadata or drop it to read the file header"
+                    )
+                size: tuple[int, int] | str = (int(h), int(w))
+            else:
+                size = _image_size(value, sid)
+            if isinstance(size, str):
+                if self.on_missing_media == "raise" and size != "image_not_a_path":
+                    raise EstimateError(
+                        f"sample_id={sid}: {size.replace('_', ' ')}: {value!r}; fix the path "
+                        "or pass on_missing_media='fallback' to count it as "
+                        f"{self.media_fallback} tokens"
+                    )
+                reasons.append(size)
+                total += self.media_fallback
+                continue
+            try:
+                total += self.image.tokens(*size)
+            except ValueError as e:
+                raise EstimateError(f"sample_id={sid}: image {value!r} size {size}: {e}") from e
+        for value, meta in zip(videos, videos_meta, strict=True):
+            if self.video is None or meta is None:
+                reasons.append("video_no_config" if self.video is None else "video_no_meta")
+                total += self.media_fallback
+                continue
+            total += _video_tokens(self.video, sid, value, meta)
+        return total, tuple(reasons)
+
+
+def _video_tokens(cfg: VideoTokenConfig, sid: int, value: Any, meta: Any) -> int:
+    frames, h, w, fps, duration = _positive_meta(sid, "videos", meta, 5)
+    if h <= 0 or w <= 0 or frames < 0 or fps < 0 or duration < 0:
+        raise EstimateError(
+            f"sample_id={sid}: videos_meta {meta!r} needs [frames>=0, height>0, width>0, "
+            "fps>=0, duration>=0]; fix the metadata"
+        )
+    total = int(frames)
+    if total == 0:
+        total = int(duration * fps)
+    if fps == 0 and duration > 0:
+        fps = total / duration
+    if total <= 0:
+        raise EstimateError(
+            f"sample_id={sid}: videos_meta {meta!r} gives no frame count (frames=0 and "
+            "fps*duration=0); fix the metadata"
+        )
+    try:
+        return cfg.tokens(total, int(h), int(w), fps or None)
+    except ValueError as e:
+        raise EstimateError(f"sample_id={sid}: video {value!r} meta {meta!r}: {e}") from e
+
+
+def _media(record: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    images, videos = [], []
+    for msg in record["conversation"]:
+        for block in msg["content"]:
+            kind = block.get("type")
+            if kind == "image":
+                images.append(block.get("image"))
+            elif kind == "video":
+                videos.append(block.get("video"))
+    return images, videos
+
+
+def _aligned_meta(record: Mapping[str, Any], key: str, n: int, sid: int) -> list[Any]:
+    meta = record.get(key)
+    if meta is None:
+        return [None] * n
+    if not isinstance(meta, list) or len(meta) != n:
+        raise EstimateError(
+            f"sample_id={sid}: {key} has {len(meta) if isinstance(meta, list) else meta!r} "
+            f"entries but the conversation has {n} media blocks of that kind; one entry (or "
+            "null) per block"
+        )
+    return meta
+
+
+def text_stats(record: Mapping[str, Any]) -> TextStats:
+    """Characters of text, messages per role, media blocks, first role of a Record."""
+    chars = n_img = n_vid = 0
+    roles = dict.fromkeys(("system", "user", "assistant"), 0)
+    conv = record["conversation"]
+    for msg in conv:
+        roles[msg["role"]] += 1
+        for block in msg["content"]:
+            kind = block.get("type")
+            if kind == "text":
+                chars += len(block["text"])
+            elif kind == "image":
+                n_img += 1
+            elif kind == "video":
+                n_vid += 1
+    return TextStats(
+        chars, roles["system"], roles["user"], roles["assistant"], n_img, n_vid,
+        bool(conv) and conv[0]["role"] == "system",
+    )  # fmt: skip

@@ -1,0 +1,231 @@
+"""The length index: every sample's estimated length, built once (cooperatively across ranks),
+cached on disk under its fingerprint and reloaded in milliseconds.
+
+``total[i]`` is sample ``i``'s estimated length after the shift (``L - 1``); ``visual[i]`` the
+image + video tokens inside it (``docs/data_contracts.md`` section 2).
+
+>>> from neatpack.pipes.read import SequenceSource
+>>> from neatpack.pipes.estimate import LengthEstimator
+>>> src = SequenceSource([{"messages": [{"role": "user", "content": "x" * 30}]}])
+>>> index = build_length_index(src, LengthEstimator(), progress=False)
+>>> index.total.tolist(), index.visual.tolist()  # 30 // 3 + 5 (message) + 11 (system) - 1
+([25], [0])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .estimate import LengthEstimator
+
+__all__ = ["FORMAT_VERSION", "LengthIndex", "build_length_index", "length_index_fingerprint"]
+
+FORMAT_VERSION = 1
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class LengthIndex:
+    """Per-sample lengths of one source under one estimator config."""
+
+    total: IntArray
+    visual: IntArray
+    fingerprint: str
+    fallback_ids: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    fallback_counts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.total.shape != self.visual.shape or self.total.ndim != 1:
+            raise ValueError(
+                f"total {self.total.shape} and visual {self.visual.shape} must be equal 1-D"
+            )
+
+    def __len__(self) -> int:
+        return int(self.total.shape[0])
+
+    def _checksum(self) -> str:
+        h = hashlib.sha256(self.fingerprint.encode())
+        for a in (self.total, self.visual, self.fallback_ids):
+            h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+        h.update(json.dumps(self.fallback_counts, sort_keys=True).encode())
+        return h.hexdigest()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Atomic write: a temp file in the same folder, then ``os.replace``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "fingerprint": self.fingerprint,
+            "fallback_counts": self.fallback_counts,
+            "checksum": self._checksum(),
+        }
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(self)}.tmp")
+        try:
+            with tmp.open("wb") as f:
+                np.savez(
+                    f, total=self.total, visual=self.visual, fallback_ids=self.fallback_ids,
+                    meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                )  # fmt: skip
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], fingerprint: str | None = None) -> LengthIndex:
+        """Load and verify (format version, fingerprint, checksum over the arrays); a torn or
+        corrupt file raises ``ValueError`` instead of returning wrong lengths."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(z["meta"].tobytes())
+                index = cls(
+                    total=z["total"].astype(np.int64, copy=False),
+                    visual=z["visual"].astype(np.int64, copy=False),
+                    fingerprint=str(meta["fingerprint"]),
+                    fallback_ids=z["fallback_ids"].astype(np.int64, copy=False),
+                    fallback_counts={str(k): int(v) for k, v in meta["fallback_counts"].items()},
+                )
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise ValueError(f"length index file {path} is unreadable: {e!r}") from e
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: format {meta.get('format_version')}, not {FORMAT_VERSION}")
+        if fingerprint is not None and index.fingerprint != fingerprint:
+            raise ValueError(f"{path}: fingerprint {index.fingerprint} is not {fingerprint}")
+        if index._checksum() != meta["checksum"]:
+            raise ValueError(f"{path}: checksum mismatch (corrupt file)")
+        return index
+
+
+def length_index_fingerprint(source: Any, estimator: LengthEstimator) -> str:
+    """sha256 over the format version, the source content and the estimator config."""
+    h = hashlib.sha256(f"neatpack-lengths-v{FORMAT_VERSION}\n".encode())
+    h.update(f"{len(source)}\n{source.content_fingerprint()}\n".encode())
+    h.update(estimator.config_key().encode())
+    return h.hexdigest()
+
+
+def _records(source: Any, start: int, stop: int) -> Iterator[Any]:
+    fast = getattr(source, "iter_records", None)
+    if fast is not None:
+        yield from fast(start, stop)
+    else:
+        for i in range(start, stop):
+            yield source[i]
+
+
+def _estimate_slice(
+    source: Any, estimator: LengthEstimator, start: int, stop: int, progress: bool
+) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
+    from tqdm.auto import tqdm
+
+    n = stop - start
+    total = np.empty(n, np.int64)
+    visual = np.empty(n, np.int64)
+    fallbacks: list[tuple[int, tuple[str, ...]]] = []
+    bar = tqdm(total=n, desc="length index", unit="rec", disable=not progress, mininterval=0.5)
+    est = estimator.estimate_sample
+    for k, record in enumerate(_records(source, start, stop)):
+        t, v, reasons = est(record)
+        total[k], visual[k] = t, v
+        if reasons:
+            fallbacks.append((start + k, reasons))
+        if k & 4095 == 4095:
+            bar.update(4096)
+    bar.update(n - bar.n)
+    bar.close()
+    return total, visual, fallbacks
+
+
+def build_length_index(
+    source: Any,
+    estimator: LengthEstimator,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
+    group: Any = None,
+) -> LengthIndex:
+    """Estimate every sample of ``source`` (or load the cached index with the same fingerprint).
+
+    With ``world_size > 1`` and ``torch.distributed`` initialized (otherwise this process
+    estimates everything), rank ``r`` estimates the
+    contiguous slice ``[N*r//W, N*(r+1)//W)`` and the slices are all-gathered, so every rank
+    returns the identical index. The cache is used only when every rank has it (decided
+    collectively, so ranks never disagree about entering the collective). Estimation errors on
+    any rank are raised on every rank.
+    """
+    fp = length_index_fingerprint(source, estimator)
+    path = None if cache_dir is None else Path(cache_dir) / f"{fp}.npz"
+    cached = _try_load(path, fp)
+    dist = _dist(world_size)
+    if dist is not None:
+        flags: list[Any] = [None] * world_size
+        dist.all_gather_object(flags, cached is not None, group=group)
+        if all(flags) and cached is not None:
+            return cached
+    elif cached is not None:
+        return cached
+    n = len(source)
+    lo, hi = (n * rank // world_size, n * (rank + 1) // world_size) if dist else (0, n)
+    error: str | None = None
+    empty = np.zeros(0, np.int64)
+    part: tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]] = (empty, empty, [])
+    try:
+        part = _estimate_slice(source, estimator, lo, hi, progress and rank == 0)
+    except Exception as e:
+        if dist is None:
+            raise
+        error = f"rank {rank}: {type(e).__name__}: {e}"  # raised below on every rank
+    if dist is not None:
+        parts: list[Any] = [None] * world_size
+        dist.all_gather_object(parts, (error, part), group=group)
+        errors = [p[0] for p in parts if p[0] is not None]
+        if errors:
+            raise RuntimeError("length index build failed: " + "; ".join(errors))
+        total = np.concatenate([p[1][0] for p in parts])
+        visual = np.concatenate([p[1][1] for p in parts])
+        fallbacks = [f for p in parts for f in p[1][2]]
+    else:
+        total, visual, fallbacks = part
+    counts: Counter[str] = Counter(r for _, reasons in fallbacks for r in reasons)
+    index = LengthIndex(
+        total=total, visual=visual, fingerprint=fp,
+        fallback_ids=np.asarray([sid for sid, _ in fallbacks], np.int64),
+        fallback_counts=dict(sorted(counts.items())),
+    )  # fmt: skip
+    for sid, reasons in fallbacks:
+        estimator.fallbacks.add(sid, reasons)
+    if path is not None:
+        index.save(path)
+    return index
+
+
+def _try_load(path: Path | None, fp: str) -> LengthIndex | None:
+    if path is None or not path.exists():
+        return None
+    try:
+        return LengthIndex.load(path, fingerprint=fp)
+    except ValueError:
+        return None  # torn or corrupt: rebuild (the rebuild overwrites it atomically)
+
+
+def _dist(world_size: int) -> Any:
+    if world_size <= 1:
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None

@@ -1,0 +1,271 @@
+"""Raw record sources: random access by sample id over JSONL, JSON lists, in-memory lists and
+Hugging Face datasets, each returning the Record shape of ``docs/data_contracts.md`` section 1.
+
+Accepted raw shapes (converted lazily, when a sample id is read):
+
+* ``{"conversation" | "messages": [{"role": ..., "content": str | [blocks]}], ...}``
+* LLaVA: ``{"conversations": [{"from": "human", "value": "<image>\\nWhat?"}, ...],
+  "image": "a.jpg"}`` (or ``"images": [...]``; ``<video>`` with ``"video"``/``"videos"``).
+
+>>> src = SequenceSource([{"conversations": [{"from": "human", "value": "<image>\\nHi"},
+...                                          {"from": "gpt", "value": "Cat."}], "image": "c.jpg"}])
+>>> src[0]["conversation"][0]["content"]
+[{'type': 'image', 'image': 'c.jpg'}, {'type': 'text', 'text': 'Hi'}]
+
+JSONL blank lines (empty or whitespace only) are **skipped and counted** (``blank_lines``):
+sample ids number the non-blank lines, and errors quote the 1-based line number in the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from ._record import RecordError, to_record
+
+__all__ = [
+    "HFDatasetSource",
+    "JsonListSource",
+    "JsonlSource",
+    "RecordError",
+    "RecordSource",
+    "SequenceSource",
+    "to_record",
+]
+
+Record = dict[str, Any]
+_CHUNK = 1 << 20  # 1 MiB: read and hash granularity
+
+
+@runtime_checkable
+class RecordSource(Protocol):
+    """Random access to Records by stable sample id ``0..len-1``."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, sample_id: int) -> Record: ...
+
+    def content_fingerprint(self) -> str: ...
+
+
+def _check_id(sample_id: int, n: int) -> int:
+    if isinstance(sample_id, bool) or not isinstance(sample_id, int | np.integer):
+        raise TypeError(f"sample ids are ints; got {sample_id=!r}")
+    if not 0 <= sample_id < n:
+        raise IndexError(f"{sample_id=} is outside 0..{n - 1} (the source has {n} records)")
+    return int(sample_id)
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _media_root(media_root: str | os.PathLike[str] | None) -> str | None:
+    return None if media_root is None else os.path.realpath(media_root)
+
+
+class JsonlSource:
+    """A JSONL file with random access through a byte-offset index built in one pass.
+
+    The pass reads the file in 1 MiB binary chunks, finds newlines with numpy and hashes the
+    same bytes (sha256), so ``content_fingerprint()`` costs nothing more. Lines are parsed only
+    when their id is read. Pickles without an open file (workers reopen it lazily).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], media_root: str | os.PathLike[str] | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.media_root = _media_root(media_root)
+        self._fd: int | None = None
+        self._pid = -1
+        starts, ends, lines, blanks, digest = _index_jsonl(self.path)
+        self.starts: npt.NDArray[np.int64] = starts
+        self.ends: npt.NDArray[np.int64] = ends
+        self._lines = lines  # 1-based file line numbers, or None when there were no blank lines
+        self.blank_lines = blanks
+        self._fingerprint = digest
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    def line_number(self, sample_id: int) -> int:
+        """The 1-based line of the file that holds ``sample_id``."""
+        sid = _check_id(sample_id, len(self))
+        return sid + 1 if self._lines is None else int(self._lines[sid])
+
+    def read_bytes(self, sample_id: int) -> bytes:
+        sid = _check_id(sample_id, len(self))
+        if self._fd is None or self._pid != os.getpid():
+            self._fd = os.open(self.path, os.O_RDONLY)
+            self._pid = os.getpid()
+        start = int(self.starts[sid])
+        return os.pread(self._fd, int(self.ends[sid]) - start, start)
+
+    def raw(self, sample_id: int) -> dict[str, Any]:
+        """The parsed JSON object of ``sample_id`` (no conversion)."""
+        data = self.read_bytes(sample_id)
+        try:
+            obj = json.loads(data)
+        except ValueError as e:
+            raise RecordError(
+                f"malformed JSON in {self.path} line {self.line_number(sample_id)} "
+                f"(sample_id={sample_id}): {e}; fix or delete that line"
+            ) from e
+        if not isinstance(obj, dict):
+            raise RecordError(
+                f"{self.path} line {self.line_number(sample_id)} (sample_id={sample_id}) holds a "
+                f"{type(obj).__name__}, expected a JSON object"
+            )
+        return obj
+
+    def __getitem__(self, sample_id: int) -> Record:
+        return to_record(self.raw(sample_id), int(sample_id), self.media_root)
+
+    def content_fingerprint(self) -> str:
+        return self._fingerprint
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fd"], state["_pid"] = None, -1
+        return state
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None and self._pid == os.getpid():
+            os.close(self._fd)  # type: ignore[arg-type]
+
+
+def _index_jsonl(
+    path: Path,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None, int, str]:
+    """One pass: (line starts, line ends without the newline, line numbers or None, blank
+    count, sha256)."""
+    h = hashlib.sha256()
+    newlines: list[npt.NDArray[np.int64]] = []
+    size = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            pos = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            newlines.append(pos.astype(np.int64) + size)
+            size += len(chunk)
+    nl = np.concatenate(newlines) if newlines else np.zeros(0, np.int64)
+    ends = nl if size == 0 or (nl.size and nl[-1] == size - 1) else np.append(nl, size)
+    starts = np.concatenate([np.zeros(1, np.int64), nl + 1])[: ends.size]
+    # Blank = empty or whitespace only. Only short lines can be blank-with-whitespace; check
+    # those few in Python (a JSON object line is never shorter than 2 bytes: "{}").
+    lengths = ends - starts
+    blank = lengths == 0
+    short = np.flatnonzero((lengths > 0) & (lengths <= 16))
+    if short.size:
+        with path.open("rb") as f:
+            for i in short:
+                f.seek(int(starts[i]))
+                if not f.read(int(lengths[i])).strip():
+                    blank[i] = True
+    n_blank = int(blank.sum())
+    lines: npt.NDArray[np.int64] | None = None
+    if n_blank:
+        keep = np.flatnonzero(~blank)
+        starts, ends, lines = starts[keep], ends[keep], (keep + 1).astype(np.int64)
+    return starts.astype(np.int64), ends.astype(np.int64), lines, n_blank, h.hexdigest()
+
+
+class JsonListSource:
+    """A JSON file holding one list of records (parsed once; records converted lazily)."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], media_root: str | os.PathLike[str] | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.media_root = _media_root(media_root)
+        with self.path.open("rb") as f:
+            try:
+                data = json.load(f)
+            except ValueError as e:
+                raise RecordError(f"malformed JSON in {self.path}: {e}") from e
+        if not isinstance(data, list):
+            raise RecordError(
+                f"{self.path} holds a {type(data).__name__}; JsonListSource expects a JSON list "
+                "of records (use JsonlSource for one record per line)"
+            )
+        self._records: list[Any] = data
+        self._fingerprint = _hash_file(self.path)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, sample_id: int) -> Record:
+        sid = _check_id(sample_id, len(self))
+        return to_record(self._records[sid], sid, self.media_root)
+
+    def content_fingerprint(self) -> str:
+        return self._fingerprint
+
+
+class SequenceSource:
+    """An in-memory list of raw records. The fingerprint hashes their JSON form; values that are
+    not JSON (PIL images, tensors) are hashed by ``repr``, which for most objects includes the
+    address, so such sources never reuse a length cache across processes (safe, not stale)."""
+
+    def __init__(
+        self, records: Sequence[Mapping[str, Any]], media_root: str | os.PathLike[str] | None = None
+    ) -> None:
+        self.records = records
+        self.media_root = _media_root(media_root)
+        self._fingerprint: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, sample_id: int) -> Record:
+        sid = _check_id(sample_id, len(self))
+        return to_record(self.records[sid], sid, self.media_root)
+
+    def content_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            for r in self.records:
+                h.update(json.dumps(r, sort_keys=True, default=repr).encode())
+                h.update(b"\n")
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+
+class HFDatasetSource:
+    """A ``datasets.Dataset`` (needs the optional ``datasets`` package). The fingerprint is the
+    dataset's own ``_fingerprint`` (content-derived for datasets loaded from files)."""
+
+    def __init__(self, ds: Any, media_root: str | os.PathLike[str] | None = None) -> None:
+        try:
+            import datasets  # noqa: F401
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "HFDatasetSource needs the `datasets` package: pip install 'neatpack[datasets]'"
+            ) from e
+        self.ds = ds
+        self.media_root = _media_root(media_root)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, sample_id: int) -> Record:
+        sid = _check_id(sample_id, len(self))
+        return to_record(self.ds[sid], sid, self.media_root)
+
+    def content_fingerprint(self) -> str:
+        fp = getattr(self.ds, "_fingerprint", None)
+        if fp is None:
+            raise ValueError("this dataset has no _fingerprint; wrap it in SequenceSource instead")
+        return hashlib.sha256(f"hf:{fp}:{len(self.ds)}".encode()).hexdigest()
