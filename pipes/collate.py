@@ -16,6 +16,8 @@ The collater does no shift: packs were shifted per sample when they were built.
 
 from __future__ import annotations
 
+import hashlib
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,8 +29,13 @@ from . import mask as M
 __all__ = [
     "FLASH_FORMATS",
     "MASK_FORMATS",
+    "RobustCollate",
+    "default_collate_fn",
+    "expand_image_tokens",
+    "make_robust_collate",
     "merge_media",
     "neat_packed_vlm_collater",
+    "pad_collate_fn",
     "resolve_mask_format",
 ]
 
@@ -298,3 +305,221 @@ def _collate_media(
     if any(n_vid):
         out["n_videos_per_sample"] = torch.tensor(n_vid, dtype=torch.long)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Non-packed collates (one sample per row), placeholder expansion, robust retry wrapper.
+# --------------------------------------------------------------------------------------------
+
+TOKEN_KEYS = ("input_ids", "attention_mask", "labels", "mm_token_type_ids")
+
+
+def _pad_id(processor: Any) -> int:
+    tok = getattr(processor, "tokenizer", processor)
+    pad = getattr(tok, "pad_token_id", None)
+    return int(pad) if pad is not None else 0
+
+
+def _pad_samples(
+    examples: Sequence[Mapping[str, Any]], pad_to: int | None, pad_id: int, truncate: bool
+) -> dict[str, Any]:
+    """Right-pad unshifted samples to ``[B, pad_to]`` (no shift). Overlong: error or cut."""
+    if len(examples) == 0:
+        raise ValueError("empty batch: a collate needs at least one sample")
+    ids = [torch.as_tensor(ex["input_ids"]).reshape(-1) for ex in examples]
+    s = max(int(t.numel()) for t in ids) if pad_to is None else pad_to
+    b = len(examples)
+    out = {
+        "input_ids": torch.full((b, s), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((b, s), dtype=torch.long),
+        "labels": torch.full((b, s), IGNORE_INDEX, dtype=torch.long),
+        "mm_token_type_ids": torch.zeros((b, s), dtype=torch.long),
+    }
+    fill = {"attention_mask": 1, "labels": None, "mm_token_type_ids": 0}
+    for row, ex in enumerate(examples):
+        n = int(ids[row].numel())
+        sid = ex.get("sample_id", row)
+        if n > s:
+            mm = ex.get("mm_token_type_ids")
+            cuts_media = mm is not None and bool(torch.as_tensor(mm).reshape(-1)[s:].any())
+            if not truncate or cuts_media:
+                why = "would cut multimodal tokens" if truncate else "pass truncate=True to cut"
+                raise ValueError(
+                    f"sample {sid} has {n} tokens > max_length={s}; {why} (or drop the sample)."
+                )
+            n = s
+        out["input_ids"][row, :n] = ids[row][:n]
+        for key, default in fill.items():
+            v = ex.get(key)
+            if v is not None:
+                out[key][row, :n] = torch.as_tensor(v).reshape(-1)[:n]
+            elif default is not None:
+                out[key][row, :n] = default
+            else:
+                raise ValueError(f"sample {sid} has no {key!r}; tokenize it with labels first")
+    return out
+
+
+def _shift(batch: dict[str, Any]) -> dict[str, Any]:
+    """The autoregressive shift: ``labels[:, 1:]`` and every other token tensor ``[:, :-1]``."""
+    batch["labels"] = batch["labels"][:, 1:]
+    for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
+        batch[key] = batch[key][:, :-1]
+    return batch
+
+
+def pad_collate_fn(
+    examples: Sequence[Mapping[str, Any]],
+    processor: Any,
+    max_length: int | None = None,
+    *,
+    truncate: bool = False,
+    pixel_dtype: torch.dtype | None = None,
+    spatial_merge_size: int = 2,
+) -> dict[str, Any]:
+    """Collate pre-tokenized, *unshifted* samples (docs/data_contracts.md section 4), unpacked.
+
+    Pads to ``max_length`` (or the longest sample) with the tokenizer's pad id, ``-100`` labels
+    and a 0 mask, then shifts: outputs are ``[B, pad_to - 1]``. A sample longer than
+    ``max_length`` is a ``ValueError`` naming it unless ``truncate=True`` (the seed truncates
+    silently, even through image tokens; here a cut into media is always an error). Media are
+    concatenated with ``n_images_per_sample`` / ``n_videos_per_sample``; ``sample_ids`` is
+    ``[[id], ...]``.
+    """
+    batch = _pad_samples(examples, max_length, _pad_id(processor), truncate)
+    batch = _shift(batch)
+    batch["sample_ids"] = [[int(ex["sample_id"])] if "sample_id" in ex else [] for ex in examples]
+    batch.update(_collate_media(examples, pixel_dtype, spatial_merge_size, True))
+    return batch
+
+
+def default_collate_fn(
+    examples: Sequence[Mapping[str, Any]],
+    processor: Any,
+    max_length: int | None = None,
+    drop_overlong: bool = False,
+    _post_tokenize_hook: Any = None,
+) -> dict[str, Any]:
+    """Tokenize raw conversations (records) with the real processor, pad, label and shift.
+
+    Each record goes through ``neatpack.pipes.tokenize.tokenize_conversation`` (chat template,
+    media, labels from role markers). With ``max_length`` and ``drop_overlong`` the samples
+    longer than ``max_length`` are dropped and listed in ``dropped_sample_ids``; without
+    ``drop_overlong`` an overlong sample is a ``ValueError`` (the seed truncates silently).
+    ``_post_tokenize_hook(batch, processor) -> batch`` runs on the padded, unshifted batch.
+    """
+    from .tokenize import tokenize_conversation
+
+    samples = [tokenize_conversation(dict(ex), processor) for ex in examples]
+    dropped: list[int] = []
+    if max_length is not None and drop_overlong:
+        keep = [s for s in samples if int(s["input_ids"].numel()) <= max_length]
+        dropped = [int(s["sample_id"]) for s in samples if int(s["input_ids"].numel()) > max_length]
+        if not keep:
+            raise ValueError(f"all {len(samples)} samples exceed {max_length=}: {dropped=}")
+        samples = keep
+    batch = _pad_samples(samples, max_length, _pad_id(processor), truncate=False)
+    if _post_tokenize_hook is not None:
+        batch = _post_tokenize_hook(batch, processor)
+    batch = _shift(batch)
+    batch["sample_ids"] = [[int(s["sample_id"])] for s in samples]
+    batch["dropped_sample_ids"] = dropped
+    batch.update(_collate_media(samples, None, 2, True))
+    return batch
+
+
+def expand_image_tokens(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    grid_thws: Tensor,
+    media_token_id: int,
+    merge_kernel_size: tuple[int, int] = (2, 2),
+    *,
+    length: int | None = None,
+    pad_token_id: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Expand each image placeholder to ``(h // mh) * (w // mw)`` copies (mask 1), vectorized.
+
+    With ``length`` the result is right-padded to exactly that many tokens (pad id, mask 0), so
+    pipeline-parallel stages see a fixed sequence length before the forward::
+
+        ids [5, 9, 6], grid [[1, 4, 4]], token 9, merge (2, 2)  ->  [5, 9, 9, 9, 9, 6]
+    """
+    is_ph = input_ids == media_token_id
+    n = int(is_ph.sum())
+    if n != int(grid_thws.shape[0]):
+        raise ValueError(
+            f"{n} placeholder tokens ({media_token_id=}) but grid_thws has {grid_thws.shape[0]} "
+            "rows; one placeholder per image is required."
+        )
+    mh, mw = merge_kernel_size
+    per_image = (grid_thws[:, 1] // mh) * (grid_thws[:, 2] // mw)
+    repeats = torch.ones_like(input_ids, dtype=torch.long)
+    repeats[is_ph] = per_image.to(torch.long)
+    ids = input_ids.repeat_interleave(repeats)
+    mask = attention_mask.repeat_interleave(repeats)
+    mask[ids == media_token_id] = 1
+    if length is not None:
+        if ids.numel() > length:
+            raise ValueError(f"expanded sequence has {ids.numel()} tokens > {length=}")
+        pad = length - ids.numel()
+        ids = torch.cat([ids, ids.new_full((pad,), pad_token_id)])
+        mask = torch.cat([mask, mask.new_zeros(pad)])
+    return ids, mask
+
+
+_expand_image_tokens = expand_image_tokens  # the seed's name
+
+
+def _stable_seed(seed: int, examples: Sequence[Any], attempt: int) -> int:
+    ids: list[int] = []
+    for ex in examples:
+        if isinstance(ex, Mapping):
+            ids.extend(int(i) for i in ex.get("sample_ids", [ex.get("sample_id", -1)]))
+    key = f"{seed}:{attempt}:{ids}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+class RobustCollate:
+    """Retry a failing collate on a deterministic replacement batch; every failure is recorded.
+
+    The replacement indices come from ``random.Random`` seeded by ``(seed, attempt, sample ids
+    of the failing batch)``: the same on every rank and every run, never the global RNG (peer
+    bug B12). ``dataset[i]`` must return what ``collate_fn`` takes, so a dataset of packs works
+    for the packed collater (peer bug B1 resampled unpacked samples there). ``failures`` lists
+    ``{"attempt", "sample_ids", "error"}``.
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Any, max_retries: int = 10, *, seed: int = 0):
+        if max_retries < 1:
+            raise ValueError(f"max_retries must be >= 1; got {max_retries=}")
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.max_retries = max_retries
+        self.seed = seed
+        self.failures: list[dict[str, Any]] = []
+
+    def __call__(self, examples: Sequence[Any]) -> Any:
+        batch = list(examples)
+        last: Exception | None = None
+        for attempt in range(self.max_retries):
+            try:
+                return self.collate_fn(batch)
+            except Exception as err:
+                last = err
+                ids = [
+                    ex.get("sample_ids", ex.get("sample_id"))
+                    for ex in batch
+                    if isinstance(ex, Mapping)
+                ]
+                self.failures.append({"attempt": attempt, "sample_ids": ids, "error": repr(err)})
+                rng = random.Random(_stable_seed(self.seed, batch, attempt))
+                batch = [self.dataset[rng.randrange(len(self.dataset))] for _ in examples]
+        raise RuntimeError(
+            f"Collate failed after {self.max_retries} retries. Last error: {last}"
+        ) from last
+
+
+def make_robust_collate(dataset: Any, collate_fn: Any, max_retries: int = 10) -> RobustCollate:
+    """Wrap ``collate_fn`` so that on failure the entire batch is re-sampled (see RobustCollate)."""
+    return RobustCollate(dataset, collate_fn, max_retries)
