@@ -47,4 +47,4 @@ def load_tiny_processor(family: str = "qwen2_vl") -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(str(folder), local_files_only=True)
+    return AutoProcessor.from_pretrained(str(folder), local_files_only=True)  # type: ignore[no-untyped-call]

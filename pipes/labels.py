@@ -1,0 +1,282 @@
+"""Labels on assistant content only, found from the chat template's role markers.
+
+Convention (Qwen's): an assistant turn renders as ``<|im_start|>assistant\\n`` + content +
+``<|im_end|>`` + ``\\n``. Labelled: the content **and the closing ``<|im_end|>``** (the model must
+learn to stop). Not labelled: the ``<|im_start|>assistant\\n`` header, the ``\\n`` after the end
+marker, and every system / user token. Labels are NOT shifted (``labels[i] = input_ids[i]``);
+the pack builder shifts. Worked example with the tiny processor (ids shortened)::
+
+    <|im_start|> user \\n hi <|im_end|> \\n <|im_start|> assistant \\n yo <|im_end|> \\n
+    -100         -100 ...            -100 -100        -100      -100 yo <|im_end|> -100
+
+Two ways to find the markers:
+
+* fast path, any template built on ``<|im_start|>`` / ``<|im_end|>`` (checked on the template text,
+  not on the processor's class name): ``start = [<|im_start|>] + encode("assistant\\n")``,
+  ``end = [<|im_end|>]``;
+* general path, ``derive_role_markers``: render a conversation with unique sentinel contents and
+  read the tokens between the user turn and the first assistant sentinel (start marker) and the
+  first token after it (end marker). Works for any template with fixed turn wrappers.
+
+BPE context: content that begins with whitespace may merge with the last marker token (Qwen's
+``"\\n"`` + ``"\\n..."`` -> one ``"\\n\\n"`` token). The seed's exact match then misses the whole
+turn silently; here a token whose text *starts with* the last marker token's text also closes the
+marker, and that token (it carries content) is labelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "IGNORE_INDEX",
+    "RoleMarkers",
+    "assistant_spans",
+    "build_labels",
+    "build_labels_from_template",
+    "derive_role_markers",
+    "qwen_role_markers",
+    "resolve_role_markers",
+]
+
+IGNORE_INDEX = -100
+_SENTINELS = ("QZXUSERONEQZX", "QZXASSISTONEQZX", "QZXUSERTWOQZX", "QZXASSISTTWOQZX")
+_CACHE: dict[tuple[int, str], tuple[Any, RoleMarkers]] = {}
+
+
+@dataclass(frozen=True)
+class RoleMarkers:
+    """Token ids that open (not labelled) and close (labelled) an assistant turn.
+
+    ``start_tail_alternatives``: ids whose token text starts with the text of ``start[-1]`` and is
+    longer (BPE merges of the marker's last token with the first content characters).
+    """
+
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    start_tail_alternatives: frozenset[int] = field(default=frozenset(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.start or not self.end:
+            raise ValueError(
+                f"RoleMarkers needs non-empty start and end, got {self.start=}, {self.end=}"
+            )
+
+
+def _tokenizer(processor_or_tokenizer: Any) -> Any:
+    return getattr(processor_or_tokenizer, "tokenizer", processor_or_tokenizer)
+
+
+def _tail_alternatives(tokenizer: Any, last_id: int) -> frozenset[int]:
+    """Ids whose raw token string extends the raw string of ``last_id`` (e.g. 'ĊĊ' for 'Ċ')."""
+    last = tokenizer.convert_ids_to_tokens(last_id)
+    if not isinstance(last, str) or not last:
+        return frozenset()
+    vocab: Mapping[str, int] = tokenizer.get_vocab()
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    return frozenset(
+        i
+        for t, i in vocab.items()
+        if len(t) > len(last) and t.startswith(last) and i not in special
+    )
+
+
+def _template_text(processor_or_tokenizer: Any) -> str:
+    for obj in (processor_or_tokenizer, _tokenizer(processor_or_tokenizer)):
+        template = getattr(obj, "chat_template", None)
+        if isinstance(template, str):
+            return template
+        if isinstance(template, Mapping) and isinstance(template.get("default"), str):
+            return str(template["default"])
+    return ""
+
+
+def qwen_role_markers(processor_or_tokenizer: Any) -> RoleMarkers | None:
+    """Fast path for ``<|im_start|>`` templates, or ``None`` when the template is not one."""
+    tok = _tokenizer(processor_or_tokenizer)
+    if "<|im_start|>" not in _template_text(processor_or_tokenizer):
+        return None
+    ids = [tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")]
+    unk = getattr(tok, "unk_token_id", None)
+    if any(i is None or i == unk for i in ids):
+        return None
+    role = list(tok.encode("assistant\n", add_special_tokens=False))
+    if not role:
+        return None
+    start = (int(ids[0]), *map(int, role))
+    return RoleMarkers(start, (int(ids[1]),), _tail_alternatives(tok, start[-1]))
+
+
+def _render(processor_or_tokenizer: Any, turns: Sequence[tuple[str, str]]) -> str:
+    last_error: Exception | None = None
+    for as_list in (True, False):
+        conv = [
+            {"role": r, "content": [{"type": "text", "text": t}] if as_list else t}
+            for r, t in turns
+        ]
+        try:
+            text = processor_or_tokenizer.apply_chat_template(conv, tokenize=False)
+        except Exception as exc:  # a text-only template may reject content lists
+            last_error = exc
+            continue
+        if isinstance(text, list):
+            text = text[0]
+        if all(t in text for _, t in turns):
+            return str(text)
+    raise ValueError(
+        "derive_role_markers: the chat template did not render the sentinel contents "
+        f"{[t for _, t in turns]} (last error: {last_error!r}); pass markers=RoleMarkers(...) "
+        "explicitly for this template"
+    )
+
+
+def derive_role_markers(processor_or_tokenizer: Any) -> RoleMarkers:
+    """Derive the assistant start/end markers of ANY chat template by rendering sentinels.
+
+    Renders ``[user U1]`` and ``[user U1, assistant A1, user U2, assistant A2]``; the start marker
+    is the tokens between the end of their common prefix and ``A1``, the end marker the first
+    token after ``A1``. The start marker must open both assistant turns, and no token may straddle
+    a sentinel boundary, else ``ValueError`` (pass explicit ``RoleMarkers`` then).
+
+    >>> derive_role_markers(load_tiny_processor()) == qwen_role_markers(load_tiny_processor())
+    True
+    """
+    tok = _tokenizer(processor_or_tokenizer)
+    u1, a1, u2, a2 = _SENTINELS
+    text_u = _render(processor_or_tokenizer, [("user", u1)])
+    full = _render(
+        processor_or_tokenizer, [("user", u1), ("assistant", a1), ("user", u2), ("assistant", a2)]
+    )
+    s1 = full.index(a1)
+    prefix = 0
+    while prefix < min(len(text_u), s1) and text_u[prefix] == full[prefix]:
+        prefix += 1
+    prefix = max(prefix, full.index(u1) + len(u1))
+    try:
+        enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, TypeError, ValueError) as exc:
+        raise ValueError(
+            "derive_role_markers needs a fast tokenizer (offset mapping); pass markers explicitly"
+        ) from exc
+    ids = [int(i) for i in enc["input_ids"]]
+    offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+    starts = {a: k for k, (a, b) in enumerate(offsets) if b > a}
+    e1 = s1 + len(a1)
+    if prefix not in starts or s1 not in starts or e1 not in starts:
+        raise ValueError(
+            f"derive_role_markers: a token straddles the assistant marker boundaries in {full!r}; "
+            "pass markers=RoleMarkers(start=..., end=...) explicitly"
+        )
+    start = tuple(ids[starts[prefix] : starts[s1]])
+    end = (ids[starts[e1]],)
+    if not start:
+        raise ValueError(f"derive_role_markers: empty assistant start marker in {full!r}")
+    markers = RoleMarkers(start, end, _tail_alternatives(tok, start[-1]))
+    found = assistant_spans(ids, markers)
+    if len(found) != 2:
+        raise ValueError(
+            f"derive_role_markers: marker {start} opens {len(found)} of the 2 assistant turns in "
+            f"{full!r}; the template renders assistant turns inconsistently: pass markers="
+        )
+    return markers
+
+
+def resolve_role_markers(processor_or_tokenizer: Any) -> RoleMarkers:
+    """The fast path if it applies, else ``derive_role_markers``; cached per tokenizer+template."""
+    key = (id(_tokenizer(processor_or_tokenizer)), _template_text(processor_or_tokenizer))
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is _tokenizer(processor_or_tokenizer):
+        return hit[1]
+    markers = qwen_role_markers(processor_or_tokenizer) or derive_role_markers(
+        processor_or_tokenizer
+    )
+    _CACHE[key] = (_tokenizer(processor_or_tokenizer), markers)
+    return markers
+
+
+def _match_start(ids: Sequence[int], i: int, markers: RoleMarkers) -> tuple[int, int] | None:
+    """If a start marker begins at ``i``: ``(content_start, labelled_from)``, else ``None``."""
+    start = markers.start
+    n = len(start)
+    if i + n > len(ids) or list(ids[i : i + n - 1]) != list(start[:-1]):
+        return None
+    last = ids[i + n - 1]
+    if last == start[-1]:
+        return i + n, i + n
+    if last in markers.start_tail_alternatives:
+        return i + n - 1, i + n - 1  # the merged token carries content: label it
+    return None
+
+
+def assistant_spans(ids: Sequence[int], markers: RoleMarkers) -> list[tuple[int, int]]:
+    """``[begin, end)`` of each assistant turn's labelled tokens: content + end marker.
+
+    A turn with no end marker (truncated) runs to the end of ``ids``; callers label unpadded rows.
+
+    >>> assistant_spans([7, 1, 2, 5, 6, 9, 7, 1, 2, 8, 9], RoleMarkers((1, 2), (9,)))
+    [(3, 6), (9, 11)]
+    """
+    ids = list(ids)
+    end, m = list(markers.end), len(markers.end)
+    spans: list[tuple[int, int]] = []
+    i = 0
+    while i < len(ids):
+        hit = _match_start(ids, i, markers)
+        if hit is None:
+            i += 1
+            continue
+        j = begin = hit[1]
+        while j < len(ids) and ids[j : j + m] != end:
+            j += 1
+        stop = min(j + m, len(ids))
+        spans.append((begin, stop))
+        i = max(stop, begin + 1)
+    return spans
+
+
+def build_labels(
+    input_ids: Tensor, processor_or_tokenizer: Any, *, markers: RoleMarkers | None = None
+) -> Tensor:
+    """Labels for ``input_ids`` ([L] or [B, L]): ids on assistant spans, ``-100`` elsewhere."""
+    if input_ids.dim() not in (1, 2):
+        raise ValueError(f"input_ids must be [L] or [B, L], got shape {tuple(input_ids.shape)}")
+    markers = markers or resolve_role_markers(processor_or_tokenizer)
+    rows = input_ids.reshape(-1, input_ids.shape[-1])
+    labels = torch.full_like(rows, IGNORE_INDEX, dtype=torch.long)
+    for r, row in enumerate(rows.tolist()):
+        for a, b in assistant_spans(row, markers):
+            labels[r, a:b] = rows[r, a:b]
+    return labels.reshape(input_ids.shape)
+
+
+def build_labels_from_template(
+    input_ids_batch: Tensor,
+    conversations: Sequence[Sequence[Mapping[str, Any]]],
+    processor: Any,
+) -> Tensor:
+    """The seed's signature: labels for a ``[B, L]`` batch from the template's role markers.
+
+    Unlike the seed, there is no silent fallback to BPE re-matching of assistant texts: the number
+    of assistant turns found in row ``b`` must equal the assistant messages of
+    ``conversations[b]`` (a truncated final turn still counts), else ``ValueError`` naming the row.
+    """
+    if input_ids_batch.dim() != 2 or input_ids_batch.shape[0] != len(conversations):
+        raise ValueError(
+            f"input_ids_batch shape {tuple(input_ids_batch.shape)} does not match "
+            f"{len(conversations)} conversations; expected [B, L] with B == len(conversations)"
+        )
+    markers = resolve_role_markers(processor)
+    for b, (row, conv) in enumerate(zip(input_ids_batch.tolist(), conversations, strict=True)):
+        want = sum(1 for m in conv if m.get("role") == "assistant")
+        got = len(assistant_spans(row, markers))
+        if got != want:
+            raise ValueError(
+                f"row {b}: found {got} assistant turn(s) in input_ids but the conversation has "
+                f"{want}; the ids were not rendered with this processor's template"
+            )
+    return build_labels(input_ids_batch, processor, markers=markers)

@@ -1,0 +1,193 @@
+"""Image / video loading for tokenization: RGB conversion and bad-file errors naming the sample.
+
+>>> to_rgb(Image.new("RGBA", (2, 2), (0, 0, 0, 0))).getpixel((0, 0))   # transparent -> white
+(255, 255, 255)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+__all__ = ["REASONS", "SampleError", "load_image", "load_video", "to_rgb"]
+
+REASONS: Final = (
+    "bad_record",
+    "empty_conversation",
+    "unknown_role",
+    "bad_block",
+    "bad_text",
+    "empty_text",
+    "no_assistant",
+    "missing_file",
+    "empty_file",
+    "empty_image",
+    "corrupt_image",
+    "truncated_image",
+    "decompression_bomb",
+    "bad_media",
+    "video_error",
+    "media_count_mismatch",
+    "placeholder_in_text",
+    "special_token_in_text",
+    "media_token_mismatch",
+    "label_mismatch",
+    "processor_error",
+)
+"""Every ``SampleError.reason`` code."""
+
+_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
+
+
+class SampleError(ValueError):
+    """One sample cannot be tokenized. ``reason`` is one of ``REASONS``; the message names the
+    sample id, the offending file or value, and the fix."""
+
+    def __init__(self, sample_id: Any, reason: str, message: str) -> None:
+        if reason not in REASONS:
+            raise ValueError(f"{reason=} is not one of {REASONS}")
+        self.sample_id = sample_id
+        self.reason = reason
+        super().__init__(f"sample_id={sample_id} [{reason}]: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across worker processes
+        prefix = f"sample_id={self.sample_id} [{self.reason}]: "
+        return (type(self), (self.sample_id, self.reason, str(self).removeprefix(prefix)))
+
+
+def _to_uint8(arr: np.ndarray[Any, Any], mode: str) -> np.ndarray[Any, Any]:
+    """16-bit ('I;16*', or 'I' above 255) scales by 1/257; float in [0, 1] scales by 255."""
+    a = arr.astype(np.float64)
+    if mode.startswith("I;16") or (mode == "I" and a.size and a.max() > 255):
+        a = a / 257.0
+    elif mode == "F" and a.size and a.max() <= 1.0:
+        a = a * 255.0
+    out: np.ndarray[Any, Any] = np.clip(np.rint(a), 0, 255).astype(np.uint8)
+    return out
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL mode -> RGB. Transparency (RGBA/LA/PA, or P/L/RGB with a transparency key) is
+    composited on white; 16-bit and 32-bit grey is rescaled to 8 bits (PIL's own convert would
+    clip a 16-bit image to mostly white); CMYK/YCbCr/LAB/HSV/L/1/P use PIL's conversion."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode in _ALPHA_MODES or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if mode.startswith("I") or mode == "F":
+        grey = Image.fromarray(_to_uint8(np.asarray(img), mode), mode="L")
+        return grey.convert("RGB")
+    return img.convert("RGB")
+
+
+def _limit(max_image_pixels: int | None, default: bool) -> int | None:
+    if default:
+        pil = Image.MAX_IMAGE_PIXELS
+        return None if pil is None else int(pil)
+    return max_image_pixels
+
+
+def _check_size(img: Image.Image, where: str, sample_id: Any, limit: int | None) -> None:
+    w, h = img.size
+    if w <= 0 or h <= 0:
+        raise SampleError(sample_id, "empty_image", f"image {where} has size {w}x{h}; drop it")
+    if limit is not None and w * h > limit:
+        raise SampleError(
+            sample_id,
+            "decompression_bomb",
+            f"image {where} has {w}x{h}={w * h} pixels, over the limit {limit} "
+            "(PIL.Image.MAX_IMAGE_PIXELS or max_image_pixels=); downscale the file or raise the "
+            "limit if you trust the source",
+        )
+
+
+def load_image(
+    src: Any, *, sample_id: Any, max_image_pixels: int | str | None = "pil"
+) -> Image.Image:
+    """Open ``src`` (a path or a PIL image), check it, and return an RGB image.
+
+    ``max_image_pixels``: ``"pil"`` (default) uses ``PIL.Image.MAX_IMAGE_PIXELS`` at call time,
+    ``None`` disables the check, an int sets the limit. Errors are ``SampleError``.
+    """
+    limit = _limit(
+        None if isinstance(max_image_pixels, str) else max_image_pixels, max_image_pixels == "pil"
+    )
+    if isinstance(src, Image.Image):
+        _check_size(src, f"<PIL {src.mode} {src.size}>", sample_id, limit)
+        return to_rgb(src)
+    if not isinstance(src, str | os.PathLike):
+        raise SampleError(
+            sample_id,
+            "bad_media",
+            f"image value {src!r} is a {type(src).__name__}; expected a file path or a PIL.Image",
+        )
+    path = os.fspath(src)
+    if not os.path.isfile(path):
+        raise SampleError(
+            sample_id,
+            "missing_file",
+            f"image file {path!r} does not exist; fix the path or the media root",
+        )
+    if os.path.getsize(path) == 0:
+        raise SampleError(
+            sample_id, "empty_file", f"image file {path!r} is 0 bytes; re-export or drop it"
+        )
+    try:
+        with Image.open(path) as im:
+            _check_size(im, repr(path), sample_id, limit)
+            im.load()
+            return to_rgb(im).copy() if im.mode == "RGB" else to_rgb(im)
+    except SampleError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise SampleError(sample_id, "decompression_bomb", f"image file {path!r}: {exc}") from exc
+    except (UnidentifiedImageError, SyntaxError, OSError, ValueError) as exc:
+        truncated = "truncated" in str(exc).lower() or "broken data stream" in str(exc).lower()
+        raise SampleError(
+            sample_id,
+            "truncated_image" if truncated else "corrupt_image",
+            f"image file {path!r} cannot be decoded ({type(exc).__name__}: {exc}); "
+            "re-export or drop it",
+        ) from exc
+
+
+def load_video(src: Any, *, sample_id: Any) -> Any:
+    """A video is a list of frames (PIL images -> RGB, arrays as given) or an existing file path
+    (decoded later by the processor's video backend)."""
+    if isinstance(src, str | os.PathLike):
+        path = os.fspath(src)
+        if not os.path.isfile(path):
+            raise SampleError(
+                sample_id,
+                "missing_file",
+                f"video file {path!r} does not exist; fix the path or the media root",
+            )
+        if os.path.getsize(path) == 0:
+            raise SampleError(sample_id, "empty_file", f"video file {path!r} is 0 bytes")
+        return path
+    if isinstance(src, Sequence) and len(src) > 0:
+        frames: list[Any] = []
+        for k, f in enumerate(src):
+            if isinstance(f, Image.Image):
+                _check_size(f, f"video frame {k}", sample_id, None)
+                frames.append(to_rgb(f))
+            elif isinstance(f, np.ndarray) and f.ndim == 3:
+                frames.append(f)
+            else:
+                raise SampleError(
+                    sample_id,
+                    "bad_media",
+                    f"video frame {k} is {type(f).__name__}; "
+                    "expected a PIL.Image or an HxWxC array",
+                )
+        return frames
+    raise SampleError(
+        sample_id, "bad_media", f"video value {src!r:.80} is not a path or a non-empty frame list"
+    )
