@@ -130,7 +130,7 @@ def chunk_vlm_media(
         pixel_values.dim() >= 3 and n_rows == sum(counts)
     )
     if per_image:
-        row_cum = img_cum
+        row_cum = list(range(sum(counts) + 1))  # one row (or list item) per image
     else:
         patches = image_grid.long().prod(dim=-1).tolist()
         row_cum = _cum(patches)
