@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MEDIA_TYPES", "RecordError", "resolve_media_path", "to_record"]
+__all__ = ["MEDIA_TYPES", "RecordError", "raw_text_stats", "resolve_media_path", "to_record"]
 
 MEDIA_TYPES = ("image", "video")
 ROLES = ("system", "user", "assistant")
@@ -171,3 +171,91 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
         if v is not None:
             record[k] = v
     return record
+
+
+RawStats = tuple[int, int, int, int, int, int, bool]
+_ROLE_SLOT = {"system": 1, "user": 2, "assistant": 3}
+
+
+def raw_text_stats(raw: Any) -> RawStats | None:
+    """Fast path for length estimation: ``(chars, system, user, assistant, images, videos,
+    first_is_system)`` straight from a raw record, with exactly the counting rules of
+    ``to_record`` (LLaVA newline stripping included), without building blocks or touching
+    media paths. ``None`` when the record is anything but plainly well formed: the caller then
+    takes the full ``to_record`` path, which raises the proper error."""
+    if not isinstance(raw, dict):
+        return None
+    key = next((k for k in _CONVERSATION_KEYS if k in raw), None)
+    if key == "conversations":
+        return _raw_llava_stats(raw)
+    turns = raw.get(key)  # type: ignore[arg-type,unused-ignore]
+    if type(turns) is not list or not turns:
+        return None
+    counts = [0, 0, 0, 0, 0, 0]  # chars, system, user, assistant, images, videos
+    for msg in turns:
+        if type(msg) is not dict:
+            return None
+        slot = _ROLE_SLOT.get(msg.get("role"))  # type: ignore[arg-type]
+        if slot is None:
+            return None
+        counts[slot] += 1
+        content = msg.get("content")
+        if type(content) is str:
+            counts[0] += len(content)
+            continue
+        if content is None:
+            continue
+        if type(content) is not list:
+            return None
+        for item in content:
+            if type(item) is str:
+                counts[0] += len(item)
+                continue
+            if type(item) is not dict:
+                return None
+            kind = item.get("type")
+            if kind == "text" and type(item.get("text")) is str:
+                counts[0] += len(item["text"])
+            elif kind == "image" and item.get("image") is not None:
+                counts[4] += 1
+            elif kind == "video" and item.get("video") is not None:
+                counts[5] += 1
+            else:
+                return None  # implicit types, path/url keys, bad blocks: the full path decides
+    c, sy, us, asst, im, vi = counts
+    return c, sy, us, asst, im, vi, turns[0].get("role") == "system"
+
+
+def _raw_llava_stats(raw: dict[str, Any]) -> RawStats | None:
+    turns = raw.get("conversations")
+    if type(turns) is not list or not turns:
+        return None
+    counts = [0, 0, 0, 0, 0, 0]
+    first = None
+    for turn in turns:
+        if type(turn) is not dict:
+            return None
+        role = _LLAVA_ROLES.get(str(turn.get("from")))
+        value = turn.get("value")
+        if role is None or type(value) is not str:
+            return None
+        first = first or role
+        counts[_ROLE_SLOT[role]] += 1
+        if "<" in value:
+            value = value.replace("<video>", "\x00").replace("<image>", "\x00")
+            counts[4] += turn["value"].count("<image>")
+            counts[5] += turn["value"].count("<video>")
+            counts[0] += sum(len(p.strip("\n")) for p in value.split("\x00"))
+        else:
+            counts[0] += len(value.strip("\n"))
+    for slot, key in ((4, "image"), (5, "video")):
+        given = raw.get(key + "s", raw.get(key))
+        n = 0 if given is None else len(given) if isinstance(given, list | tuple) else 1
+        if counts[slot] == 0:
+            if n and "user" not in {_LLAVA_ROLES[t["from"]] for t in turns}:
+                return None
+            counts[slot] = n
+        elif counts[slot] != n:
+            return None
+    c, sy, us, asst, im, vi = counts
+    return c, sy, us, asst, im, vi, first == "system"

@@ -21,6 +21,7 @@ import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -117,18 +118,20 @@ def length_index_fingerprint(source: Any, estimator: LengthEstimator) -> str:
     return h.hexdigest()
 
 
-def _records(source: Any, start: int, stop: int) -> Iterator[Any]:
-    fast = getattr(source, "iter_records", None)
-    if fast is not None:
-        yield from fast(start, stop)
-    else:
-        for i in range(start, stop):
-            yield source[i]
+def _raw_blocks(source: Any, start: int, stop: int, size: int) -> Iterator[list[Any]]:
+    """Raw records in blocks; sources without ``iter_raw`` give Records (the fast path then
+    reads them as ``conversation``-form raw records, which they are)."""
+    it = source.iter_raw(start, stop) if hasattr(source, "iter_raw") else (
+        source[i] for i in range(start, stop))  # fmt: skip
+    while block := list(islice(it, size)):
+        yield block
 
 
 def _estimate_slice(
     source: Any, estimator: LengthEstimator, start: int, stop: int, progress: bool
 ) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
+    """Fast path (``estimate_raw_batch``) per block of 8192; the records it leaves undecided go
+    through ``source[id]`` and ``estimate_sample`` (errors, fallbacks, header reads)."""
     from tqdm.auto import tqdm
 
     n = stop - start
@@ -136,16 +139,20 @@ def _estimate_slice(
     visual = np.empty(n, np.int64)
     fallbacks: list[tuple[int, tuple[str, ...]]] = []
     bar = tqdm(total=n, desc="length index", unit="rec", disable=not progress, mininterval=0.5)
-    est = estimator.estimate_sample
-    for k, record in enumerate(_records(source, start, stop)):
-        t, v, reasons = est(record)
-        total[k], visual[k] = t, v
-        if reasons:
-            fallbacks.append((start + k, reasons))
-        if k & 4095 == 4095:
-            bar.update(4096)
-    bar.update(n - bar.n)
+    k = 0
+    for block in _raw_blocks(source, start, stop, 8192):
+        t, v, slow = estimator.estimate_raw_batch(block)
+        for j in slow:
+            sid = start + k + j
+            t[j], v[j], reasons = estimator.estimate_sample(source[sid])
+            if reasons:
+                fallbacks.append((sid, reasons))
+        total[k : k + len(block)], visual[k : k + len(block)] = t, v
+        k += len(block)
+        bar.update(len(block))
     bar.close()
+    if k != n:
+        raise RuntimeError(f"source yielded {k} records for ids {start}..{stop - 1}, not {n}")
     return total, visual, fallbacks
 
 
