@@ -53,7 +53,7 @@ def check_lengths(
     arr = np.asarray(lengths)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise ValueError(
-            f"{who}: lengths must be a 1-D sequence of ints, got {arr.dtype} {arr.shape}"
+            f"{who}: lengths must be 1-D ints, got dtype {arr.dtype} shape {arr.shape}"
         )
     arr = arr.astype(np.int64, copy=False)
     if arr.size and arr.min() < 0:

@@ -142,6 +142,8 @@ class PackPlan:
 
     def packs(self) -> list[list[int]]:
         """Every pack's sample ids, in storage order."""
+        if len(self) == 0:
+            return []
         return [a.tolist() for a in np.split(self.ids, self.offsets[1:-1])]
 
     def epoch_order(self, epoch: int) -> IntArray:
