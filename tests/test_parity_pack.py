@@ -68,7 +68,7 @@ def _samples(family: str) -> list[dict[str, Any]]:
     text = [{"type": "text", "text": "Say something about parsing a file."}]
     samples = [_sample(proc, _conv(text, "It reads lines and splits them by commas."), 11)]
     if family == "qwen2":
-        samples.append(_sample(proc, _conv(text[:0] + [{"type": "text", "text": "Hi"}], "OK"), 3))
+        samples.append(_sample(proc, _conv([{"type": "text", "text": "Hi"}], "OK"), 3))
         samples.append(_sample(proc, _conv(text, "def f(x): return x + 1"), 40))
         return samples
     img = [{"type": "image", "image": _image(rng, 2 * q, 3 * q)}]
@@ -204,7 +204,8 @@ def test_real_pack_invariants(
     for k, (s, n, lp) in enumerate(
         zip(samples, pack["seq_lens"], pack["seq_lens_padded"], strict=True), start=1
     ):
-        assert lp % 8 == 0 and n == len(s["input_ids"]) - 1
+        assert lp % 8 == 0
+        assert n == len(s["input_ids"]) - 1
         assert doc[start : start + lp].eq(k).all()
         assert pack["position_ids"][:, start].eq(0).all()
         assert pack["text_position_ids"][start].item() == 0
