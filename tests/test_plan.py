@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 
 import numpy as np
 import pytest
@@ -50,7 +51,7 @@ def reference_bfd_fills(lengths: list[int], capacity: int) -> list[int]:
 
 
 def csr_packs(offsets: np.ndarray, ids: np.ndarray) -> list[list[int]]:
-    return [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    return [ids[a:b].tolist() for a, b in itertools.pairwise(offsets)]
 
 
 capacities = st.integers(min_value=1, max_value=64)
@@ -126,7 +127,8 @@ def test_bfd_literal() -> None:
     assert csr_packs(offsets, ids) == [[0, 2], [1, 3], [5]]
     assert bfd_bin_ids([5, 4, 3, 3, 9, 2], 8, on_overlong="drop").tolist() == [0, 1, 0, 1, -1, 2]
     offsets, ids = best_fit_decreasing([], 8)
-    assert offsets.tolist() == [0] and ids.tolist() == []
+    assert offsets.tolist() == [0]
+    assert ids.tolist() == []
     offsets, ids = best_fit_decreasing([0, 0], 8)  # zero-length samples still get a pack
     assert csr_packs(offsets, ids) == [[0, 1]]
     with pytest.raises(ValueError, match=r"sample 4 \(length 9\)"):
@@ -154,7 +156,8 @@ def test_bfd_properties(case: tuple[list[int], int]) -> None:
         [g] * len(p) for g, p in enumerate(packs)
     ]
     again = best_fit_decreasing(np.asarray(lengths, dtype=np.int32), cap)
-    assert np.array_equal(again[0], offsets) and np.array_equal(again[1], ids)
+    assert np.array_equal(again[0], offsets)
+    assert np.array_equal(again[1], ids)
 
 
 def test_bfd_wide_capacity_and_drop() -> None:
@@ -210,7 +213,8 @@ def test_plan_properties(
         assert len(plan) <= max_packs
     twin = plan_packs(lengths, cap, max_packs=max_packs, **kw)  # type: ignore[arg-type]
     assert twin.fingerprint == plan.fingerprint
-    assert np.array_equal(twin.ids, plan.ids) and np.array_equal(twin.offsets, plan.offsets)
+    assert np.array_equal(twin.ids, plan.ids)
+    assert np.array_equal(twin.offsets, plan.offsets)
     for epoch in (0, 1, 5):
         order = plan.epoch_order(epoch)
         assert sorted(order.tolist()) == list(range(len(plan)))
@@ -260,16 +264,20 @@ def test_fingerprint_covers_data_and_parameters() -> None:
         plan_packs(lengths, 8, visual=visual, overlong="drop"),
     ]
     prints = [p.fingerprint for p in variants]
-    assert base not in prints and len(set(prints)) == len(prints)
+    assert base not in prints
+    assert len(set(prints)) == len(prints)
     assert plan_packs(lengths, 8, visual=visual).fingerprint == base
 
 
 def test_plan_literal_and_overlong() -> None:
     plan = plan_packs([5, 4, 3, 3, 9, 2], 8, visual=[0, 2, 0, 1, 5, 0], overlong="drop")
     assert plan.packs() == [[5], [0, 2], [1, 3]]  # sorted by (visual, total)
-    assert plan.totals.tolist() == [2, 8, 7] and plan.visual.tolist() == [0, 0, 3]
+    assert plan.totals.tolist() == [2, 8, 7]
+    assert plan.visual.tolist() == [0, 0, 3]
     assert plan.dropped_ids.tolist() == [4]
-    assert isinstance(plan, PackPlan) and plan.group_size == 1 and len(plan) == 3
+    assert isinstance(plan, PackPlan)
+    assert plan.group_size == 1
+    assert len(plan) == 3
     with pytest.raises(ValueError, match=r"sample 4 \(length 9\).*overlong='drop'"):
         plan_packs([5, 4, 3, 3, 9, 2], 8)
     with pytest.raises(IndexError, match="pack index=3"):
