@@ -204,9 +204,9 @@ def neat_packed_vlm_collater(
         if missing:
             raise ValueError(f"pack {row} (sample_ids={_ids(pack)}) lacks keys {missing}")
         t = int(pack["input_ids"].shape[-1])
-        if t == 0:
+        if t == 0 or not bool(torch.as_tensor(pack["attention_mask"]).any()):
             raise ValueError(
-                f"pack {row} (sample_ids={_ids(pack)}) has zero tokens; an empty pack would be an "
+                f"pack {row} (sample_ids={_ids(pack)}) has no document token; it would be an "
                 "all-padding row. Drop it before collating (its samples were likely overlong)."
             )
         lengths.append(t)

@@ -216,8 +216,12 @@ def test_zero_length_pack() -> None:
     empty = make_pack([3], [1])
     for key in ("input_ids", "labels", "attention_mask", "mm_token_type_ids", "position_ids"):
         empty[key] = empty[key][..., :0]
-    with pytest.raises(ValueError, match=r"pack 1 \(sample_ids=\[3\]\) has zero tokens"):
+    with pytest.raises(ValueError, match=r"pack 1 \(sample_ids=\[3\]\) has no document token"):
         C.neat_packed_vlm_collater([make_pack([1], [3]), empty])
+    padded_empty = make_pack([], [3])  # padded to a pack size but holding no document
+    padded_empty["attention_mask"] = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(ValueError, match="no document token"):
+        C.neat_packed_vlm_collater([padded_empty])
 
 
 @pytest.mark.badinput
