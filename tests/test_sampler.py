@@ -1,0 +1,128 @@
+"""LengthGroupedSampler: grouping, per-epoch chunk shuffle, rank agreement, real Records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.sampler import LengthGroupedSampler
+from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.tiny import load_tiny_processor
+
+
+def chunks_of(order: list[int], sorted_ids: list[int], batch_size: int) -> list[list[int]]:
+    """Split ``order`` at the chunk boundaries of ``sorted_ids``."""
+    chunk = {i: k // batch_size for k, i in enumerate(sorted_ids)}
+    out: list[list[int]] = []
+    for i in order:
+        if out and chunk[out[-1][-1]] == chunk[i]:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def test_sort_and_chunks_literal() -> None:
+    lengths = [0, 10, 20, 30, 40, 50, 60, 70, 500]  # the peer notes' smoke lengths
+    s = LengthGroupedSampler(None, seed=42, batch_size=2, lengths=lengths)
+    assert s.sorted_ids.tolist() == [8, 7, 6, 5, 4, 3, 2, 1, 0]
+    assert len(s) == 9
+    order = list(s)
+    assert sorted(order) == list(range(9))
+    groups = chunks_of(order, s.sorted_ids.tolist(), 2)
+    assert sorted(groups) == sorted([[8, 7], [6, 5], [4, 3], [2, 1], [0]])  # whole, in order
+    s.set_epoch(1)
+    assert list(s) != order  # 5 chunks: another epoch, another chunk order
+    ties = LengthGroupedSampler(None, batch_size=3, lengths=[5, 9, 5, 9, 5])
+    assert ties.sorted_ids.tolist() == [1, 3, 0, 2, 4]  # stable: equal lengths keep id order
+
+
+def test_epochs_ranks_and_seeds() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 4000, size=500)
+    rank0 = LengthGroupedSampler(None, seed=7, batch_size=4, lengths=lengths)
+    rank1 = LengthGroupedSampler(None, seed=7, batch_size=4, lengths=lengths.copy())
+    other = LengthGroupedSampler(None, seed=8, batch_size=4, lengths=lengths)
+    seen = []
+    for epoch in range(3):
+        for s in (rank0, rank1, other):
+            s.set_epoch(epoch)
+        a = list(rank0)
+        assert a == list(rank1)  # identical on every rank, no collective needed
+        assert a != list(other)
+        assert sorted(a) == list(range(500))
+        for chunk in chunks_of(a, rank0.sorted_ids.tolist(), 4):
+            assert len(chunk) == 4  # 500 = 125 whole chunks
+            spread = lengths[chunk]
+            assert list(spread) == sorted(spread, reverse=True)
+        seen.append(a)
+    assert seen[0] != seen[1] != seen[2]
+
+
+def test_max_length_filter_is_counted() -> None:
+    s = LengthGroupedSampler(None, max_length=100, lengths=[10, 600, 2000, 612, 613])
+    assert s.dropped_ids.tolist() == [2, 4]  # the seed's slack: keep <= max_length + 512
+    assert sorted(s) == [0, 1, 3]
+    assert len(s) == 3
+    strict = LengthGroupedSampler(None, max_length=100, length_slack=0, lengths=[10, 600])
+    assert strict.dropped_ids.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lengths": [1.5, 2.0]}, "1-D ints"),
+        ({"lengths": [1, 2], "seed": -1}, "seed=-1"),
+        ({"lengths": [1, 2], "max_length": 0}, "max_length=0"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        LengthGroupedSampler(None, **kwargs)  # type: ignore[arg-type]
+
+
+def test_length_count_mismatch_and_non_records() -> None:
+    with pytest.raises(ValueError, match="one per sample"):
+        LengthGroupedSampler([{}, {}, {}], lengths=[1, 2])
+    with pytest.raises(ValueError, match=r"sample 0: .*Pass lengths="):
+        LengthGroupedSampler([{"input_ids": [1, 2]}])
+    with pytest.raises(ValueError, match="epoch=-1"):
+        LengthGroupedSampler(None, lengths=[1]).set_epoch(-1)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> JsonlSource:
+    root: Path = tmp_path_factory.mktemp("corpus")
+    path = write_corpus(root, num_samples=40, seed=3)
+    return JsonlSource(path, media_root=root / "media")
+
+
+def test_estimates_real_records(corpus: JsonlSource) -> None:
+    s = LengthGroupedSampler(corpus, seed=1, batch_size=4)
+    est = LengthEstimator()
+    expected = [est.estimate(corpus[i])[0] for i in range(len(corpus))]
+    assert s.lengths.tolist() == expected
+    assert len(s) == len(corpus)
+    with_images = [i for i in range(len(corpus)) if "image" in str(corpus[i]["conversation"])]
+    assert with_images  # the corpus mixes text-only and image samples
+
+
+def test_real_processor_estimates_and_dataloader(corpus: JsonlSource) -> None:
+    processor = load_tiny_processor("qwen2_vl")
+    s = LengthGroupedSampler(corpus, seed=1, processor=processor, batch_size=4)
+    est = LengthEstimator.from_processor(processor)
+    assert s.lengths.tolist() == [est.estimate(corpus[i])[0] for i in range(len(corpus))]
+    lengths = torch.as_tensor(s.lengths)
+    loader = DataLoader(range(len(corpus)), sampler=s, batch_size=4)
+    batches = list(loader)
+    assert sorted(torch.cat(batches).tolist()) == list(range(len(corpus)))
+    # each batch is one chunk of the length-sorted order: its spread is far below the corpus's
+    spread = max(float(lengths[b].max() - lengths[b].min()) for b in batches)
+    assert spread < float(lengths.max() - lengths.min())
+    assert [b.tolist() for b in batches] == list(chunks_of(list(s), s.sorted_ids.tolist(), 4))
