@@ -113,6 +113,9 @@ def qwen_role_markers(processor_or_tokenizer: Any) -> RoleMarkers | None:
 
 
 def _render(processor_or_tokenizer: Any, turns: Sequence[tuple[str, str]]) -> str:
+    """Render with content lists and with plain strings; keep the shortest rendering that holds
+    every sentinel (a text-only template prints a content list's repr around the sentinel)."""
+    rendered: list[str] = []
     last_error: Exception | None = None
     for as_list in (True, False):
         conv = [
@@ -121,18 +124,19 @@ def _render(processor_or_tokenizer: Any, turns: Sequence[tuple[str, str]]) -> st
         ]
         try:
             text = processor_or_tokenizer.apply_chat_template(conv, tokenize=False)
-        except Exception as exc:  # a text-only template may reject content lists
+        except Exception as exc:  # a template may accept only one of the two content forms
             last_error = exc
             continue
-        if isinstance(text, list):
-            text = text[0]
+        text = str(text[0] if isinstance(text, list) else text)
         if all(t in text for _, t in turns):
-            return str(text)
-    raise ValueError(
-        "derive_role_markers: the chat template did not render the sentinel contents "
-        f"{[t for _, t in turns]} (last error: {last_error!r}); pass markers=RoleMarkers(...) "
-        "explicitly for this template"
-    )
+            rendered.append(text)
+    if not rendered:
+        raise ValueError(
+            "derive_role_markers: the chat template did not render the sentinel contents "
+            f"{[t for _, t in turns]} (last error: {last_error!r}); pass markers=RoleMarkers(...) "
+            "explicitly for this template"
+        )
+    return min(rendered, key=len)
 
 
 def derive_role_markers(processor_or_tokenizer: Any) -> RoleMarkers:
@@ -234,7 +238,8 @@ def assistant_spans(ids: Sequence[int], markers: RoleMarkers) -> list[tuple[int,
         while j < len(ids) and ids[j : j + m] != end:
             j += 1
         stop = min(j + m, len(ids))
-        spans.append((begin, stop))
+        if stop > begin:  # a bare header at the row end (generation prompt) labels nothing
+            spans.append((begin, stop))
         i = max(stop, begin + 1)
     return spans
 

@@ -114,7 +114,9 @@ def load_image(
     """Open ``src`` (a path or a PIL image), check it, and return an RGB image.
 
     ``max_image_pixels``: ``"pil"`` (default) uses ``PIL.Image.MAX_IMAGE_PIXELS`` at call time,
-    ``None`` disables the check, an int sets the limit. Errors are ``SampleError``.
+    ``None`` disables this check, an int sets the limit. PIL's own hard stop at
+    2 x ``PIL.Image.MAX_IMAGE_PIXELS`` still applies when opening files (it is process-global;
+    set ``PIL.Image.MAX_IMAGE_PIXELS = None`` yourself to lift it). Errors are ``SampleError``.
     """
     limit = _limit(
         None if isinstance(max_image_pixels, str) else max_image_pixels, max_image_pixels == "pil"
@@ -147,7 +149,12 @@ def load_image(
     except SampleError:
         raise
     except Image.DecompressionBombError as exc:
-        raise SampleError(sample_id, "decompression_bomb", f"image file {path!r}: {exc}") from exc
+        raise SampleError(
+            sample_id,
+            "decompression_bomb",
+            f"image file {path!r}: {exc} (PIL's own hard limit, 2 x PIL.Image.MAX_IMAGE_PIXELS); "
+            "downscale the file or raise PIL.Image.MAX_IMAGE_PIXELS if you trust the source",
+        ) from exc
     except (UnidentifiedImageError, SyntaxError, OSError, ValueError) as exc:
         truncated = "truncated" in str(exc).lower() or "broken data stream" in str(exc).lower()
         raise SampleError(
