@@ -84,9 +84,10 @@ def to_4d_bool_mask(doc_ids: Tensor) -> Tensor:
     s = doc_ids.shape[1]
     q = doc_ids[:, :, None]
     k = doc_ids[:, None, :]
-    causal = torch.ones(s, s, dtype=torch.bool, device=doc_ids.device).tril_()
-    mask = (q == k) & (k > 0) & causal
-    mask |= torch.eye(s, dtype=torch.bool, device=doc_ids.device)  # padding rows: self only
+    mask = q == k  # the one [B, S, S] allocation; the rest is in place (1 GiB at B=4, S=16k)
+    mask &= k > 0
+    mask &= torch.ones(s, s, dtype=torch.bool, device=doc_ids.device).tril_()
+    mask.diagonal(dim1=1, dim2=2).fill_(True)  # padding rows attend to themselves only
     return mask.unsqueeze(1)
 
 
@@ -103,7 +104,7 @@ def to_4d_additive_mask(doc_ids: Tensor, dtype: torch.dtype = torch.float32) -> 
         raise ValueError(f"additive masks need a floating dtype; got {dtype=}")
     allowed = to_4d_bool_mask(doc_ids)
     out = torch.zeros(allowed.shape, dtype=dtype, device=doc_ids.device)
-    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return out.masked_fill_(allowed.logical_not_(), torch.finfo(dtype).min)
 
 
 def _segment_starts(doc_ids: Tensor) -> Tensor:
@@ -208,29 +209,56 @@ def to_thd_params(
 def to_block_mask(doc_ids: Tensor, *, block_size: int = 128) -> Any:
     """A flex-attention ``BlockMask`` with the same pattern as :func:`to_4d_bool_mask`.
 
-    Built without ``torch.compile`` (``_compile=False``) so it works on CPU; the mask is sparse
-    in blocks of ``block_size`` tokens, so memory is ``O(B * (S/block_size)^2)``.
+    The block tables are computed from per-block document ranges, vectorized, never from a
+    dense ``[B, S, S]`` mask (``create_block_mask`` without compile evaluates the mask function
+    on every (q, kv) pair: gigabytes at S=16k). A ``(q_block, kv_block)`` tile is *full* when it
+    lies strictly below the diagonal and both tiles hold one and the same document with no
+    padding; *partial* (the mask function decides per token) when their document ranges
+    overlap and it is on or below the diagonal, or it is a diagonal tile; otherwise skipped.
+    This is exactly what ``create_block_mask`` builds (checked in tests).
     """
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import BlockMask
 
     check_doc_ids(doc_ids)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1; got {block_size=}")
     b, s = doc_ids.shape
-    ids = doc_ids.long()
+    nb = -(-s // block_size)
+    ids = torch.nn.functional.pad(doc_ids.long(), (0, nb * block_size - s), value=0)
+    tiles = ids.view(b, nb, block_size)
+    valid = tiles > 0
+    lo = torch.where(valid, tiles, torch.iinfo(torch.long).max).amin(-1)  # [B, nb]
+    hi = torch.where(valid, tiles, -1).amax(-1)
+    single = (lo == hi) & valid.all(-1)
+    q_blk = torch.arange(nb, device=ids.device)[:, None]
+    k_blk = torch.arange(nb, device=ids.device)[None, :]
+    overlap = (lo[:, :, None] <= hi[:, None, :]) & (lo[:, None, :] <= hi[:, :, None])
+    full = (k_blk < q_blk) & single[:, :, None] & single[:, None, :]
+    full &= lo[:, :, None] == lo[:, None, :]
+    if block_size == 1:
+        full |= k_blk == q_blk  # a 1x1 diagonal tile: the token attends to itself
+    partial = ((overlap & (k_blk <= q_blk)) | (k_blk == q_blk)) & ~full
 
-    def document_causal(bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+    def tables(blocks: Tensor) -> tuple[Tensor, Tensor]:
+        num = blocks.sum(-1, dtype=torch.int32).unsqueeze(1)
+        order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True)
+        return num, order.to(torch.int32).unsqueeze(1)
+
+    def document_causal(bi: Tensor, hi_: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         dq = ids[bi, qi]
         dk = ids[bi, ki]
         return ((dq == dk) & (dk > 0) & (ki <= qi)) | (qi == ki)
 
-    return create_block_mask(
-        document_causal,
-        B=b,
-        H=None,
-        Q_LEN=s,
-        KV_LEN=s,
-        device=str(doc_ids.device),
+    kv_num, kv_idx = tables(partial)
+    full_num, full_idx = tables(full)
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
         BLOCK_SIZE=block_size,
-        _compile=False,
+        mask_mod=document_causal,
+        seq_lengths=(s, s),
     )
 
 

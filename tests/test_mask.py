@@ -177,3 +177,25 @@ def test_bad_doc_ids(doc: torch.Tensor, match: str) -> None:
 def test_additive_mask_needs_float_dtype() -> None:
     with pytest.raises(ValueError, match="floating"):
         M.to_4d_additive_mask(torch.tensor([[1]]), torch.int64)
+
+
+@given(packs, st.sampled_from([1, 2, 3, 4, 8, 128]))
+def test_block_mask_equals_create_block_mask(case: tuple[list[list[int]], int], bs: int) -> None:
+    """Block tables from document ranges == torch's dense create_block_mask, tile by tile."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    rows, s = case
+    doc = _doc_ids(rows, s)
+
+    def mask_mod(
+        b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> torch.Tensor:
+        return ((doc[b, q] == doc[b, k]) & (doc[b, k] > 0) & (k <= q)) | (q == k)
+
+    ref = create_block_mask(
+        mask_mod, len(rows), None, s, s, device="cpu", BLOCK_SIZE=bs, _compile=False
+    )
+    got = M.to_block_mask(doc, block_size=bs)
+    assert torch.equal(got.to_dense(), ref.to_dense())
+    assert torch.equal(got.kv_num_blocks, ref.kv_num_blocks)
+    assert torch.equal(got.full_kv_num_blocks, ref.full_kv_num_blocks)
