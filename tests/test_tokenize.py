@@ -354,3 +354,26 @@ def test_sample_error_pickles() -> None:
     assert (back.sample_id, back.reason, str(back)) == (9, "missing_file", str(err))
     with pytest.raises(ValueError, match="not one of"):
         SampleError(1, "whatever", "m")
+
+
+def test_synth_corpus_through_reader(tmp_path: Path) -> None:
+    """Records from the real reader (relative media paths resolved) tokenize end to end."""
+    from neatpack.pipes.read import JsonlSource
+    from neatpack.pipes.synth import write_corpus
+
+    path = write_corpus(tmp_path, num_samples=10, seed=3)
+    source = JsonlSource(path, media_root=tmp_path / "media")
+    p = load_tiny_processor("qwen3_vl")
+    for sid in range(len(source)):
+        rec = source[sid]
+        s = tokenize_conversation(rec, p)
+        images = [b for m in rec["conversation"] for b in m["content"] if b["type"] == "image"]
+        answers = [
+            "".join(b["text"] for b in m["content"] if b["type"] == "text")
+            for m in rec["conversation"]
+            if m["role"] == "assistant"
+        ]
+        assert s["sample_id"] == sid
+        _check_sample(p, s, len(images))
+        labelled = p.tokenizer.decode(s["input_ids"][s["labels"] != IGNORE_INDEX])
+        assert labelled == "".join(a + END for a in answers)
