@@ -303,3 +303,65 @@ def build_packed_sample(
             docs[-1]["sample_id"] = s["sample_id"]
     pack = concat_shifted(docs, padding_idx=padding_idx, pack_size=pack_size)
     return {k: pack[k] for k in ("input_ids", "labels", "attention_mask", "position_ids")}
+
+
+def _media_spans(
+    types: torch.Tensor, grids: dict[int, list[list[int]]], merge: int, family: str
+) -> list[tuple[int, int, int, int]]:
+    """(kind, item index, first token, last token) of every image / video, in id order."""
+    counts = {
+        1: [t * h * w // merge**2 for t, h, w in grids[1]],
+        2: [t * h * w // merge**2 for t, h, w in grids[2]],
+    }
+    spans: list[tuple[int, int, int, int]] = []
+    for kind in (1, 2):
+        where = torch.nonzero(types == kind).reshape(-1).tolist()
+        at = 0
+        for item, n in enumerate(counts[kind]):
+            if at + n > len(where):
+                raise ValueError(f"{family}: media grids need more vision tokens than the ids hold")
+            spans.append((kind, item, where[at], where[at + n - 1]))
+            at += n
+    return spans
+
+
+def truncate_sample(sample: dict[str, Any], length: int, *, merge: int = 2) -> dict[str, Any]:
+    """The first `length` tokens of an UNSHIFTED sample, never cutting through an image or a
+    video: the cut moves back to the start of the first media item that would be cut, and the
+    media of the items after the cut are dropped (pixel rows, grid rows, `second_per_grid_ts`).
+    `position_ids`, if present, are sliced (they were computed on the whole sample)."""
+    ids = _flat(sample["input_ids"])
+    if length >= ids.shape[0]:
+        return dict(sample)
+    mm = sample.get("mm_token_type_ids")
+    types = torch.zeros_like(ids) if mm is None else _flat(mm)
+    grids: dict[int, list[list[int]]] = {
+        1: torch.as_tensor(sample.get("image_grid_thw", torch.zeros(0, 3))).tolist(),
+        2: torch.as_tensor(sample.get("video_grid_thw", torch.zeros(0, 3))).tolist(),
+    }
+    spans = _media_spans(types, grids, merge, str(sample.get("sample_id")))
+    cut = min([length] + [first for _, _, first, last in spans if last >= length])
+    kept = {1: 0, 2: 0}
+    for kind, item, first, _ in spans:
+        if first < cut:
+            kept[kind] = max(kept[kind], item + 1)
+    out = dict(sample)
+    for key in ("input_ids", "labels", "attention_mask", "mm_token_type_ids"):
+        if sample.get(key) is not None:
+            out[key] = _flat(sample[key])[:cut]
+    if sample.get("position_ids") is not None:
+        out["position_ids"] = torch.as_tensor(sample["position_ids"])[..., :cut]
+    for kind, grid_key, pv_key in ((1, "image_grid_thw", "pixel_values"),
+                                   (2, "video_grid_thw", "pixel_values_videos")):  # fmt: skip
+        if sample.get(grid_key) is None:
+            continue
+        n = kept[kind]
+        rows = sum(int(torch.tensor(g).prod()) for g in grids[kind][:n])
+        out[grid_key] = torch.as_tensor(sample[grid_key])[:n] if n else None
+        if sample.get(pv_key) is not None:
+            out[pv_key] = torch.as_tensor(sample[pv_key])[:rows] if n else None
+        if kind == 2 and sample.get("second_per_grid_ts") is not None:
+            out["second_per_grid_ts"] = (
+                torch.as_tensor(sample["second_per_grid_ts"])[:n] if n else None
+            )
+    return out

@@ -1,0 +1,230 @@
+"""Materialize one planned pack: read, tokenize, mRoPE, shift, concat (the worker-side step).
+
+`materialize_pack(source, sample_ids, processor, config, epoch=0) -> (pack, report)` is a pure
+function of its arguments (no global RNG, no logging), defined at module level so process
+workers can pickle it. The plan's lengths are estimates, so the real pack can be longer than
+`pack_size`; `config.overflow` decides what happens, and every sample that is not packed as
+planned is named in the `MaterializeReport`:
+
+    planned [17, 4, 92], pack_size 100, real shifted lengths [60, 30, 25] (total 115)
+    overflow="raise"     ValueError naming the ids, 115 vs 100, and the fixes
+    overflow="drop"      pack [17, 4] (90 tokens)            report.dropped   == (92,)
+    overflow="truncate"  pack [17, 4, 92] with 92 cut to 10  report.truncated == (92,)
+
+A sample that fails to load (`SampleError` / `RecordError` / `OSError`) follows
+`config.on_failure`: "raise", "skip" (left out, in `report.skipped`) or "replace" (another id
+drawn with `random.Random(f"{seed}:{epoch}:{sample_id}:{attempt}")`, at most `max_retries`
+tries, in `report.replaced` as (failed id, replacement id)). Replacement lengths differ from the
+plan's, so overflow handling applies to them too.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ._record import RecordError
+from .media import SampleError
+from .mrope import MRopeConfig
+from .pack import Pack, build_pack, sample_mrope, truncate_sample
+from .tokenize import tokenize_conversation
+
+OVERFLOW_POLICIES: tuple[str, ...] = ("raise", "truncate", "drop")
+FAILURE_POLICIES: tuple[str, ...] = ("raise", "replace", "skip")
+LOAD_ERRORS: tuple[type[BaseException], ...] = (SampleError, RecordError, OSError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaterializeConfig:
+    """Static choices of the materialize step. `mrope`: True derives an `MRopeConfig` from the
+    processor (Qwen-VL), False gives 1-D positions, or pass an `MRopeConfig`."""
+
+    pack_size: int
+    padding_idx: int = 0
+    alignment: int = 1
+    mrope: bool | MRopeConfig = True
+    fake_image: bool = False
+    overflow: str = "raise"
+    on_failure: str = "raise"
+    max_retries: int = 10
+    seed: int = 0
+    label_policy: str = "assistant"
+
+    def __post_init__(self) -> None:
+        if self.pack_size < 1:
+            raise ValueError(f"{self.pack_size=} must be >= 1")
+        if self.alignment < 1 or self.pack_size % self.alignment:
+            raise ValueError(f"{self.alignment=} must be >= 1 and divide {self.pack_size=}")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"{self.overflow=!r}; valid: {OVERFLOW_POLICIES}")
+        if self.on_failure not in FAILURE_POLICIES:
+            raise ValueError(f"{self.on_failure=!r}; valid: {FAILURE_POLICIES}")
+        if self.max_retries < 0:
+            raise ValueError(f"{self.max_retries=} must be >= 0")
+
+
+@dataclass(frozen=True)
+class MaterializeReport:
+    """What happened to a pack's planned samples (the loader's ledger counts these)."""
+
+    planned: tuple[int, ...]
+    packed: tuple[int, ...]
+    dropped: tuple[int, ...] = ()
+    truncated: tuple[int, ...] = ()
+    truncated_tokens: int = 0
+    replaced: tuple[tuple[int, int], ...] = ()
+    skipped: tuple[int, ...] = ()
+    failed: tuple[int, ...] = ()
+    errors: tuple[str, ...] = field(default=(), repr=False)
+    real_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain picklable Python (lists and ints) for the pack dict."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def _aligned(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def replacement_id(seed: int, epoch: int, sample_id: int, attempt: int, n: int) -> int:
+    """The deterministic replacement for a failed sample (independent of rank and workers)."""
+    return random.Random(f"{seed}:{epoch}:{sample_id}:{attempt}").randrange(n)
+
+
+def load_sample(source: Any, sample_id: int, processor: Any, config: MaterializeConfig) -> Pack:
+    """One Sample (docs/data_contracts.md section 4) from a record source."""
+    return tokenize_conversation(
+        source[sample_id], processor, fake_image=config.fake_image,
+        label_policy=config.label_policy,
+    )  # fmt: skip
+
+
+def _resolve_mrope(processor: Any, mrope: bool | MRopeConfig) -> MRopeConfig | None:
+    if isinstance(mrope, MRopeConfig):
+        return mrope
+    return MRopeConfig.from_processor(processor) if mrope else None
+
+
+def materialize_pack(
+    source: Any,
+    sample_ids: Sequence[int],
+    processor: Any,
+    config: MaterializeConfig,
+    *,
+    epoch: int = 0,
+) -> tuple[Pack, MaterializeReport]:
+    """Build the pack of `sample_ids` (in plan order). See the module docstring."""
+    mrope = _resolve_mrope(processor, config.mrope)
+    planned = [int(i) for i in sample_ids]
+    taken = set(planned)
+    samples: list[Pack] = []
+    replaced: list[tuple[int, int]] = []
+    skipped: list[int] = []
+    failed: list[int] = []
+    errors: list[str] = []
+    for sid in planned:
+        current, attempt, tried = sid, 0, [sid]
+        while True:
+            try:
+                s = load_sample(source, current, processor, config)
+                break
+            except LOAD_ERRORS as exc:
+                failed.append(current)
+                errors.append(str(exc)[:300])
+                if config.on_failure == "raise":
+                    raise
+                if config.on_failure == "skip":
+                    skipped.append(current)
+                    s = None
+                    break
+                if attempt >= config.max_retries:
+                    raise RuntimeError(
+                        f"sample {sid} and its replacements failed to load (tried {tried}); "
+                        f"last error: {exc}. Fix the data, "
+                        "raise max_retries, or use on_failure='skip'"
+                    ) from exc
+                attempt += 1
+                current = replacement_id(config.seed, epoch, sid, attempt, len(source))
+                while current in taken and len(taken) < len(source):
+                    attempt += 1
+                    current = replacement_id(config.seed, epoch, sid, attempt, len(source))
+                taken.add(current)
+                tried.append(current)
+        if s is None:
+            continue
+        if current != sid:
+            replaced.append((sid, current))
+        if mrope is not None:
+            s["position_ids"] = sample_mrope(s, mrope)
+        samples.append(s)
+
+    lengths = [_aligned(len(s["input_ids"]) - 1, config.alignment) for s in samples]
+    dropped: list[int] = []
+    truncated: list[int] = []
+    cut_tokens = 0
+    if sum(lengths) > config.pack_size:
+        ids = [int(s["sample_id"]) for s in samples]
+        if config.overflow == "raise":
+            raise ValueError(
+                f"pack of samples {ids} is {sum(lengths)} tokens after the shift (lengths "
+                f"{lengths}) but pack_size={config.pack_size}: the length estimate was too low. "
+                "Plan with exact lengths or more headroom (capacity below pack_size), or set "
+                "overflow='drop' / 'truncate'"
+            )
+        merge = mrope.spatial_merge_size if mrope is not None else 2
+        while samples and sum(lengths) > config.pack_size:
+            room = config.pack_size - sum(lengths[:-1])
+            keep = room // config.alignment * config.alignment  # shifted tokens that fit
+            if config.overflow == "truncate" and keep >= 1:
+                last = samples[-1]
+                cut = truncate_sample(last, keep + 1, merge=merge)
+                if len(cut["input_ids"]) >= 2:
+                    cut_tokens += len(last["input_ids"]) - len(cut["input_ids"])
+                    truncated.append(int(last["sample_id"]))
+                    samples[-1] = cut
+                    lengths[-1] = _aligned(len(cut["input_ids"]) - 1, config.alignment)
+                    continue
+            dropped.append(int(samples.pop()["sample_id"]))
+            lengths.pop()
+    pack = build_pack(
+        samples, padding_idx=config.padding_idx, alignment=config.alignment,
+        pack_size=config.pack_size, mrope=mrope is not None,
+    )  # fmt: skip
+    report = MaterializeReport(
+        planned=tuple(planned),
+        packed=tuple(pack["sample_ids"]),
+        dropped=tuple(dropped),
+        truncated=tuple(truncated),
+        truncated_tokens=cut_tokens,
+        replaced=tuple(replaced),
+        skipped=tuple(skipped),
+        failed=tuple(failed),
+        errors=tuple(errors),
+        real_tokens=sum(pack["seq_lens"]),
+    )
+    return pack, report
+
+
+class Materializer:
+    """`ParallelMapper` map_fn: `pack_ref -> pack`, with `pack_ref = {"pack_index", "epoch",
+    "sample_ids"}`. The pack carries those (planned ids as `planned_sample_ids`) plus
+    `report` (`MaterializeReport.as_dict()`). Picklable when its source and processor are."""
+
+    def __init__(self, source: Any, processor: Any, config: MaterializeConfig) -> None:
+        self.source = source
+        self.processor = processor
+        self.config = config
+
+    def __call__(self, pack_ref: Mapping[str, Any]) -> Pack:
+        epoch = int(pack_ref.get("epoch", 0))
+        pack, report = materialize_pack(
+            self.source, pack_ref["sample_ids"], self.processor, self.config, epoch=epoch
+        )
+        pack["pack_index"] = int(pack_ref.get("pack_index", -1))
+        pack["epoch"] = epoch
+        pack["planned_sample_ids"] = [int(i) for i in pack_ref["sample_ids"]]
+        pack["report"] = report.as_dict()
+        return pack

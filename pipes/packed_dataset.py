@@ -1,0 +1,211 @@
+"""Seed-compatible lazy packed dataset: `PackedDatasetWrapper` and `neat_pack_dataset_vlm`.
+
+Same signatures as the seed (peer notes 3.6, 3.7), map-style, one pack built per
+`__getitem__` from an inner dataset of tokenized, UNSHIFTED samples. For new code prefer the
+node graph (`materialize_pack` in a `ParallelMapper`). Seed bugs fixed here:
+
+* B3: an overlong sample no longer becomes a silent zero-length pack: `neat_pack_dataset_vlm`
+  raises at plan time unless `drop_long_samples=True`, and any runtime drop is counted in the
+  pack's `report`.
+* B4: an empty pack keeps the position rank (`[3, 0]` with mRoPE), so collation cannot fail.
+* B8: fake-image tokens stay masked (moved to the end of their document, see `pipes/pack.py`).
+* B14 / B15: overflow drops and replacements are listed in `pack["report"]`, not DEBUG logs.
+* B17: a `get_rope_index` whose signature cannot be used is an error, not a silent 1-D fallback.
+* B20: `max_retries` is used: a failing inner sample is replaced deterministically
+  (`random.Random(f"{seed}:{sample_id}:{attempt}")`), at most `max_retries` times.
+* mRoPE with `sequence_alignment > 1` works (the seed raised NotImplementedError).
+* B1: `robust_collate` no longer delegates to the inner (unpacked) dataset; it returns the
+  collate function unchanged (retries belong to sample loading, done above).
+* B2: `max_packs` keeps the first packs in creation order, before the balancing order.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from .mrope import compute_mrope_position_ids
+from .pack import Pack, concat_shifted, shift_sample
+
+
+def _aligned(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+class PackedDatasetWrapper(Dataset[Pack]):
+    """A Dataset that materializes pack `k` (`bins[k]`, sample indices into `inner_dataset`)
+    lazily in `__getitem__`: load, mRoPE (if `get_rope_index`), shift, first-fit into
+    `pack_size` in bin order, concatenate. No tail padding (the collater pads), as in the seed.
+    Each pack also carries `report`: `{"planned", "packed", "dropped", "replaced", "failed"}`.
+    """
+
+    def __init__(
+        self,
+        inner_dataset: Any,
+        bins: Sequence[Sequence[int]],
+        pack_size: int,
+        padding_idx: int = 0,
+        sequence_alignment: int = 1,
+        get_rope_index: Callable[..., Any] | None = None,
+        max_retries: int = 10,
+        *,
+        seed: int = 0,
+    ) -> None:
+        if sequence_alignment < 1:
+            raise ValueError(f"{sequence_alignment=} must be >= 1")
+        if pack_size < 1:
+            raise ValueError(f"{pack_size=} must be >= 1")
+        if get_rope_index is not None:
+            try:
+                ok = "input_ids" in inspect.signature(get_rope_index).parameters
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"{get_rope_index=} has no readable `input_ids` parameter; pass "
+                    "model.model.get_rope_index (it lives on the base model, not on "
+                    "*ForConditionalGeneration)"
+                )
+        self.inner = inner_dataset
+        self.bins = [list(b) for b in bins]
+        self.pack_size = pack_size
+        self.padding_idx = padding_idx
+        self.sequence_alignment = sequence_alignment
+        self.get_rope_index = get_rope_index
+        self.has_mrope = get_rope_index is not None
+        self.max_retries = max_retries
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.bins)
+
+    def _load(self, idx: int, replaced: list[list[int]], failed: list[int]) -> dict[str, Any]:
+        current = idx
+        for attempt in range(self.max_retries + 1):
+            try:
+                sample = dict(self.inner[current])
+                break
+            except Exception as exc:  # the inner dataset may raise anything; counted, retried
+                failed.append(current)
+                if attempt == self.max_retries:
+                    raise RuntimeError(
+                        f"sample {idx} and {attempt} replacement(s) failed to load "
+                        f"(last id {current}): {exc}"
+                    ) from exc
+                rng = random.Random(f"{self.seed}:{idx}:{attempt + 1}")
+                current = rng.randrange(len(self.inner))
+        if current != idx:
+            replaced.append([idx, current])
+        sample.setdefault("sample_id", current)
+        mm = sample.get("mm_token_type_ids")
+        if mm is not None:
+            sample["mm_token_type_ids"] = torch.as_tensor(mm).reshape(-1)
+        if self.get_rope_index is not None:
+            sample["position_ids"] = compute_mrope_position_ids(sample, self.get_rope_index)
+        return sample
+
+    def __getitem__(self, pack_idx: int) -> Pack:
+        replaced: list[list[int]] = []
+        failed: list[int] = []
+        dropped: list[int] = []
+        kept: list[dict[str, Any]] = []
+        total = 0
+        for idx in self.bins[pack_idx]:
+            sh = shift_sample(self._load(idx, replaced, failed))
+            n = _aligned(int(sh["input_ids"].shape[0]), self.sequence_alignment)
+            if total + n > self.pack_size:  # seed rule: later, shorter samples may still fit
+                dropped.append(int(sh["sample_id"]))
+                continue
+            kept.append(sh)
+            total += n
+        pack = concat_shifted(
+            kept, padding_idx=self.padding_idx, alignment=self.sequence_alignment,
+            mrope=self.has_mrope,
+        )  # fmt: skip
+        pack["report"] = {
+            "planned": list(self.bins[pack_idx]), "packed": list(pack["sample_ids"]),
+            "dropped": dropped, "replaced": replaced, "failed": failed,
+        }  # fmt: skip
+        return pack
+
+    def robust_collate(self, collate_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Returns `collate_fn` unchanged (seed bug B1: the seed retried with unpacked samples)."""
+        return collate_fn
+
+
+def neat_pack_dataset_vlm(
+    dataset: Any,
+    pack_size: int,
+    padding_idx: int = 0,
+    drop_long_samples: bool = False,
+    max_packs: int | None = None,
+    get_rope_index: Callable[..., Any] | None = None,
+    ds_raw: Any = None,
+    packing_ratio: float = 1.0,
+    processor: Any = None,
+    balance_media_tokens: bool = True,
+    sequence_alignment: int = 1,
+) -> PackedDatasetWrapper:
+    """Plan packs from estimated lengths and return a lazy `PackedDatasetWrapper`.
+
+    With `ds_raw` (raw records, or a neatpack `RecordSource`) each sample is estimated with
+    `LengthEstimator.from_processor(processor)` (shifted, aligned). Without it every sample is
+    estimated at half the capacity, so packs hold 2 samples in index order (seed behaviour).
+    Samples estimated longer than `pack_size` raise a ValueError naming them unless
+    `drop_long_samples=True` (the seed kept them and produced empty packs, B3).
+    """
+    from .binpack import greedy_knapsack
+    from .estimate import LengthEstimator
+    from .plan import greedy_knapsack_vt_balanced
+    from .read import SequenceSource
+
+    if sequence_alignment < 1:
+        raise ValueError(f"{sequence_alignment=} must be >= 1")
+    if not 0 < packing_ratio <= 1:
+        raise ValueError(f"{packing_ratio=} must be in (0, 1]")
+    capacity = int(pack_size * packing_ratio)
+    lengths: list[int] = []
+    visual: list[int] = []
+    valid: list[int] = []
+    too_long: list[int] = []
+    if ds_raw is not None:
+        source = ds_raw if hasattr(ds_raw, "content_fingerprint") else SequenceSource(ds_raw)
+        est = LengthEstimator.from_processor(processor) if processor else LengthEstimator()
+        for i in range(len(source)):
+            total, vt = est.estimate(source[i])
+            total = _aligned(max(total, 0), sequence_alignment)
+            if total > pack_size:
+                too_long.append(i)
+                continue
+            valid.append(i)
+            lengths.append(min(total, capacity))
+            visual.append(vt)
+        if too_long and not drop_long_samples:
+            raise ValueError(
+                f"{len(too_long)} sample(s) are estimated longer than {pack_size=} (first ids "
+                f"{too_long[:10]}); set drop_long_samples=True or raise pack_size"
+            )
+    else:
+        n = len(dataset)
+        half = min(_aligned(capacity // 2, sequence_alignment), capacity)
+        valid, lengths, visual = list(range(n)), [half] * n, [0] * n
+    if not valid:
+        raise ValueError("No samples remaining after filtering.")
+    bins = greedy_knapsack(lengths, capacity)
+    if balance_media_tokens and any(v > 0 for v in visual):
+        # the same bins, in balanced order; B2 fix: max_packs keeps the first bins created
+        first = {tuple(b) for b in bins[:max_packs]}
+        bins = [b for b in greedy_knapsack_vt_balanced(lengths, capacity, visual)
+                if tuple(b) in first]  # fmt: skip
+    else:
+        bins = bins[:max_packs]
+    bins = [[valid[i] for i in b] for b in bins]
+    return PackedDatasetWrapper(
+        dataset, bins, pack_size, padding_idx=padding_idx,
+        sequence_alignment=sequence_alignment, get_rope_index=get_rope_index,
+    )  # fmt: skip
