@@ -121,7 +121,14 @@ def _parse(
         raise SampleError(
             None, "bad_record", f"record is a {type(record).__name__}; expected a dict"
         )
-    sid = record.get("sample_id")
+    if "sample_id" not in record:
+        raise SampleError(
+            None,
+            "bad_record",
+            f"record without 'sample_id' (keys {sorted(record)}); "
+            "records come from a RecordSource, which sets it",
+        )
+    sid = record["sample_id"]
     conv = record.get("conversation")
     if not isinstance(conv, list):
         raise SampleError(
@@ -242,12 +249,18 @@ def tokenize_conversation(
             "a list of frames)",
         ) from exc
     ids = out["input_ids"][0].long()
-    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
-    video_id = tok.convert_tokens_to_ids("<|video_pad|>")
-    if "mm_token_type_ids" in out:
-        mm = out["mm_token_type_ids"][0].long()
-    else:
-        mm = (ids == image_id).long() + 2 * (ids == video_id).long()
+    image_id, video_id = (
+        getattr(processor, f"{k}_token_id", None) or tok.convert_tokens_to_ids(f"<|{k}_pad|>")
+        for k in ("image", "video")
+    )
+    mm = (ids == image_id).long() + 2 * (ids == video_id).long()
+    if "mm_token_type_ids" in out and not torch.equal(out["mm_token_type_ids"][0].long(), mm):
+        raise SampleError(
+            sid,
+            "media_token_mismatch",
+            "the processor's mm_token_type_ids "
+            "disagree with the image/video pad tokens in input_ids",
+        )
     sample: dict[str, Any] = {"sample_id": sid, "input_ids": ids}
     _media(sample, out, sid, processor, mm, len(images), len(videos))
 

@@ -377,3 +377,61 @@ def test_synth_corpus_through_reader(tmp_path: Path) -> None:
         _check_sample(p, s, len(images))
         labelled = p.tokenizer.decode(s["input_ids"][s["labels"] != IGNORE_INDEX])
         assert labelled == "".join(a + END for a in answers)
+
+
+@pytest.mark.badinput
+def test_missing_sample_id(proc: Any) -> None:
+    with pytest.raises(SampleError, match="without 'sample_id'"):
+        tokenize_conversation({"conversation": [_user(_txt("q")), _asst("a")]}, proc)
+
+
+@pytest.mark.badinput
+def test_wrong_markers_is_label_mismatch(proc: Any) -> None:
+    from neatpack.pipes.labels import RoleMarkers
+
+    rec = _rec(_user(_txt("q")), _asst("a"))
+    _raises("label_mismatch", rec, proc, markers=RoleMarkers((1, 2, 3), (4,)))
+
+
+@pytest.mark.badinput
+def test_processor_rejection_is_wrapped(proc: Any) -> None:
+    """Qwen's smart_resize refuses aspect ratios over 200: a SampleError, not a crash."""
+    err = _raises(
+        "processor_error", _rec(_user(_img(Image.new("RGB", (6000, 28)))), _asst("a")), proc
+    )
+    assert "aspect ratio" in str(err)
+
+
+@pytest.mark.badinput
+def test_video_files(proc: Any, tmp_path: Path) -> None:
+    missing = _rec(_user({"type": "video", "video": str(tmp_path / "v.mp4")}), _asst("a"))
+    _raises("missing_file", missing, proc)
+    garbage = tmp_path / "g.mp4"
+    garbage.write_bytes(b"\x00" * 64)
+    _raises("video_error", _rec(_user({"type": "video", "video": str(garbage)}), _asst("a")), proc)
+    _raises("bad_media", _rec(_user({"type": "video", "video": []}), _asst("a")), proc)
+
+
+class _DropOnePad:
+    """A real processor whose output loses one image-pad token (a template/processor desync)."""
+
+    def __init__(self, p: Any) -> None:
+        self._p = p
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._p, name)
+
+    def __call__(self, **kw: Any) -> Any:
+        out = self._p(**kw)
+        keep = torch.ones(out["input_ids"].shape[1], dtype=torch.bool)
+        keep[int(torch.nonzero(out["input_ids"][0] == IMAGE_PAD)[0])] = False
+        for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
+            out[key] = out[key][:, keep]
+        return out
+
+
+@pytest.mark.badinput
+def test_pad_count_disagreeing_with_grid(proc: Any) -> None:
+    rec = _rec(_user(_img(Image.new("RGB", (56, 56))), _txt("q")), _asst("a"))
+    err = _raises("media_token_mismatch", rec, _DropOnePad(proc))
+    assert "need 4" in str(err)
