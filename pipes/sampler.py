@@ -60,6 +60,9 @@ class LengthGroupedSampler(Sampler[int]):
 
     ``max_length`` (optional) keeps samples with ``length <= max_length + length_slack``
     (the seed's 512-token slack for low estimates); the others are in ``dropped_ids``.
+    ``truncate_to`` keeps only that many of the longest samples (the rest in
+    ``truncated_ids``): with sharded data, pass the smallest shard's kept count on every rank
+    so all ranks yield the same number of batches; the seed did this with a CUDA all-reduce.
     ``len(sampler)`` is the number of ids one epoch yields.
 
     >>> s = LengthGroupedSampler(range(5), seed=0, batch_size=2, lengths=[0, 10, 20, 30, 500])
@@ -80,6 +83,7 @@ class LengthGroupedSampler(Sampler[int]):
         lengths: Sequence[int] | npt.ArrayLike | None = None,
         estimator: Any = None,
         length_slack: int = 512,
+        truncate_to: int | None = None,
     ) -> None:
         super().__init__()
         if seed < 0:
@@ -109,6 +113,12 @@ class LengthGroupedSampler(Sampler[int]):
             self.dropped_ids = np.zeros(0, dtype=np.int64)
         # longest first, ties by id (a stable sort of the negated lengths)
         self.sorted_ids = ids[np.argsort(-arr[ids], kind="stable")]
+        self.truncated_ids = np.zeros(0, dtype=np.int64)
+        if truncate_to is not None:
+            if truncate_to < 0:
+                raise ValueError(f"{truncate_to=} must be None or >= 0")
+            self.truncated_ids = np.sort(self.sorted_ids[truncate_to:])
+            self.sorted_ids = self.sorted_ids[:truncate_to]
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's chunk order (call it before iterating, on every rank)."""

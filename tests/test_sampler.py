@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from neatpack.pipes.estimate import LengthEstimator
@@ -74,9 +76,45 @@ def test_max_length_filter_is_counted() -> None:
     assert strict.dropped_ids.tolist() == [1]
 
 
+def test_truncate_to_aligns_sharded_ranks() -> None:
+    shard0 = LengthGroupedSampler(None, max_length=100, lengths=[10, 900, 30, 20, 40])
+    shard1 = LengthGroupedSampler(None, max_length=100, lengths=[50, 60, 70])
+    common = min(len(shard0), len(shard1))
+    aligned = LengthGroupedSampler(
+        None, max_length=100, lengths=[10, 900, 30, 20, 40], truncate_to=common
+    )
+    assert len(aligned) == 3
+    assert aligned.sorted_ids.tolist() == [4, 2, 3]  # the longest kept, as the seed did
+    assert aligned.truncated_ids.tolist() == [0]
+    assert aligned.dropped_ids.tolist() == [1]
+
+
+@given(
+    st.lists(st.integers(0, 50), max_size=40),
+    st.integers(-1, 6),
+    st.integers(0, 3),
+    st.integers(0, 4),
+)
+def test_every_epoch_is_a_chunked_permutation(
+    lengths: list[int], batch_size: int, seed: int, epoch: int
+) -> None:
+    s = LengthGroupedSampler(None, seed=seed, batch_size=batch_size, lengths=lengths)
+    s.set_epoch(epoch)
+    order = list(s)
+    assert sorted(order) == list(range(len(lengths)))
+    bs = max(1, batch_size)
+    chunks = chunks_of(order, s.sorted_ids.tolist(), bs)
+    sorted_ids = s.sorted_ids.tolist()
+    expected = {tuple(sorted_ids[k : k + bs]) for k in range(0, len(lengths), bs)}
+    assert {tuple(c) for c in chunks} == expected
+    assert len(chunks) == len(expected)
+    assert [lengths[i] for i in sorted_ids] == sorted(lengths, reverse=True)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
+        ({"lengths": [1, 2], "truncate_to": -1}, "truncate_to=-1"),
         ({"lengths": [1.5, 2.0]}, "1-D ints"),
         ({"lengths": [1, 2], "seed": -1}, "seed=-1"),
         ({"lengths": [1, 2], "max_length": 0}, "max_length=0"),
