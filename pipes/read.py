@@ -138,7 +138,6 @@ class JsonlSource:
         """Parsed JSON of ids ``start..stop-1`` in order, read in ~8 MiB blocks (the length
         index's fast path); a line that does not parse yields ``None`` (reading that id through
         ``source[id]`` raises the error with its line number)."""
-        loads = json.loads
         i = start
         with self.path.open("rb") as f:
             while i < stop:
@@ -147,16 +146,19 @@ class JsonlSource:
                 j = max(j, i + 1)
                 f.seek(base)
                 block = f.read(int(self.ends[j - 1]) - base)
-                for a, b in zip(
-                    (self.starts[i:j] - base).tolist(),
-                    (self.ends[i:j] - base).tolist(),
-                    strict=True,
-                ):
-                    try:
-                        yield loads(block[a:b])
-                    except ValueError:
-                        yield None
+                yield from self._parse_block(block, i, j, base)
                 i = j
+
+    def _parse_block(self, block: bytes, i: int, j: int, base: int) -> list[Any]:
+        out: list[Any] = []
+        lo = (self.starts[i:j] - base).tolist()
+        hi = (self.ends[i:j] - base).tolist()
+        for a, b in zip(lo, hi, strict=True):
+            try:
+                out.append(json.loads(block[a:b]))
+            except ValueError:
+                out.append(None)
+        return out
 
     def content_fingerprint(self) -> str:
         return self._fingerprint
