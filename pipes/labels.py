@@ -147,7 +147,9 @@ def derive_role_markers(processor_or_tokenizer: Any) -> RoleMarkers:
     token after ``A1``. The start marker must open both assistant turns, and no token may straddle
     a sentinel boundary, else ``ValueError`` (pass explicit ``RoleMarkers`` then).
 
-    >>> derive_role_markers(load_tiny_processor()) == qwen_role_markers(load_tiny_processor())
+    >>> from neatpack.pipes.tiny import load_tiny_processor
+    >>> proc = load_tiny_processor()
+    >>> derive_role_markers(proc) == qwen_role_markers(proc)
     True
     """
     tok = _tokenizer(processor_or_tokenizer)
@@ -199,6 +201,8 @@ def resolve_role_markers(processor_or_tokenizer: Any) -> RoleMarkers:
     markers = qwen_role_markers(processor_or_tokenizer) or derive_role_markers(
         processor_or_tokenizer
     )
+    if len(_CACHE) >= 64:  # bounded: the cache keeps its tokenizers alive
+        _CACHE.clear()
     _CACHE[key] = (_tokenizer(processor_or_tokenizer), markers)
     return markers
 

@@ -1,5 +1,6 @@
 """One conversation -> one Sample (``docs/data_contracts.md`` section 4) through the real processor.
 
+>>> from neatpack.pipes.tiny import load_tiny_processor
 >>> proc = load_tiny_processor("qwen2_vl")
 >>> s = tokenize_conversation({"sample_id": 3, "conversation": [
 ...     {"role": "user", "content": [{"type": "text", "text": "hi"}]},
@@ -33,162 +34,15 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from ._conversation import forbidden_tokens, parse_conversation
 from .labels import IGNORE_INDEX, RoleMarkers, assistant_spans, resolve_role_markers
 from .media import SampleError, load_image, load_video
 
 __all__ = ["FAKE_IMAGE_SIZE", "LABEL_POLICIES", "SampleError", "tokenize_conversation"]
 
-ROLES: Final = ("system", "user", "assistant")
 LABEL_POLICIES: Final = ("assistant", "last_assistant")
 """``assistant``: every assistant turn; ``last_assistant``: only the final one."""
 FAKE_IMAGE_SIZE: Final = 56
-_PLACEHOLDERS: Final = ("<image>", "<video>")
-_MEDIA_KEYS: Final = ("image", "video")
-_STRUCTURAL: Final = (
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
-
-
-def _blocks(sid: Any, k: int, content: Any) -> list[Mapping[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise SampleError(
-            sid,
-            "bad_block",
-            f"message {k} content is a {type(content).__name__}; "
-            "expected a str or a list of blocks",
-        )
-    for j, b in enumerate(content):
-        if not isinstance(b, Mapping):
-            raise SampleError(
-                sid, "bad_block", f"message {k} block {j} is {b!r:.80}; expected a dict"
-            )
-    return content
-
-
-def _kind(sid: Any, k: int, j: int, block: Mapping[str, Any]) -> str:
-    kind = block.get("type")
-    if kind is None:
-        kind = next((m for m in ("text", *_MEDIA_KEYS) if m in block), None)
-    if kind not in ("text", *_MEDIA_KEYS):
-        raise SampleError(
-            sid,
-            "bad_block",
-            f"message {k} block {j} has type {kind!r}; valid types: ('text', 'image', 'video')",
-        )
-    return str(kind)
-
-
-def _check_text(sid: Any, k: int, text: Any, forbidden: tuple[str, ...]) -> str:
-    if not isinstance(text, str):
-        raise SampleError(
-            sid,
-            "bad_text",
-            f"message {k} has text {text!r:.80} of type {type(text).__name__}; text must be a str",
-        )
-    for tok in _PLACEHOLDERS:
-        if tok in text:
-            raise SampleError(
-                sid,
-                "placeholder_in_text",
-                f"message {k} text contains {tok!r}; "
-                "LLaVA placeholders must become media blocks (read the record with "
-                "neatpack's reader) or be removed",
-            )
-    for tok in forbidden:
-        if tok in text:
-            raise SampleError(
-                sid,
-                "special_token_in_text",
-                f"message {k} text contains the special token {tok!r}; strip it from the data",
-            )
-    return text
-
-
-def _parse(
-    record: Mapping[str, Any], forbidden: tuple[str, ...]
-) -> tuple[Any, list[dict[str, Any]], list[Any], list[Any]]:
-    """Validate; return (sample_id, template conversation, image sources, video sources)."""
-    if not isinstance(record, Mapping):
-        raise SampleError(
-            None, "bad_record", f"record is a {type(record).__name__}; expected a dict"
-        )
-    if "sample_id" not in record:
-        raise SampleError(
-            None,
-            "bad_record",
-            f"record without 'sample_id' (keys {sorted(record)}); "
-            "records come from a RecordSource, which sets it",
-        )
-    sid = record["sample_id"]
-    conv = record.get("conversation")
-    if not isinstance(conv, list):
-        raise SampleError(
-            sid,
-            "bad_record",
-            f"'conversation' is {conv!r:.80}; expected a list of "
-            "messages (read raw records with neatpack's reader)",
-        )
-    if not conv:
-        raise SampleError(sid, "empty_conversation", "the conversation has no messages; drop it")
-    out: list[dict[str, Any]] = []
-    images: list[Any] = []
-    videos: list[Any] = []
-    for k, msg in enumerate(conv):
-        role = msg.get("role") if isinstance(msg, Mapping) else None
-        if role not in ROLES:
-            raise SampleError(
-                sid, "unknown_role", f"message {k} has role {role!r}; valid roles: {ROLES}"
-            )
-        blocks: list[dict[str, Any]] = []
-        has_text = has_media = False
-        for j, b in enumerate(_blocks(sid, k, msg.get("content"))):
-            kind = _kind(sid, k, j, b)
-            if kind == "text":
-                text = _check_text(sid, k, b.get("text"), forbidden)
-                has_text = has_text or bool(text.strip())
-                blocks.append({"type": "text", "text": text})
-                continue
-            value = b.get(kind, b.get("path"))
-            if value is None:
-                raise SampleError(
-                    sid,
-                    "media_count_mismatch",
-                    f"message {k} block {j} is an "
-                    f"{kind} block with no {kind}; the conversation has more {kind} "
-                    f"blocks than {kind}s (fix the record's {kind} list)",
-                )
-            (images if kind == "image" else videos).append(value)
-            blocks.append({"type": kind})
-            has_media = True
-        if role != "system" and not (has_text or has_media):
-            raise SampleError(
-                sid,
-                "empty_text",
-                f"message {k} ({role}) has no text and no media; drop the message or the sample",
-            )
-        out.append({"role": role, "content": blocks})
-    if not any(m["role"] == "assistant" for m in out):
-        raise SampleError(sid, "no_assistant", "no assistant turn: nothing to train on; drop it")
-    return sid, out, images, videos
-
-
-def _forbidden(processor: Any, tok: Any, markers: RoleMarkers) -> tuple[str, ...]:
-    """Special tokens that must not occur in text: turn/vision structure and the role markers.
-    Other specials (Qwen's ``<|box_start|>`` grounding tokens, tool tokens) stay allowed."""
-    specials = set(tok.all_special_tokens)
-    names = set(_STRUCTURAL)
-    names.update(str(getattr(processor, a, "")) for a in ("image_token", "video_token"))
-    names.update(tok.convert_ids_to_tokens([*markers.start, *markers.end]))
-    return tuple(sorted(specials & names))
 
 
 def _fake_block(ids: Tensor, mm: Tensor, n_tokens: int, tok: Any) -> Tensor:
@@ -221,8 +75,8 @@ def tokenize_conversation(
         raise ValueError(f"{label_policy=} is not one of {LABEL_POLICIES}")
     tok = getattr(processor, "tokenizer", processor)
     markers = markers or resolve_role_markers(processor)
-    forbidden = _forbidden(processor, tok, markers)
-    sid, conv, image_src, video_src = _parse(record, forbidden)
+    forbidden = forbidden_tokens(processor, tok, markers)
+    sid, conv, image_src, video_src = parse_conversation(record, forbidden)
     n_fake = 0
     if fake_image and not image_src and not video_src:
         first_user = next((m for m in conv if m["role"] == "user"), conv[0])
