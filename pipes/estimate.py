@@ -25,12 +25,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ._record import raw_text_stats
+from ._record import RecordError, raw_text_stats
 from .media_tokens import ImageTokenConfig, VideoTokenConfig
 
 __all__ = [
     "MODES",
     "ON_MISSING_MEDIA",
+    "EstimateError",
     "FallbackCounter",
     "LengthEstimator",
     "SampleEstimate",
@@ -43,7 +44,7 @@ MODES = ("estimate", "calibrated", "exact")
 ON_MISSING_MEDIA = ("raise", "fallback")
 
 
-class EstimateError(ValueError):
+class EstimateError(RecordError):
     """A record whose length cannot be estimated; the message names the sample id."""
 
 
@@ -440,3 +441,35 @@ def text_stats(record: Mapping[str, Any]) -> TextStats:
         chars, roles["system"], roles["user"], roles["assistant"], n_img, n_vid,
         bool(conv) and conv[0]["role"] == "system",
     )  # fmt: skip
+
+
+def _estimate_sample_length(
+    example: Mapping[str, Any],
+    image_cfg: dict[str, Any] | None = None,
+    video_cfg: dict[str, Any] | None = None,
+    return_media_tokens: bool = False,
+) -> int | tuple[int, int]:
+    """The seed's signature and return convention: ``text + media`` (no shift, no chat-template
+    tokens), or ``(total, media)``; ``example`` is a Record. Differences from the seed (bugs
+    there): a video without a video config counts the 500-token fallback instead of 0, image
+    aspect ratios over 200 raise, and video frames are clamped as transformers does.
+    ``LengthEstimator`` is the full version (template overhead, shift, calibration).
+
+    >>> rec = {"conversation": [{"role": "user", "content": [{"type": "text", "text": "abcdef"},
+    ...        {"type": "image", "image": "x"}]}], "images_meta": [[280, 560]]}
+    >>> _estimate_sample_length(rec, {"patch_size": 14}, return_media_tokens=True)
+    (202, 200)
+    """
+    from .media_tokens import _image_cfg, _video_cfg
+
+    zero = TemplateOverhead(per_system=0, per_user=0, per_assistant=0, per_image=0,
+                            per_video=0, no_system=0)  # fmt: skip
+    est = LengthEstimator(
+        image=None if image_cfg is None else _image_cfg(image_cfg),
+        video=None if video_cfg is None else _video_cfg(video_cfg),
+        overhead=zero,
+        on_missing_media="fallback",
+    )
+    out = est.estimate_sample({"sample_id": -1, **example})
+    total = out.total + 1  # the seed applies no shift here
+    return (total, out.visual) if return_media_tokens else total

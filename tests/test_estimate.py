@@ -424,3 +424,32 @@ def test_text_stats_counts_roles_and_media() -> None:
     r = rec([{"type": "image", "image": "x"}, {"type": "text", "text": "abc"}])
     assert text_stats(r) == (3 + 15, 0, 1, 1, 1, 0, False)
     assert TemplateOverhead().tokens(text_stats(r)) == 5 + 5 + 2 + 11
+
+
+def test_seed_named_functions() -> None:
+    from neatpack.pipes.estimate import _estimate_sample_length
+    from neatpack.pipes.media_tokens import (
+        _estimate_image_tokens,
+        _estimate_video_tokens,
+        _smart_resize_image,
+        _smart_resize_video,
+    )
+
+    assert _smart_resize_image(1080, 1920) == (728, 1316)  # the peer notes' examples
+    assert _smart_resize_image(10, 10) == (56, 56)
+    with pytest.raises(ValueError, match="aspect ratio"):
+        _smart_resize_image(10, 2500)  # the seed returned a size here
+    assert _smart_resize_video(8, 20, 40) == hf_resize_video(
+        8, 20, 40, 2, 32, 128 * 128, 16 * 16 * 2 * 2 * 2 * 6144
+    )
+    assert _estimate_image_tokens([280, 560], {"patch_size": 14, "merge_size": 2}) == 200
+    cfg = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 100,
+           "max_pixels": 10**8, "fps": 2, "min_frames": 4, "max_frames": 128}  # fmt: skip
+    assert _estimate_video_tokens([100, 320, 640, 25, 4], cfg) == 800
+    with pytest.raises(ValueError, match="t:0"):  # no frame count at all (the seed said 200)
+        _estimate_video_tokens([0, 320, 320, 0, 5], cfg)
+    r = rec([{"type": "image", "image": "x"}, {"type": "video", "video": "v"}],
+            images_meta=[[280, 560]])  # fmt: skip
+    # 15 chars // 3 = 5 text; 200 image; the video has no config: 500 fallback (seed: 0)
+    assert _estimate_sample_length(r, {"patch_size": 14}, return_media_tokens=True) == (705, 700)
+    assert _estimate_sample_length({"conversation": r["conversation"]}) == 5 + 1000
