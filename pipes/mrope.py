@@ -102,7 +102,8 @@ class MRopeConfig:
         if family is None:
             raise ValueError(
                 f"cannot tell the mRoPE family of processor {name!r}; known: "
-                f"{sorted(_FAMILY_BY_PROCESSOR)}. Build MRopeConfig(family=...) yourself."
+                f"{sorted(_FAMILY_BY_PROCESSOR)}. Build MRopeConfig(family=...) yourself, or use "
+                "1-D positions (mrope=False) for a text-only model."
             )
         tok = processor.tokenizer
         return cls(

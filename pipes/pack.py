@@ -306,7 +306,7 @@ def build_packed_sample(
 
 
 def _media_spans(
-    types: torch.Tensor, grids: dict[int, list[list[int]]], merge: int, family: str
+    types: torch.Tensor, grids: dict[int, list[list[int]]], merge: int, sample_id: str
 ) -> list[tuple[int, int, int, int]]:
     """(kind, item index, first token, last token) of every image / video, in id order."""
     counts = {
@@ -319,7 +319,10 @@ def _media_spans(
         at = 0
         for item, n in enumerate(counts[kind]):
             if at + n > len(where):
-                raise ValueError(f"{family}: media grids need more vision tokens than the ids hold")
+                raise ValueError(
+                    f"sample {sample_id}: its media grids need more vision tokens than its "
+                    "ids hold; the sample is inconsistent (re-tokenize it)"
+                )
             spans.append((kind, item, where[at], where[at + n - 1]))
             at += n
     return spans

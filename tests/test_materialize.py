@@ -257,3 +257,35 @@ def test_neat_pack_dataset_vlm(source: JsonlSource, proc: Any, tmp_path: Path) -
     short = neat_pack_dataset_vlm(inner, 400, ds_raw=source, processor=proc,
                                   drop_long_samples=True, max_packs=2)  # fmt: skip
     assert len(short) <= 2
+
+
+def test_truncate_keeps_media_consistent_at_every_cut(proc: Any) -> None:
+    rec = {"sample_id": 0, "conversation": [
+        {"role": "user", "content": [{"type": "image", "image": _img(56, 84)},
+                                     {"type": "text", "text": "and"},
+                                     {"type": "image", "image": _img(84, 56)}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "two"}]}]}  # fmt: skip
+    s = tokenize_conversation(rec, proc)
+    for length in range(1, len(s["input_ids"]) + 2):
+        cut = truncate_sample(s, length)
+        n = len(cut["input_ids"])
+        assert n <= length
+        grid = cut["image_grid_thw"]
+        rows = 0 if grid is None else int(grid.prod(1).sum())
+        assert int((cut["mm_token_type_ids"] == 1).sum()) == rows // 4
+        assert (0 if cut["pixel_values"] is None else cut["pixel_values"].shape[0]) == rows
+        assert torch.equal(cut["labels"], s["labels"][:n])
+
+
+@pytest.mark.slow
+def test_materializer_in_process_workers(source: JsonlSource, proc: Any) -> None:
+    from torchdata.nodes import IterableWrapper, Loader, ParallelMapper
+
+    m = Materializer(source, proc, MaterializeConfig(pack_size=4096))
+    refs = [{"pack_index": k, "epoch": 0, "sample_ids": [2 * k, 2 * k + 1]} for k in range(4)]
+    node = ParallelMapper(IterableWrapper(refs), m, num_workers=2, method="process",
+                          multiprocessing_context="spawn")  # fmt: skip
+    got = list(Loader(node))
+    assert [p["pack_index"] for p in got] == [0, 1, 2, 3]
+    for p, r in zip(got, refs, strict=True):
+        assert torch.equal(p["input_ids"], m(r)["input_ids"])
