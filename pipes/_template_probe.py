@@ -31,6 +31,10 @@ def _placeholder_ids(processor: Any) -> set[int]:
     return ids
 
 
+def text_tokens(processor: Any, text: str) -> int:
+    return len(_tokenizer(processor)(text, add_special_tokens=False)["input_ids"])
+
+
 def templated_text_tokens(processor: Any, conversation: list[dict[str, Any]]) -> int:
     """Tokens of ``apply_chat_template(conversation)`` minus the media placeholders (each is
     replaced by the media's visual tokens when the processor expands it)."""
@@ -54,7 +58,11 @@ def probe_overhead(processor: Any) -> TemplateOverhead:
     system = n(("system", a), ("user", a)) - user - 2 * t_a
     image = n(("user", [{"type": "image", "image": "probe.jpg"}, *a])) - one
     video = n(("user", [{"type": "video", "video": "probe.mp4"}, *a])) - one
+    vp = getattr(processor, "video_processor", None)
+    timestamps = vp is not None and "qwen3" in type(vp).__name__.lower()
+    per_frame = 2 + text_tokens(processor, "<1.5 seconds>") if timestamps else 0
     return TemplateOverhead(
+        per_video_frame=float(per_frame),
         per_system=float(system), per_user=float(user), per_assistant=float(assistant),
         per_image=float(image), per_video=float(video), no_system=float(one - user - t_a),
     )  # fmt: skip

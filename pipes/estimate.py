@@ -62,6 +62,7 @@ class TemplateOverhead:
     per_image: float = 2.0
     per_video: float = 2.0
     no_system: float = 11.0
+    per_video_frame: float = 8.0  # Qwen3-VL: "<1.5 seconds>" (6) + vision start/end, per patch
 
     def tokens(self, st: TextStats) -> float:
         return self.tokens_of(
@@ -234,7 +235,7 @@ class LengthEstimator:
         conv = record.get("conversation")
         if not conv:
             raise EstimateError(f"sample_id={sid}: empty conversation; nothing to estimate")
-        visual, reasons = self.visual_tokens(record)
+        visual, reasons, frame_text = self.visual_tokens(record)
         if self.mode == "exact":
             from ._template_probe import templated_text_tokens
 
@@ -244,7 +245,7 @@ class LengthEstimator:
             tt = record.get("_text_tokens")
             body = int(tt) if tt is not None else math.floor(st.chars / self.chars_per_token)
             text = body + round(self.overhead.tokens(st))
-        return SampleEstimate(max(text + visual - 1, 0), visual, reasons)
+        return SampleEstimate(max(text + frame_text + visual - 1, 0), visual, reasons)
 
     def estimate_raw_batch(
         self, raws: Sequence[Any]
@@ -260,6 +261,7 @@ class LengthEstimator:
             return np.zeros(n, np.int64), np.zeros(n, np.int64), list(range(n))
         texts = [0] * n
         videos: dict[int, int] = {}
+        frame_text: dict[int, int] = {}
         slow: list[int] = []
         img_at: list[int] = []
         img_hw: list[int] = []
@@ -291,10 +293,13 @@ class LengthEstimator:
                     slow.append(k)
                     continue
                 try:
-                    videos[k] = sum(_video_tokens(video, -1, None, m) for m in vmeta)
+                    plans = [_video_tokens(video, -1, None, m) for m in vmeta]
                 except EstimateError:
                     slow.append(k)  # the full path raises it again, naming the sample
                     continue
+                videos[k] = sum(p[0] for p in plans)
+                if video.timestamps:
+                    frame_text[k] = round(sum(p[1] for p in plans) * ov.per_video_frame)
             tt = _raw_meta(raw, "_text_tokens") if nested else raw.get("_text_tokens")
             if tt is None:
                 body = math.floor(chars / cpt)
@@ -303,7 +308,11 @@ class LengthEstimator:
             else:
                 slow.append(k)
                 continue
-            texts[k] = body + round(ov.tokens_of(n_sys, n_user, n_asst, n_img, n_vid, first_sys))
+            texts[k] = (
+                body
+                + round(ov.tokens_of(n_sys, n_user, n_asst, n_img, n_vid, first_sys))
+                + frame_text.get(k, 0)
+            )
         total = np.asarray(texts, np.int64)
         visual = np.zeros(n, np.int64)
         if videos:
@@ -320,12 +329,13 @@ class LengthEstimator:
         total = np.maximum(total + visual - 1, 0)
         return total, visual, sorted(set(slow))
 
-    def visual_tokens(self, record: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
+    def visual_tokens(self, record: Mapping[str, Any]) -> tuple[int, tuple[str, ...], int]:
+        """``(visual tokens, fallback reasons, text tokens the video frames add)``."""
         sid = int(record.get("sample_id", -1))
         images, videos = _media(record)
         images_meta = _aligned_meta(record, "images_meta", len(images), sid)
         videos_meta = _aligned_meta(record, "videos_meta", len(videos), sid)
-        total, reasons = 0, []
+        total, reasons, frame_patches, frame_text = 0, [], 0, 0
         for value, meta in zip(images, images_meta, strict=True):
             if self.image is None:
                 reasons.append("image_no_config")
@@ -360,29 +370,49 @@ class LengthEstimator:
                 reasons.append("video_no_config" if self.video is None else "video_no_meta")
                 total += self.media_fallback
                 continue
-            total += _video_tokens(self.video, sid, value, meta)
-        return total, tuple(reasons)
+            tokens, grid_t = _video_tokens(self.video, sid, value, meta)
+            total += tokens
+            frame_patches += grid_t
+            if self.video.timestamps and self.mode == "exact":
+                frame_text += self._exact_timestamp_tokens(self.video, meta)
+        timestamps = self.video is not None and self.video.timestamps
+        if frame_patches and timestamps and self.mode != "exact":
+            frame_text = round(frame_patches * self.overhead.per_video_frame)
+        return total, tuple(reasons), frame_text
+
+    def _exact_timestamp_tokens(self, cfg: VideoTokenConfig, meta: Any) -> int:
+        from ._template_probe import text_tokens
+
+        frames, fps = _frames_fps(meta)
+        texts = cfg.timestamp_texts(frames, fps)
+        return 2 * len(texts) + sum(text_tokens(self.processor, t) for t in texts)
 
 
-def _video_tokens(cfg: VideoTokenConfig, sid: int, value: Any, meta: Any) -> int:
+def _frames_fps(meta: Any) -> tuple[int, float | None]:
+    """(frame count, fps or None) from a validated ``videos_meta`` entry."""
+    frames, _, _, fps, duration = (float(v) for v in meta[:5])
+    total = int(frames) or int(duration * fps)
+    if fps == 0 and duration > 0:
+        fps = total / duration
+    return total, fps or None
+
+
+def _video_tokens(cfg: VideoTokenConfig, sid: int, value: Any, meta: Any) -> tuple[int, int]:
+    """``(visual tokens, temporal patches)`` of one video from its metadata."""
     frames, h, w, fps, duration = _positive_meta(sid, "videos", meta, 5)
     if h <= 0 or w <= 0 or frames < 0 or fps < 0 or duration < 0:
         raise EstimateError(
             f"sample_id={sid}: videos_meta {meta!r} needs [frames>=0, height>0, width>0, "
             "fps>=0, duration>=0]; fix the metadata"
         )
-    total = int(frames)
-    if total == 0:
-        total = int(duration * fps)
-    if fps == 0 and duration > 0:
-        fps = total / duration
+    total, rate = _frames_fps(meta)
     if total <= 0:
         raise EstimateError(
             f"sample_id={sid}: videos_meta {meta!r} gives no frame count (frames=0 and "
             "fps*duration=0); fix the metadata"
         )
     try:
-        return cfg.tokens(total, int(h), int(w), fps or None)
+        return cfg.tokens(total, int(h), int(w), rate), cfg.grid_t(total, rate)
     except ValueError as e:
         raise EstimateError(f"sample_id={sid}: video {value!r} meta {meta!r}: {e}") from e
 
@@ -463,7 +493,7 @@ def _estimate_sample_length(
     from .media_tokens import _image_cfg, _video_cfg
 
     zero = TemplateOverhead(per_system=0, per_user=0, per_assistant=0, per_image=0,
-                            per_video=0, no_system=0)  # fmt: skip
+                            per_video=0, no_system=0, per_video_frame=0)  # fmt: skip
     est = LengthEstimator(
         image=None if image_cfg is None else _image_cfg(image_cfg),
         video=None if video_cfg is None else _video_cfg(video_cfg),

@@ -174,7 +174,9 @@ class VideoTokenConfig:
     ``"qwen3_vl"`` (``int(frames / fps * target_fps)`` clamped to ``[min_frames, max_frames]``
     then to the frame count, 3D smart_resize) or ``"qwen2_vl"`` (Qwen2/2.5-VL: floor to a
     multiple of ``temporal_patch_size``, 2D smart_resize). ``sample_frames=False`` means the
-    processor uses every frame it is given. Defaults: Qwen3-VL's.
+    processor uses every frame it is given. ``timestamps``: the processor writes
+    ``<t seconds>`` plus vision start/end before each temporal patch (Qwen3-VL), text tokens
+    that the estimator adds. Defaults: Qwen3-VL's.
     """
 
     patch_size: int = 16
@@ -190,6 +192,7 @@ class VideoTokenConfig:
     sampler: str = "qwen3_vl"
     cap_pixels_per_frame: bool = False
     max_video_tokens: int = 768
+    timestamps: bool = True
 
     def __post_init__(self) -> None:
         _positive(
@@ -223,6 +226,7 @@ class VideoTokenConfig:
             sampler="qwen3_vl" if "qwen3" in name else "qwen2_vl",
             cap_pixels_per_frame=bool(getattr(vp, "cap_pixels_per_frame", None)),
             max_video_tokens=int(getattr(vp, "max_video_tokens", 768)),
+            timestamps="qwen3" in name,
         )
 
     def frames(self, total: int, fps: float | None) -> int:
@@ -252,6 +256,23 @@ class VideoTokenConfig:
         if n > total or n <= 0:
             raise ValueError(f"cannot sample {n} frames from a {total}-frame video")
         return math.ceil(total / (total / n))  # len(arange(0, total, total / n)), as HF
+
+    def grid_t(self, frames: int, fps: float | None) -> int:
+        """Temporal patches: ``ceil(kept frames / temporal_patch_size)``."""
+        return -(-self.frames(frames, fps) // self.temporal_patch_size)
+
+    def timestamp_texts(self, frames: int, fps: float | None) -> list[str]:
+        """The ``<t seconds>`` strings Qwen3-VL's processor writes, one per temporal patch
+        (the mean time of the patch's first and last sampled frame; unknown fps: 24)."""
+        n = self.frames(frames, fps)
+        if self.sample_frames:
+            idx = np.linspace(0, frames - 1, n).round().astype(int).tolist()
+        else:
+            idx = list(range(frames))
+        tp = self.temporal_patch_size
+        idx += [idx[-1]] * (-len(idx) % tp)
+        ts = [i / (fps or 24) for i in idx]
+        return [f"<{(ts[i] + ts[i + tp - 1]) / 2:.1f} seconds>" for i in range(0, len(ts), tp)]
 
     def tokens(self, frames: int, height: int, width: int, fps: float | None) -> int:
         """Visual tokens of one video: ``ceil(n / tp) * grid_h * grid_w // merge**2``."""

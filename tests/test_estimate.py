@@ -453,3 +453,28 @@ def test_seed_named_functions() -> None:
     # 15 chars // 3 = 5 text; 200 image; the video has no config: 500 fallback (seed: 0)
     assert _estimate_sample_length(r, {"patch_size": 14}, return_media_tokens=True) == (705, 700)
     assert _estimate_sample_length({"conversation": r["conversation"]}) == 5 + 1000
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_exact_mode_video_equals_processor_length(family: str) -> None:
+    """Qwen3-VL writes "<t seconds>" + vision start/end per temporal patch: exact mode counts
+    them from the sampled frame times; estimate mode uses the probed per-patch constant."""
+    proc = tiny(family)
+    exact = LengthEstimator.from_processor(proc, mode="exact")
+    est = LengthEstimator.from_processor(proc)
+    assert est.overhead.per_video_frame == (8 if family == "qwen3_vl" else 0)
+    for frames, h, w, fps in [(8, 64, 96, 4.0), (30, 50, 120, 10.0), (97, 100, 33, 30.0)]:
+        raw = {"messages": [{"role": "user", "content": [{"type": "video", "video": "v.mp4"}]},
+                            {"role": "assistant", "content": ""}],
+               "videos_meta": [[frames, h, w, fps, frames / fps]]}  # fmt: skip
+        r = to_record(raw, 0, None)
+        text = proc.apply_chat_template(r["conversation"], tokenize=False)
+        meta = VideoMetadata(total_num_frames=frames, fps=fps, duration=frames / fps)
+        out = proc(text=[text], videos=[torch.zeros(frames, 3, h, w, dtype=torch.uint8)],
+                   video_metadata=[meta], return_tensors="pt")  # fmt: skip
+        visual = int(out["video_grid_thw"].prod()) // 4
+        assert exact.estimate(r) == (out["input_ids"].shape[1] - 1, visual)
+        assert est.estimate(r) == exact.estimate(r)  # no free text: the template is exact
+        fast_total, fast_visual, slow = est.estimate_raw_batch([raw])
+        assert slow == []
+        assert (int(fast_total[0]), int(fast_visual[0])) == est.estimate(r)
