@@ -1,8 +1,9 @@
 """Collate time and memory per attention-mask format, side by side, on one batch of packs.
 
-B packs of length up to S (each 90-100% full, 2-8 documents, seeded), collated once per format
-with ``neat_packed_vlm_collater``. Per format: ``collate_ms`` (median and best of ``--repeats``
-full collates: padding + mask), ``mask_ms`` (best, the mask conversion alone from ``[B, S]``
+B packs of length up to S (each 90-100% full, 2-8 documents, seeded), collated to ``[B, S]``
+(``max_length=S``) once per format with ``neat_packed_vlm_collater``, torch on one thread (as
+in loader worker processes; ``--threads`` to change). Per format: ``collate_ms`` (median and
+best of ``--repeats`` full collates: padding + mask), ``mask_ms`` (best, the mask conversion alone from ``[B, S]``
 document ids), ``output_bytes`` (``nbytes`` of every tensor in the batch, BlockMask and THD
 params included) and ``rss_peak_delta_bytes`` (growth of the process's peak RSS,
 ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, while that format ran; formats run from the
@@ -111,15 +112,19 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
 
 
 def run(b: int, s: int, repeats: int, heavy_repeats: int, seed: int) -> dict[str, Any]:
+    import torch.nn.attention.flex_attention  # noqa: F401  # import cost is not the mask's
+
     packs = make_packs(b, s, seed)
-    doc_ids = neat_packed_vlm_collater(packs, mask_format="doc_ids")["doc_ids"]
+    doc_ids = neat_packed_vlm_collater(packs, max_length=s, mask_format="doc_ids")["doc_ids"]
     metrics: dict[str, Any] = {}
     for fmt in FORMATS:
         heavy = fmt in ("sdpa", "eager", "flex_attention")
         n = heavy_repeats if heavy else repeats
         rss0 = peak_rss()
-        neat_packed_vlm_collater(packs, mask_format=fmt)  # warm-up (imports, allocator)
-        times, out = timed(lambda f=fmt: neat_packed_vlm_collater(packs, mask_format=f), n)
+        neat_packed_vlm_collater(packs, max_length=s, mask_format=fmt)  # warm-up
+        times, out = timed(
+            lambda f=fmt: neat_packed_vlm_collater(packs, max_length=s, mask_format=f), n
+        )
         out_bytes = nbytes({k: v for k, v in out.items() if k != "sample_ids"})
         mask_bytes = nbytes(out.get("attention_mask")) + nbytes(out.get("packed_seq_params"))
         del out
@@ -144,9 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=30, help="runs of each compact format")
     ap.add_argument("--heavy-repeats", type=int, default=3, help="runs of sdpa/eager/flex")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1, as in loader workers)"
+    )
     args = ap.parse_args(argv)
     s = args.seq or (2048 if args.quick else 16384)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(args.threads)
     metrics = run(args.batch, s, args.repeats, args.heavy_repeats, args.seed)
     print(
         json.dumps(

@@ -242,7 +242,7 @@ def neat_packed_vlm_collater(
     except ValueError as err:
         raise ValueError(f"bad attention_mask (document ids) in a pack: {err}") from err
     if not has_text_pos:
-        text_pos = M.to_text_position_ids(doc_ids)
+        text_pos = M.to_text_position_ids(doc_ids, validate=False)
     if not pos_dims:
         pos = text_pos
 
@@ -255,11 +255,11 @@ def neat_packed_vlm_collater(
         "sample_ids": [_ids(p) for p in batch],
     }
     if fmt == "sdpa":
-        out["attention_mask"] = M.to_4d_bool_mask(doc_ids)
+        out["attention_mask"] = M.to_4d_bool_mask(doc_ids, validate=False)
     elif fmt == "eager":
-        out["attention_mask"] = M.to_4d_additive_mask(doc_ids, mask_dtype)
+        out["attention_mask"] = M.to_4d_additive_mask(doc_ids, mask_dtype, validate=False)
     elif fmt == "flex_attention":
-        out["attention_mask"] = M.to_block_mask(doc_ids)
+        out["attention_mask"] = M.to_block_mask(doc_ids, validate=False)
     elif fmt == "doc_ids":
         out["attention_mask"] = doc_ids
     else:
@@ -267,14 +267,14 @@ def neat_packed_vlm_collater(
         if mrope:
             out["position_ids"] = M.to_mrope_text_position_ids(text_pos, pos)
         if fmt in FLASH_FORMATS:
-            out.update(M.to_cu_seqlens(doc_ids))
+            out.update(M.to_cu_seqlens(doc_ids, validate=False))
         elif fmt == "thd":
             seq_lens = (
                 [list(p["seq_lens"]) for p in batch]
                 if all("seq_lens" in p for p in batch)
                 else None
             )
-            out["packed_seq_params"] = M.to_thd_params(doc_ids, seq_lens=seq_lens)
+            out["packed_seq_params"] = M.to_thd_params(doc_ids, seq_lens=seq_lens, validate=False)
     out.update(_collate_media(batch, pixel_dtype, spatial_merge_size, check_media))
     return out
 

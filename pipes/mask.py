@@ -19,6 +19,9 @@ tokens) and turns that tensor into what one attention backend wants::
 Padding rows attend to themselves (the diagonal), never to a document, and no document token
 attends to padding. So no row of a mask is fully masked: SDPA kernels that return NaN for a
 fully masked row (peer note B18, pytorch#103749) cannot be hit, and padding outputs stay finite.
+
+Every function validates its input with :func:`check_doc_ids` (a ``ValueError`` naming the bad
+row); ``validate=False`` skips that when the caller already checked (the collater does, once).
 """
 
 from __future__ import annotations
@@ -108,19 +111,22 @@ def _fill_block_causal(doc_ids: Tensor, out: Tensor, allowed: float | bool) -> T
     return out
 
 
-def to_4d_bool_mask(doc_ids: Tensor) -> Tensor:
+def to_4d_bool_mask(doc_ids: Tensor, *, validate: bool = True) -> Tensor:
     """Block-causal ``[B, 1, S, S]`` bool mask, ``True`` = may attend (SDPA convention).
 
     >>> to_4d_bool_mask(torch.tensor([[1, 1, 2, 0]]))[0, 0].int().tolist()
     [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
     """
-    check_doc_ids(doc_ids)
+    if validate:
+        check_doc_ids(doc_ids)
     b, s = doc_ids.shape
     out = torch.zeros(b, s, s, dtype=torch.bool, device=doc_ids.device)
     return _fill_block_causal(doc_ids, out, True).unsqueeze(1)
 
 
-def to_4d_additive_mask(doc_ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+def to_4d_additive_mask(
+    doc_ids: Tensor, dtype: torch.dtype = torch.float32, *, validate: bool = True
+) -> Tensor:
     """Block-causal ``[B, 1, S, S]`` additive mask: ``0`` = attend, ``finfo(dtype).min`` = blocked.
 
     Eager attention *adds* the mask to the scores, so a bool mask there is silently wrong (it
@@ -131,7 +137,8 @@ def to_4d_additive_mask(doc_ids: Tensor, dtype: torch.dtype = torch.float32) -> 
     """
     if not dtype.is_floating_point:
         raise ValueError(f"additive masks need a floating dtype; got {dtype=}")
-    check_doc_ids(doc_ids)
+    if validate:
+        check_doc_ids(doc_ids)
     b, s = doc_ids.shape
     out = torch.full((b, s, s), torch.finfo(dtype).min, dtype=dtype, device=doc_ids.device)
     return _fill_block_causal(doc_ids, out, 0.0).unsqueeze(1)
@@ -147,7 +154,7 @@ def _segment_starts(doc_ids: Tensor) -> Tensor:
     return starts
 
 
-def to_cu_seqlens(doc_ids: Tensor) -> dict[str, Any]:
+def to_cu_seqlens(doc_ids: Tensor, *, validate: bool = True) -> dict[str, Any]:
     """Flash-attention varlen kwargs for the padding-free path of transformers 5.x.
 
     The batch is seen as one stream of ``B*S`` tokens (transformers reshapes q/k/v to
@@ -161,7 +168,8 @@ def to_cu_seqlens(doc_ids: Tensor) -> dict[str, Any]:
     >>> kw["cu_seq_lens_q"].tolist(), kw["max_length_q"]
     ([0, 4, 6, 8, 12], 4)
     """
-    check_doc_ids(doc_ids)
+    if validate:
+        check_doc_ids(doc_ids)
     n = doc_ids.numel()
     starts = _segment_starts(doc_ids).nonzero().view(-1).to(torch.int32)
     cu = torch.cat([starts, torch.tensor([n], dtype=torch.int32, device=doc_ids.device)])
@@ -179,6 +187,7 @@ def to_thd_params(
     seq_lens_padded: list[list[int]] | None = None,
     *,
     seq_lens: list[list[int]] | None = None,
+    validate: bool = True,
 ) -> dict[str, Any]:
     """Packed-sequence parameters in the THD layout (Megatron ``PackedSeqParams`` / TE names).
 
@@ -193,7 +202,8 @@ def to_thd_params(
     >>> p["cu_seqlens_q"].tolist(), p["cu_seqlens_q_padded"].tolist()
     ([0, 3, 5], [0, 4, 8])
     """
-    check_doc_ids(doc_ids)
+    if validate:
+        check_doc_ids(doc_ids)
     s = doc_ids.shape[1]
     spans: list[list[int]] = []
     reals: list[list[int]] = []
@@ -230,7 +240,7 @@ def to_thd_params(
     }
 
 
-def to_block_mask(doc_ids: Tensor, *, block_size: int = 128) -> Any:
+def to_block_mask(doc_ids: Tensor, *, block_size: int = 128, validate: bool = True) -> Any:
     """A flex-attention ``BlockMask`` with the same pattern as :func:`to_4d_bool_mask`.
 
     The block tables are computed from per-block document ranges, vectorized, never from a
@@ -243,7 +253,8 @@ def to_block_mask(doc_ids: Tensor, *, block_size: int = 128) -> Any:
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    check_doc_ids(doc_ids)
+    if validate:
+        check_doc_ids(doc_ids)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1; got {block_size=}")
     b, s = doc_ids.shape
@@ -286,13 +297,14 @@ def to_block_mask(doc_ids: Tensor, *, block_size: int = 128) -> Any:
     )
 
 
-def to_text_position_ids(doc_ids: Tensor) -> Tensor:
+def to_text_position_ids(doc_ids: Tensor, *, validate: bool = True) -> Tensor:
     """Positions ``0..L-1`` restarting at every document, ``0`` on padding; ``[B, S]`` int64.
 
     >>> to_text_position_ids(torch.tensor([[1, 1, 1, 2, 2, 0]])).tolist()
     [[0, 1, 2, 0, 1, 0]]
     """
-    check_doc_ids(doc_ids)
+    if validate:
+        check_doc_ids(doc_ids)
     b, s = doc_ids.shape
     idx = torch.arange(s, device=doc_ids.device).expand(b, s)
     starts = _segment_starts(doc_ids).view(b, s)
