@@ -8,12 +8,12 @@ a ``SampleError`` naming the sample id.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from .labels import RoleMarkers
 from .media import SampleError
 
-__all__ = ["ROLES", "forbidden_tokens", "parse_conversation"]
+__all__ = ["ROLES", "Parsed", "forbidden_tokens", "parse_conversation"]
 
 ROLES: Final = ("system", "user", "assistant")
 _PLACEHOLDERS: Final = ("<image>", "<video>")
@@ -87,10 +87,29 @@ def _check_text(sid: Any, k: int, text: Any, forbidden: tuple[str, ...]) -> str:
     return text
 
 
-def parse_conversation(
-    record: Mapping[str, Any], forbidden: tuple[str, ...]
-) -> tuple[Any, list[dict[str, Any]], list[Any], list[Any]]:
-    """Validate; return (sample_id, template conversation, image sources, video sources)."""
+class Parsed(NamedTuple):
+    """A validated conversation: what the template renders, and the media sources in order."""
+
+    sample_id: Any
+    conversation: list[dict[str, Any]]
+    images: list[Any]
+    videos: list[Any]
+    video_fps: list[float | None]  # a video block's "fps" key: the frame rate of its frames
+
+
+def _fps(sid: Any, k: int, j: int, block: Mapping[str, Any]) -> float | None:
+    fps = block.get("fps")
+    if fps is None:
+        return None
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or not fps > 0:
+        raise SampleError(
+            sid, "bad_media", f"message {k} block {j} has {fps=!r}; expected a positive number"
+        )
+    return float(fps)
+
+
+def parse_conversation(record: Mapping[str, Any], forbidden: tuple[str, ...]) -> Parsed:
+    """Validate a Record; ``forbidden``: strings no text may contain (see ``forbidden_tokens``)."""
     if not isinstance(record, Mapping):
         raise SampleError(
             None, "bad_record", f"record is a {type(record).__name__}; expected a dict"
@@ -116,6 +135,7 @@ def parse_conversation(
     out: list[dict[str, Any]] = []
     images: list[Any] = []
     videos: list[Any] = []
+    video_fps: list[float | None] = []
     for k, msg in enumerate(conv):
         role = msg.get("role") if isinstance(msg, Mapping) else None
         if role not in ROLES:
@@ -140,7 +160,11 @@ def parse_conversation(
                     f"{kind} block with no {kind}; the conversation has more {kind} "
                     f"blocks than {kind}s (fix the record's {kind} list)",
                 )
-            (images if kind == "image" else videos).append(value)
+            if kind == "image":
+                images.append(value)
+            else:
+                videos.append(value)
+                video_fps.append(_fps(sid, k, j, b))
             blocks.append({"type": kind})
             has_media = True
         if role != "system" and not (has_text or has_media):
@@ -152,7 +176,7 @@ def parse_conversation(
         out.append({"role": role, "content": blocks})
     if not any(m["role"] == "assistant" for m in out):
         raise SampleError(sid, "no_assistant", "no assistant turn: nothing to train on; drop it")
-    return sid, out, images, videos
+    return Parsed(sid, out, images, videos, video_fps)
 
 
 def forbidden_tokens(processor: Any, tok: Any, markers: RoleMarkers) -> tuple[str, ...]:

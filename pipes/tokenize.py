@@ -57,6 +57,27 @@ def _fake_block(ids: Tensor, mm: Tensor, n_tokens: int, tok: Any) -> Tensor:
     return torch.arange(lo, hi)
 
 
+def _video_metadata(
+    record: Mapping[str, Any], videos: list[Any], video_fps: list[float | None]
+) -> list[dict[str, Any]] | None:
+    """Frame-list videos with a known frame rate: the block's ``fps``, else ``videos_meta[k][3]``
+    when that entry counts exactly these frames. ``None`` (processor default, Qwen's 24 fps)
+    when any video is a file (its decoder reads the real metadata) or has no known rate."""
+    meta = record.get("videos_meta") or []
+    out: list[dict[str, Any]] = []
+    for k, (frames, fps) in enumerate(zip(videos, video_fps, strict=True)):
+        if not isinstance(frames, list):
+            return None
+        m = meta[k] if k < len(meta) else None
+        if fps is None and isinstance(m, list | tuple) and len(m) >= 4 and m[0] == len(frames):
+            fps = float(m[3]) if isinstance(m[3], int | float) and m[3] > 0 else None
+        if fps is None:
+            return None
+        n = len(frames)
+        out.append({"fps": fps, "total_num_frames": n, "frames_indices": list(range(n))})
+    return out
+
+
 def tokenize_conversation(
     record: Mapping[str, Any],
     processor: Any,
@@ -76,7 +97,7 @@ def tokenize_conversation(
     tok = getattr(processor, "tokenizer", processor)
     markers = markers or resolve_role_markers(processor)
     forbidden = forbidden_tokens(processor, tok, markers)
-    sid, conv, image_src, video_src = parse_conversation(record, forbidden)
+    sid, conv, image_src, video_src, video_fps = parse_conversation(record, forbidden)
     n_fake = 0
     if fake_image and not image_src and not video_src:
         first_user = next((m for m in conv if m["role"] == "user"), conv[0])
@@ -90,6 +111,9 @@ def tokenize_conversation(
         kwargs["images"] = images
     if videos:
         kwargs["videos"], kwargs["do_sample_frames"] = videos, False
+        metadata = _video_metadata(record, videos, video_fps)
+        if metadata is not None:
+            kwargs["video_metadata"] = metadata
     try:
         text = processor.apply_chat_template(conv, tokenize=False)
         out = processor(text=[text], **kwargs)

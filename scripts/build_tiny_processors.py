@@ -164,7 +164,8 @@ def build(family: str, tokenizer: Any) -> Any:
     if mean is not None:
         common.update(image_mean=mean, image_std=std)
     image_processor = tf.Qwen2VLImageProcessor(**common)
-    video_processor = video_cls(**common)
+    # explicit False: today's uncapped token counts, and no "per-frame pixel cap" warning
+    video_processor = video_cls(**common, cap_pixels_per_frame=False)
     return proc_cls(
         image_processor=image_processor,
         tokenizer=tokenizer,

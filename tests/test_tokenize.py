@@ -155,6 +155,31 @@ def test_video_frames(proc: Any) -> None:
     assert "pixel_values" not in s
 
 
+def test_video_frame_rate_reaches_the_processor() -> None:
+    """fps from the block (or from videos_meta) sets Qwen2.5's second_per_grid_ts and Qwen3's
+    frame timestamps; without it the processor falls back to 24 fps."""
+    frames = [Image.new("RGB", (64, 48), (9 * i, 0, 0)) for i in range(4)]
+    p25 = load_tiny_processor("qwen2_5_vl")
+
+    def video(**extra: Any) -> dict[str, Any]:
+        return {"type": "video", "video": frames, **extra}
+
+    s = tokenize_conversation(_rec(_user(video(fps=2.0), _txt("?")), _asst("ok")), p25)
+    assert s["second_per_grid_ts"].tolist() == [1.0]  # temporal patch 2 / 2 fps
+    meta = _rec(_user(video(), _txt("?")), _asst("ok"))
+    meta["videos_meta"] = [[4, 48, 64, 4.0, 1.0]]
+    assert tokenize_conversation(meta, p25)["second_per_grid_ts"].tolist() == [0.5]
+    meta["videos_meta"] = [[99, 48, 64, 4.0, 1.0]]  # counts other frames: not this list's rate
+    default = tokenize_conversation(meta, p25)["second_per_grid_ts"].tolist()
+    assert default == pytest.approx([2 / 24])
+    p3 = load_tiny_processor("qwen3_vl")
+    s3 = tokenize_conversation(_rec(_user(video(fps=2), _txt("?")), _asst("ok")), p3)
+    text = p3.tokenizer.decode(s3["input_ids"])
+    assert "<0.2 seconds>" in text
+    assert "<1.2 seconds>" in text
+    _raises("bad_media", _rec(_user(video(fps=-1)), _asst("a")), p25)
+
+
 def _grey_ramp_16() -> Image.Image:
     return Image.fromarray(np.array([[0, 257, 32896, 65535]], dtype=np.uint16))
 
