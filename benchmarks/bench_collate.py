@@ -1,12 +1,12 @@
 """Collate time and memory per attention-mask format, side by side, on one batch of packs.
 
 B packs of length up to S (each 90-100% full, 2-8 documents, seeded), collated to ``[B, S]``
-(``max_length=S``) once per format with ``neat_packed_vlm_collater``, torch on one thread (as
-in loader worker processes; ``--threads`` to change). Per format: ``collate_ms`` (median and
-best of ``--repeats`` full collates: padding + mask), ``mask_ms`` (best, the mask conversion
-alone from ``[B, S]`` document ids), ``output_bytes`` (``nbytes`` of every tensor in the batch, BlockMask and THD
-params included) and ``rss_peak_delta_bytes`` (growth of the process's peak RSS,
-``resource.getrusage(RUSAGE_SELF).ru_maxrss``, while that format ran; formats run from the
+(``max_length=S``) once per format with ``neat_packed_vlm_collater``, torch on one thread (as in
+loader worker processes; ``--threads`` to change). Per format: ``collate_ms`` (median and best
+of ``--repeats`` full collates: padding + mask), ``mask_ms`` (best, the mask conversion alone
+from ``[B, S]`` document ids), ``output_bytes`` (``nbytes`` of every tensor in the batch,
+BlockMask and THD params included) and ``rss_peak_delta_bytes`` (growth of the process's peak
+RSS, ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, while that format ran; formats run from the
 smallest to the largest output, so each delta is that format's excess over every earlier peak;
 tracemalloc does not see torch's allocations).
 
