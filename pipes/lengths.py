@@ -15,6 +15,7 @@ image + video tokens inside it (``docs/data_contracts.md`` section 2).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import zipfile
@@ -165,6 +166,7 @@ def build_length_index(
     rank: int = 0,
     world_size: int = 1,
     group: Any = None,
+    num_workers: int = 0,
 ) -> LengthIndex:
     """Estimate every sample of ``source`` (or load the cached index with the same fingerprint).
 
@@ -173,8 +175,11 @@ def build_length_index(
     contiguous slice ``[N*r//W, N*(r+1)//W)`` and the slices are all-gathered, so every rank
     returns the identical index. The cache is used only when every rank has it (decided
     collectively, so ranks never disagree about entering the collective). Estimation errors on
-    any rank are raised on every rank.
+    any rank are raised on every rank. ``num_workers > 0`` splits this process's slice over
+    that many spawned worker processes (the source and estimator are pickled to them).
     """
+    if num_workers < 0:
+        raise ValueError(f"{num_workers=} must be >= 0 (0: estimate in this process)")
     fp = length_index_fingerprint(source, estimator)
     path = None if cache_dir is None else Path(cache_dir) / f"{fp}.npz"
     cached = _try_load(path, fp)
@@ -192,7 +197,7 @@ def build_length_index(
     empty = np.zeros(0, np.int64)
     part: tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]] = (empty, empty, [])
     try:
-        part = _estimate_slice(source, estimator, lo, hi, progress and rank == 0)
+        part = _estimate_parallel(source, estimator, lo, hi, progress and rank == 0, num_workers)
     except Exception as e:
         if dist is None:
             raise
@@ -219,6 +224,28 @@ def build_length_index(
     if path is not None:
         index.save(path)
     return index
+
+
+def _estimate_parallel(
+    source: Any, estimator: LengthEstimator, lo: int, hi: int, progress: bool, workers: int
+) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
+    if workers == 0 or hi - lo < 2 * 8192:
+        return _estimate_slice(source, estimator, lo, hi, progress)
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    cuts = np.linspace(lo, hi, workers + 1).astype(int).tolist()
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = [
+            pool.submit(_estimate_slice, source, estimator, a, b, False)
+            for a, b in itertools.pairwise(cuts)
+        ]
+        parts = [f.result() for f in futures]  # re-raises a worker's error here
+    return (
+        np.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]),
+        [f for p in parts for f in p[2]],
+    )
 
 
 def _try_load(path: Path | None, fp: str) -> LengthIndex | None:

@@ -231,3 +231,26 @@ def test_cooperative_build_error_on_one_rank_reaches_all(tmp_path: Path) -> None
     for r in (r0, r1):
         assert "rank 1: RecordError" in r["error"]
         assert "sample_id=30" in r["error"]
+
+
+@pytest.mark.timeout(180)
+def test_worker_processes_give_the_same_index(tmp_path: Path) -> None:
+    rows: list[Any] = raws(20000)
+    src = JsonlSource(write_jsonl(tmp_path / "d.jsonl", rows), media_root=tmp_path)
+    one = build_length_index(src, EST, progress=False)
+    two = build_length_index(src, EST, progress=False, num_workers=2)
+    np.testing.assert_array_equal(one.total, two.total)
+    np.testing.assert_array_equal(one.visual, two.visual)
+    np.testing.assert_array_equal(one.fallback_ids, two.fallback_ids)
+    assert one.fingerprint == two.fingerprint
+    with pytest.raises(ValueError, match="num_workers=-1"):
+        build_length_index(src, EST, num_workers=-1)
+
+
+@pytest.mark.badinput
+@pytest.mark.timeout(180)
+def test_worker_error_reaches_the_caller(tmp_path: Path) -> None:
+    rows: list[Any] = [*raws(17000), "{bad", *raws(10)]
+    src = JsonlSource(write_jsonl(tmp_path / "d.jsonl", rows))
+    with pytest.raises(RecordError, match=r"sample_id=17000"):
+        build_length_index(src, EST, progress=False, num_workers=2)
