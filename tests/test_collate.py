@@ -368,3 +368,53 @@ def test_robust_collate_gives_up() -> None:
     with pytest.raises(RuntimeError, match="Collate failed after 3 retries"):
         robust([dataset[0]])
     assert len(robust.failures) == 3
+
+
+def _record(sid: int, text: str, answer: str, image: Any = None) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if image is not None:
+        content.insert(0, {"type": "image", "image": image})
+    return {
+        "sample_id": sid,
+        "conversation": [
+            {"role": "user", "content": content},
+            {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+        ],
+    }
+
+
+def test_default_collate_fn_tokenizes_labels_and_shifts(processor: Any) -> None:
+    from PIL import Image
+
+    from neatpack.pipes.tokenize import tokenize_conversation
+
+    records = [
+        _record(4, "what colour", "red", Image.new("RGB", (56, 56), (255, 0, 0))),
+        _record(9, "say something longer please", "a longer answer here"),
+    ]
+    out = C.default_collate_fn(records, processor)
+    ref = [tokenize_conversation(r, processor) for r in records]
+    lens = [int(r["input_ids"].numel()) for r in ref]
+    assert out["input_ids"].shape == (2, max(lens) - 1)
+    for row, r in enumerate(ref):
+        n = lens[row] - 1
+        assert torch.equal(out["input_ids"][row, :n], r["input_ids"][:-1])
+        assert torch.equal(out["labels"][row, :n], r["labels"][1:])
+        answer = processor.tokenizer.decode(out["labels"][row][out["labels"][row] != -100])
+        assert answer.startswith(records[row]["conversation"][1]["content"][0]["text"])
+    assert out["sample_ids"] == [[4], [9]]
+    assert out["n_images_per_sample"].tolist() == [1, 0]
+    assert out["dropped_sample_ids"] == []
+    short = min(lens)
+    dropped = C.default_collate_fn(records, processor, max_length=short, drop_overlong=True)
+    assert dropped["dropped_sample_ids"] == [[4, 9][lens.index(max(lens))]]
+    assert dropped["input_ids"].shape == (1, short - 1)
+
+
+@pytest.mark.badinput
+def test_default_collate_fn_overlong_without_drop(processor: Any) -> None:
+    records = [_record(5, "a question " * 10, "an answer")]
+    with pytest.raises(ValueError, match=r"sample 5 has \d+ tokens > max_length=8"):
+        C.default_collate_fn(records, processor, max_length=8)
+    with pytest.raises(ValueError, match=r"all 1 samples exceed max_length=8: dropped=\[5\]"):
+        C.default_collate_fn(records, processor, max_length=8, drop_overlong=True)
