@@ -235,13 +235,13 @@ def _vl_records() -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture(scope="module")
-def vl_setup() -> tuple[Any, list[list[dict[str, Any]]], list[dict[str, Any]]]:
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def vl_setup(request: Any) -> tuple[Any, list[list[dict[str, Any]]], list[dict[str, Any]]]:
     tiny = pytest.importorskip("neatpack.pipes.tiny")
     tiny_models = pytest.importorskip("neatpack.pipes.tiny_models")
     tok = pytest.importorskip("neatpack.pipes.tokenize")
-    proc = tiny.load_tiny_processor("qwen2_vl")
-    model = tiny_models.tiny_model("qwen2_vl", processor=proc)
+    proc = tiny.load_tiny_processor(request.param)
+    model = tiny_models.tiny_model(request.param, processor=proc)
     samples = [tok.tokenize_conversation(r, proc) for r in _vl_records()]
     rows = [[samples[0], samples[1]], [samples[2], samples[3]]]
     rope = model.model.get_rope_index
@@ -277,7 +277,7 @@ def _vl_max_diff(model: Any, rows: list[list[dict[str, Any]]], batch: dict[str, 
 @pytest.mark.parametrize(
     ("attn", "fmt"), [("sdpa", "sdpa"), ("eager", "eager"), ("sdpa", "position_ids")]
 )
-def test_qwen2_vl_parity(attn: str, fmt: str, vl_setup: Any) -> None:
+def test_qwen_vl_parity(attn: str, fmt: str, vl_setup: Any) -> None:
     from neatpack.pipes.tiny_models import set_attn_implementation
 
     model, rows, built = vl_setup
