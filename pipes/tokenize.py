@@ -20,6 +20,10 @@ Rules (each violation is a ``SampleError`` naming the sample id, a reason code a
 * every media block carries its image / video; after processing, the image-pad count must equal
   ``sum(prod(image_grid_thw)) // merge**2`` (same for video) and every assistant turn must be found.
 
+``mm_token_type_ids`` (0 text, 1 image, 2 video) is computed from the image/video pad ids and
+checked against the processor's own (transformers 5.x Qwen-VL processors return it because their
+class sets ``return_mm_token_type_ids = True``); the models refuse media without it.
+
 ``fake_image=True`` injects a white 56x56 image at the start of the first user turn of a
 sample with no media, so every rank's vision tower runs. Its whole
 ``<|vision_start|>...<|vision_end|>`` block gets ``attention_mask=0`` and labels -100.

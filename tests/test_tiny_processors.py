@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,3 +87,34 @@ def test_template_renders_default_system_and_turn_newlines() -> None:
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
     )
+
+
+def test_loader_never_needs_the_network(tmp_path: Path) -> None:
+    """A fresh interpreter with no offline flags and a dead hub endpoint still loads."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
+    code = (
+        "from neatpack.pipes.tiny import load_tiny_processor\n"
+        "p = load_tiny_processor('qwen3_vl')\n"
+        "print(type(p).__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "Qwen3VLProcessor"
+    assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").rglob("*.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    sys.version_info[:3] != (3, 11, 7), reason="the BPE corpus is this Python build's stdlib"
+)
+def test_builder_reproduces_committed_files(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_tiny_processors.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, timeout=300)
+    for family in FAMILIES:
+        for name in ("tokenizer.json", "tokenizer_config.json", "processor_config.json",
+                     "chat_template.jinja"):  # fmt: skip
+            built = (tmp_path / family / name).read_bytes()
+            assert built == (tiny_processor_dir(family) / name).read_bytes(), (family, name)
