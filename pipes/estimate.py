@@ -123,11 +123,14 @@ def _positive_meta(sample_id: int, kind: str, meta: Any, n: int) -> list[float]:
 
 def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
     """(height, width) of a PIL image or an image file's header (EXIF rotation applied, as
-    transformers' ``load_image`` does), or a fallback reason."""
+    transformers' ``load_image`` does; the token count is symmetric in h and w, the size is
+    not), or a fallback reason."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(value, Image.Image):
-        return value.height, value.width
+        w, h = value.size
+        orientation = value.getexif().get(0x0112, 1)
+        return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
     if not isinstance(value, str):
         return "image_not_a_path"
     try:

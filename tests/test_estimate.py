@@ -207,6 +207,14 @@ def test_exif_rotation_swaps_header_size(tmp_path: Path) -> None:
     est = LengthEstimator(image=ImageTokenConfig(**QWEN2))
     got = est.estimate(rec([{"type": "image", "image": str(tmp_path / "r.jpg")}]))
     assert got == est.estimate(rec([{"type": "image", "image": "x"}], images_meta=[[400, 100]]))
+    with Image.open(tmp_path / "r.jpg") as opened:  # a PIL image is transposed the same way
+        assert est.estimate(rec([{"type": "image", "image": opened}])) == got
+    from transformers.image_utils import load_image
+
+    ip = Qwen2VLImageProcessor(**QWEN2)
+    grid = ip(images=[load_image(str(tmp_path / "r.jpg"))], return_tensors="pt")["image_grid_thw"]
+    assert got[1] == int(grid.prod()) // 4
+    assert grid[0].tolist() == [1, 28, 8]  # transformers sees it 392 x 112 (h x w)
 
 
 @pytest.mark.badinput
