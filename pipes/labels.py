@@ -230,22 +230,37 @@ def assistant_spans(ids: Sequence[int], markers: RoleMarkers) -> list[tuple[int,
     [(3, 6), (9, 11)]
     """
     ids = list(ids)
+    n_ids = len(ids)
     end, m = list(markers.end), len(markers.end)
+    first = markers.start[0]
     spans: list[tuple[int, int]] = []
-    i = 0
-    while i < len(ids):
+    pos = 0
+    for i in [k for k, t in enumerate(ids) if t == first]:  # O(L): markers are rare
+        if i < pos:
+            continue
         hit = _match_start(ids, i, markers)
         if hit is None:
-            i += 1
             continue
-        j = begin = hit[1]
-        while j < len(ids) and ids[j : j + m] != end:
-            j += 1
-        stop = min(j + m, len(ids))
+        begin = hit[1]
+        j = _find(ids, end, begin)
+        stop = n_ids if j < 0 else j + m
         if stop > begin:  # a bare header at the row end (generation prompt) labels nothing
             spans.append((begin, stop))
-        i = max(stop, begin + 1)
+        pos = max(stop, begin + 1)
     return spans
+
+
+def _find(ids: list[int], pattern: list[int], start: int) -> int:
+    """First index >= start where ``pattern`` occurs in ``ids``, or -1."""
+    k = start
+    while True:
+        try:
+            k = ids.index(pattern[0], k)
+        except ValueError:
+            return -1
+        if ids[k : k + len(pattern)] == pattern:
+            return k
+        k += 1
 
 
 def build_labels(

@@ -75,9 +75,10 @@ def to_rgb(img: Image.Image) -> Image.Image:
     composited on white; 16-bit and 32-bit grey is rescaled to 8 bits (PIL's own convert would
     clip a 16-bit image to mostly white); CMYK/YCbCr/LAB/HSV/L/1/P use PIL's conversion."""
     mode = img.mode
-    if mode == "RGB":
+    keyed = "transparency" in img.info
+    if mode == "RGB" and not keyed:
         return img
-    if mode in _ALPHA_MODES or "transparency" in img.info:
+    if mode in _ALPHA_MODES or keyed:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")

@@ -207,6 +207,16 @@ def test_to_rgb_modes(img: Image.Image, pixel: tuple[int, int], expected: tuple[
     assert out.getpixel(pixel) == expected
 
 
+@pytest.mark.parametrize(("mode", "key"), [("RGB", (10, 20, 30)), ("L", 5)])
+def test_colour_key_transparency(mode: str, key: Any) -> None:
+    img = Image.new(mode, (2, 2), key)
+    img.putpixel((1, 1), (1, 2, 3) if mode == "RGB" else 9)
+    img.info["transparency"] = key
+    out = to_rgb(img)
+    assert out.getpixel((0, 0)) == (255, 255, 255)
+    assert out.getpixel((1, 1)) == ((1, 2, 3) if mode == "RGB" else (9, 9, 9))
+
+
 def test_palette_with_transparency_composites_on_white() -> None:
     p = Image.new("P", (4, 4), 0)
     p.putpalette([0, 0, 0, 255, 0, 0] + [0] * 762)
