@@ -239,8 +239,16 @@ def neat_packed_vlm_collater(
             text_pos[row, :t] = pack["text_position_ids"]
     try:
         M.check_doc_ids(doc_ids)
-    except ValueError as err:
-        raise ValueError(f"bad attention_mask (document ids) in a pack: {err}") from err
+    except ValueError:
+        for row, pack in enumerate(batch):  # error path only: find the pack to name
+            try:
+                M.check_doc_ids(doc_ids[row : row + 1])
+            except ValueError as err:
+                raise ValueError(
+                    f"pack {row} (sample_ids={_ids(pack)}): bad attention_mask (document ids "
+                    f"1..k in order, 0 = padding at the end): {err}"
+                ) from err
+        raise
     if not has_text_pos:
         text_pos = M.to_text_position_ids(doc_ids, validate=False)
     if not pos_dims:

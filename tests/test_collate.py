@@ -258,8 +258,8 @@ def test_mixed_position_layouts() -> None:
 def test_bad_doc_ids_in_pack() -> None:
     pack = make_pack([1, 2], [2, 2])
     pack["attention_mask"] = torch.tensor([2, 2, 1, 1])
-    with pytest.raises(ValueError, match="non-decreasing"):
-        C.neat_packed_vlm_collater([pack])
+    with pytest.raises(ValueError, match=r"pack 1 \(sample_ids=\[1, 2\]\).*non-decreasing"):
+        C.neat_packed_vlm_collater([make_pack([7], [4]), pack])
 
 
 # -- non-packed collates ---------------------------------------------------------------------
@@ -418,3 +418,13 @@ def test_default_collate_fn_overlong_without_drop(processor: Any) -> None:
         C.default_collate_fn(records, processor, max_length=8)
     with pytest.raises(ValueError, match=r"all 1 samples exceed max_length=8: dropped=\[5\]"):
         C.default_collate_fn(records, processor, max_length=8, drop_overlong=True)
+
+
+@pytest.mark.badinput
+def test_pad_collate_fn_empty_and_missing_labels(processor: Any) -> None:
+    with pytest.raises(ValueError, match="empty batch"):
+        C.pad_collate_fn([], processor)
+    sample = _sample(processor, 2, "hi")
+    del sample["labels"]
+    with pytest.raises(ValueError, match="sample 2 has no 'labels'"):
+        C.pad_collate_fn([sample], processor)
