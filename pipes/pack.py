@@ -165,6 +165,8 @@ def _cat_media(docs: Sequence[dict[str, Any]], key: str) -> Any:
     if not vals:
         return None
     tensors = [torch.as_tensor(v) for v in vals]
+    if len(tensors) == 1:
+        return tensors[0]  # no copy: pixel rows are the bulk of a pack's bytes
     if len({tuple(t.shape[1:]) for t in tensors}) == 1:
         return torch.cat(tensors, dim=0)
     return [t for v in tensors for t in v]  # seed behaviour: ragged -> one tensor per item
