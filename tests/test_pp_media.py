@@ -191,6 +191,16 @@ def test_prepare_on_a_collated_batch_and_wrapper() -> None:
     assert [c.tolist() for c in pp["second_per_grid_ts"]] == [[], [2.0], [3.0]]
     assert [c.tolist() for c in pp["n_images_per_sample"]] == [[2, 0], [1], [0]]
     assert len(rows) == 3
+    # end to end: pipelining's own split of the text rows meets exactly its media chunks
+    _, text_chunks = split_args_kwargs_into_chunks(
+        (), {"mm_token_type_ids": out["mm_token_type_ids"]}, 3
+    )
+    for m, text in enumerate(text_chunks):
+        image_tokens = int((text["mm_token_type_ids"] == 1).sum())
+        video_tokens = int((text["mm_token_type_ids"] == 2).sum())
+        assert image_tokens * 4 == int(pp["image_grid_hws"][m].prod(-1).sum())
+        assert image_tokens * 4 == pp["pixel_values"][m].shape[0]
+        assert video_tokens * 4 == pp["pixel_values_videos"][m].shape[0]
 
     wrapped = P.wrap_vlm_collate_for_pp(neat_packed_vlm_collater, 2)
     w = wrapped(packs)
