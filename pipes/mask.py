@@ -36,6 +36,7 @@ __all__ = [
     "check_doc_ids",
     "to_4d_additive_mask",
     "to_4d_bool_mask",
+    "to_4d_mask",
     "to_block_mask",
     "to_cu_seqlens",
     "to_mrope_text_position_ids",
@@ -142,6 +143,15 @@ def to_4d_additive_mask(
     b, s = doc_ids.shape
     out = torch.full((b, s, s), torch.finfo(dtype).min, dtype=dtype, device=doc_ids.device)
     return _fill_block_causal(doc_ids, out, 0.0).unsqueeze(1)
+
+
+def to_4d_mask(
+    doc_ids: Tensor, dtype: torch.dtype | None = None, *, validate: bool = True
+) -> Tensor:
+    """The 4D block-causal mask: bool (``dtype=None``, sdpa) or additive in ``dtype`` (eager)."""
+    if dtype is None or dtype == torch.bool:
+        return to_4d_bool_mask(doc_ids, validate=validate)
+    return to_4d_additive_mask(doc_ids, dtype, validate=validate)
 
 
 def _segment_starts(doc_ids: Tensor) -> Tensor:

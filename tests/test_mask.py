@@ -199,3 +199,11 @@ def test_block_mask_equals_create_block_mask(case: tuple[list[list[int]], int], 
     assert torch.equal(got.to_dense(), ref.to_dense())
     assert torch.equal(got.kv_num_blocks, ref.kv_num_blocks)
     assert torch.equal(got.full_kv_num_blocks, ref.full_kv_num_blocks)
+
+
+def test_to_4d_mask_dispatches_on_dtype() -> None:
+    doc = torch.tensor([[1, 1, 2, 0]])
+    assert torch.equal(M.to_4d_mask(doc), M.to_4d_bool_mask(doc))
+    assert torch.equal(
+        M.to_4d_mask(doc, torch.bfloat16), M.to_4d_additive_mask(doc, torch.bfloat16)
+    )
