@@ -49,9 +49,10 @@ class EpochLedger:
     consumed: list[int] = field(default_factory=list)
     padded: list[int] = field(default_factory=list)  # repeated to fill the last step (tail="pad")
     tail_dropped: list[int] = field(default_factory=list)  # cut to keep ranks even (tail="drop")
-    dropped: list[int] = field(default_factory=list)  # removed by the overflow or failure policy
-    truncated: list[int] = field(default_factory=list)
-    replaced: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # removed by the overflow policy
+    truncated: list[int] = field(default_factory=list)  # consumed, but cut to fit the pack
+    failed: list[int] = field(default_factory=list)  # failed to load; skipped or replaced
+    replacements: list[int] = field(default_factory=list)  # ids that stood in for failed ones
 
 
 @dataclass
@@ -161,12 +162,16 @@ class NeatLoader:
             if ledger is None:
                 continue
             report = meta.get("report") or {}
-            removed = {int(i) for key in ("dropped", "failed") for i in report.get(key, [])}
-            kept = [int(i) for i in meta["sample_ids"] if int(i) not in removed]
+            replaced = [(int(a), int(b)) for a, b in report.get("replaced", [])]
+            failed = {int(i) for key in ("failed", "skipped") for i in report.get(key, [])}
+            failed |= {a for a, _ in replaced}
+            dropped = {int(i) for i in report.get("dropped", [])} - failed
+            kept = [int(i) for i in meta["sample_ids"] if int(i) not in failed | dropped]
             (ledger.padded if meta.get("padded") else ledger.consumed).extend(kept)
-            ledger.dropped.extend(sorted(removed))
+            ledger.dropped.extend(sorted(dropped))
+            ledger.failed.extend(sorted(failed))
+            ledger.replacements.extend(b for _, b in replaced)
             ledger.truncated.extend(int(i) for i in report.get("truncated", []))
-            ledger.replaced.extend(int(i) for i in report.get("replaced", []))
 
     def _record_tail(self) -> None:
         if not self.keep_ledger:

@@ -1,0 +1,230 @@
+"""``neat_vlm_graph()``: raw conversations to packed, collated, resumable VLM batches.
+
+    raw records ─► length index ─► plan ─► PackSource ─► ParallelMapper(materialize, workers)
+      (read.py)    (lengths.py,    (plan.py,  (this rank,   (tokenize, labels, mRoPE,
+                    cached)         global)    cursor)       shift, concat: one pack)
+    ─► Batcher(batch_size) ─► Mapper(collate: pad + mask format) ─► Prefetcher ─► NeatLoader
+
+>>> from neatpack.pipes.tiny import load_tiny_processor
+>>> from neatpack.pipes.synth import write_corpus
+>>> import tempfile
+>>> root = tempfile.mkdtemp()
+>>> data = write_corpus(root, num_samples=12)
+>>> loader = neat_vlm_graph(data, load_tiny_processor(),
+...                         config=NeatVLMConfig(pack_size=1024, media_root=f"{root}/media"))
+>>> batch = next(iter(loader))
+>>> batch["input_ids"].shape[0], batch["attention_mask"].dtype
+(1, torch.bool)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
+
+from neatpack.graphs.dist import resolve_rank
+from neatpack.graphs.loader import NeatLoader
+from neatpack.pipes.collate import neat_packed_vlm_collater
+from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.lengths import LengthIndex, build_length_index
+from neatpack.pipes.materialize import MaterializeConfig, Materializer
+from neatpack.pipes.plan import PackPlan, plan_packs
+from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
+from neatpack.pipes.source import TAIL_POLICIES, PackSource
+
+__all__ = ["ESTIMATE_MODES", "NeatVLMConfig", "PackStep", "BatchStep", "neat_vlm_graph", "open_source"]
+
+ESTIMATE_MODES = ("estimate", "calibrated", "exact")
+WORKER_METHODS = ("process", "thread")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeatVLMConfig:
+    """Static choices of the VLM graph. Runtime context (processor, rank) is passed apart."""
+
+    pack_size: int = 8192
+    batch_size: int = 1  # packs per rank per step
+    packing_ratio: float = 1.0  # plan to this fraction of pack_size: headroom for estimate error
+    seed: int = 0
+    shuffle: bool = True
+    estimate_mode: str = "estimate"
+    media_root: str | None = None
+    cache_dir: str | None = None
+    overlong: str = "raise"  # a single sample longer than the pack: raise or drop (counted)
+    overflow: str = "truncate"  # a pack longer than pack_size once built: raise/truncate/drop
+    on_bad_sample: str = "raise"  # a sample that fails to load: raise/skip/replace (counted)
+    tail: str = "pad"  # last step of an epoch: pad (repeat packs) or drop, so ranks stay even
+    max_packs: int | None = None
+    attn_implementation: str = "sdpa"  # sdpa, eager, flash_attention_2, flex_attention, ...
+    pad_to_multiple_of: int | None = None
+    fake_image: bool = False
+    num_workers: int = 0
+    worker_method: str = "process"
+    multiprocessing_context: str | None = "fork"
+    prefetch: int = 2
+    progress: bool = False
+    keep_ledger: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pack_size < 2:
+            raise ValueError(f"{self.pack_size=} must be at least 2 tokens")
+        if self.batch_size < 1:
+            raise ValueError(f"{self.batch_size=} must be >= 1")
+        if not 0.0 < self.packing_ratio <= 1.0:
+            raise ValueError(f"{self.packing_ratio=} must be in (0, 1]")
+        if self.estimate_mode not in ESTIMATE_MODES:
+            raise ValueError(f"{self.estimate_mode=} is not one of {ESTIMATE_MODES}")
+        if self.tail not in TAIL_POLICIES:
+            raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
+        if self.worker_method not in WORKER_METHODS:
+            raise ValueError(f"{self.worker_method=} is not one of {WORKER_METHODS}")
+        if self.num_workers < 0 or self.prefetch < 0:
+            raise ValueError(f"{self.num_workers=} and {self.prefetch=} must be >= 0")
+
+    def plan_key(self) -> dict[str, Any]:
+        """The fields a checkpoint must agree on (the rest may change on resume)."""
+        keep = ("pack_size", "batch_size", "packing_ratio", "seed", "shuffle", "estimate_mode",
+                "overlong", "overflow", "on_bad_sample", "tail", "max_packs",
+                "attn_implementation", "pad_to_multiple_of", "fake_image")
+        return {k: v for k, v in asdict(self).items() if k in keep}
+
+
+def open_source(data: Any, media_root: str | None = None) -> RecordSource:
+    """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source."""
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if not path.exists():
+            raise FileNotFoundError(f"data file {str(path)!r} does not exist: pass a .jsonl or .json")
+        if path.suffix == ".json":
+            return JsonListSource(path, media_root=media_root)
+        return JsonlSource(path, media_root=media_root)
+    if isinstance(data, RecordSource):
+        return data
+    if isinstance(data, Sequence):
+        return SequenceSource(list(data), media_root=media_root)
+    try:
+        from neatpack.pipes.read import HFDatasetSource
+    except ImportError:  # pragma: no cover
+        HFDatasetSource = None  # type: ignore[assignment,misc]
+    if HFDatasetSource is not None and hasattr(data, "features"):
+        return HFDatasetSource(data, media_root=media_root)
+    raise TypeError(
+        f"cannot read data of type {type(data).__name__}: pass a .jsonl/.json path, a list of "
+        "dicts, a datasets.Dataset or a RecordSource"
+    )
+
+
+class PackStep:
+    """Map function run in the workers: a pack reference -> a materialized pack.
+
+    Adds the loader's bookkeeping (slot, epoch, estimated tokens) to the pack. Picklable.
+    """
+
+    def __init__(self, materializer: Materializer, estimated: np.ndarray) -> None:
+        self.materializer, self.estimated = materializer, estimated
+
+    def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
+        pack = self.materializer(ref)
+        ids = ref["sample_ids"]
+        pack["meta"] = {
+            "epoch": ref["epoch"],
+            "slot": ref["slot"],
+            "pack_index": ref["pack_index"],
+            "padded": ref["padded"],
+            "sample_ids": list(ids),
+            "estimated_tokens": int(self.estimated[ids].sum()) if len(ids) else 0,
+            "real_tokens": int(sum(pack.get("seq_lens", []))),
+            "report": pack.pop("report", None),
+        }
+        return pack
+
+
+class BatchStep:
+    """Collate a list of packs and keep their bookkeeping under ``batch["packs"]``."""
+
+    def __init__(self, **collate_kwargs: Any) -> None:
+        self.collate_kwargs = collate_kwargs
+
+    def __call__(self, packs: list[dict[str, Any]]) -> dict[str, Any]:
+        metas = [p.pop("meta") for p in packs]
+        batch = dict(neat_packed_vlm_collater(packs, **self.collate_kwargs))
+        batch["packs"] = metas
+        return batch
+
+
+def neat_vlm_graph(
+    data: Any,
+    processor: Any,
+    *,
+    config: NeatVLMConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    lengths: LengthIndex | None = None,
+) -> NeatLoader:
+    """Build this rank's checkpointable loader of packed VLM batches.
+
+    ``rank`` / ``world_size`` default to ``torch.distributed`` when it is initialized, else
+    0 / 1. ``lengths`` skips building the length index (it is cached under ``cache_dir``).
+    """
+    cfg = config or NeatVLMConfig()
+    rank, world_size = resolve_rank(rank, world_size)
+    source = open_source(data, cfg.media_root)
+    if lengths is None:
+        estimator = LengthEstimator.from_processor(processor, mode=cfg.estimate_mode)
+        if cfg.estimate_mode == "calibrated":
+            estimator = LengthEstimator.calibrate(source, processor, mode="calibrated")
+        lengths = build_length_index(
+            source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress,
+            rank=rank, world_size=world_size,
+        )
+    index = lengths
+
+    def plan_for(group_size: int) -> PackPlan:
+        return plan_packs(
+            index.total, cfg.pack_size, visual=index.visual, packing_ratio=cfg.packing_ratio,
+            max_packs=cfg.max_packs, overlong=cfg.overlong, world_size=group_size,
+            seed=cfg.seed, shuffle=cfg.shuffle,
+        )
+
+    pack_source = PackSource(plan_for, rank=rank, world_size=world_size,
+                             batch_size=cfg.batch_size, tail=cfg.tail)
+    padding_idx = _pad_id(processor)
+    materializer = Materializer(source, processor, MaterializeConfig(
+        pack_size=cfg.pack_size, padding_idx=padding_idx, overflow=cfg.overflow,
+        on_failure=cfg.on_bad_sample, fake_image=cfg.fake_image, seed=cfg.seed,
+    ))
+    step = PackStep(materializer, np.asarray(index.total))
+
+    def build(src: BaseNode[Any]) -> BaseNode[Any]:
+        node: BaseNode[Any]
+        if cfg.num_workers > 0:
+            node = ParallelMapper(
+                src, step, num_workers=cfg.num_workers, in_order=True, method=cfg.worker_method,
+                multiprocessing_context=cfg.multiprocessing_context if cfg.worker_method == "process" else None,
+            )
+        else:
+            node = Mapper(src, step)
+        node = Batcher(node, cfg.batch_size, drop_last=False)
+        node = Mapper(node, BatchStep(
+            padding_idx=padding_idx, attn_implementation=cfg.attn_implementation,
+            pad_to_multiple_of=cfg.pad_to_multiple_of,
+        ))
+        if cfg.prefetch:
+            node = Prefetcher(node, cfg.prefetch)
+        return node
+
+    config_key = {"graph": "neat_vlm", "lengths": index.fingerprint, **cfg.plan_key()}
+    return NeatLoader(pack_source, build, pack_size=cfg.pack_size, config=config_key,
+                      keep_ledger=cfg.keep_ledger)
+
+
+def _pad_id(processor: Any) -> int:
+    tok = getattr(processor, "tokenizer", processor)
+    pad = getattr(tok, "pad_token_id", None)
+    return int(pad) if pad is not None else 0
