@@ -25,6 +25,8 @@ from neatpack.pipes.tiny_models import tiny_model
 
 pytestmark = pytest.mark.parity
 TOL = 1e-5
+MEDIA = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+         "second_per_grid_ts")  # fmt: skip
 PATCH = {"qwen2_vl": 28, "qwen2_5_vl": 28, "qwen3_vl": 32}  # patch * merge: no resize
 
 
@@ -43,7 +45,7 @@ def _conv(user: list[dict[str, Any]], answer: str) -> list[dict[str, Any]]:
 def _sample(proc: Any, conv: list[dict[str, Any]], sid: int, fake: bool = False) -> dict[str, Any]:
     out = proc.apply_chat_template(
         conv, tokenize=True, return_dict=True, return_tensors="pt",
-        return_assistant_tokens_mask=True,
+        return_assistant_tokens_mask=True, do_sample_frames=False,
     )  # fmt: skip
     ids = out["input_ids"][0]
     s: dict[str, Any] = {
@@ -53,9 +55,11 @@ def _sample(proc: Any, conv: list[dict[str, Any]], sid: int, fake: bool = False)
         "attention_mask": out["attention_mask"][0],
         "mm_token_type_ids": out["mm_token_type_ids"][0],
     }
-    for key in ("pixel_values", "image_grid_thw"):
+    for key in MEDIA:
         if key in out:
             s[key] = out[key]
+    if "second_per_grid_ts" in s:  # non-trivial temporal spacing: ids 0, 3, 6, ... per frame
+        s["second_per_grid_ts"] = torch.full_like(s["second_per_grid_ts"], 1.5)
     if fake:  # what tokenize(fake_image=True) does: the vision tokens are masked out
         s["attention_mask"] = s["attention_mask"].masked_fill(s["mm_token_type_ids"] != 0, 0)
     return s
@@ -79,6 +83,9 @@ def _samples(family: str) -> list[dict[str, Any]]:
     samples.append(_sample(proc, _conv([*img, *text], "A noisy picture."), 5))
     samples.append(_sample(proc, _conv(two, "Two noisy pictures, tall then square."), 8))
     samples.append(_sample(proc, _conv(fake, "One two three."), 2, fake=True))
+    frames = [_image(rng, 2 * q, 2 * q) for _ in range(6)]  # 3 temporal patches
+    video = [{"type": "video", "video": frames}, {"type": "text", "text": "What moves?"}]
+    samples.append(_sample(proc, _conv(video, "Only noise."), 21))
     return samples
 
 
@@ -92,7 +99,7 @@ def _additive_mask(doc: torch.Tensor) -> torch.Tensor:
 
 
 def _media(s: dict[str, Any]) -> dict[str, Any]:
-    return {k: s[k] for k in ("pixel_values", "image_grid_thw") if s.get(k) is not None}
+    return {k: s[k] for k in MEDIA if s.get(k) is not None}
 
 
 def _separate(model: Any, s: dict[str, Any], vl: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +121,7 @@ def _packed(model: Any, pack: dict[str, Any], vl: bool, mask_free: bool) -> torc
     kw: dict[str, Any] = {"input_ids": pack["input_ids"][None], "use_cache": False}
     if vl:
         kw["mm_token_type_ids"] = pack["mm_token_type_ids"][None]
-        kw.update({k: pack[k] for k in ("pixel_values", "image_grid_thw")})
+        kw.update(_media(pack))
         if mask_free:
             pos = torch.cat([pack["text_position_ids"][None], pos])
         kw["position_ids"] = pos[:, None]
@@ -174,7 +181,7 @@ def test_wrong_packing_is_detected(
     samples = samples_by_family[family]
     model = tiny_model(family)
     pack = build_pack(samples, mrope=MRopeConfig.from_model_config(model.config))
-    kw = {k: pack[k] for k in ("pixel_values", "image_grid_thw")}
+    kw = _media(pack)
     with torch.no_grad():
         logits = model(
             input_ids=pack["input_ids"][None], mm_token_type_ids=pack["mm_token_type_ids"][None],
