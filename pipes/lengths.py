@@ -185,9 +185,17 @@ def build_length_index(
     cached = _try_load(path, fp)
     dist = _dist(world_size)
     if dist is not None:
-        flags: list[Any] = [None] * world_size
-        dist.all_gather_object(flags, cached is not None, group=group)
-        if all(flags) and cached is not None:
+        actual = (dist.get_rank(group), dist.get_world_size(group))
+        bad = None
+        if actual != (rank, world_size):
+            bad = (
+                f"{rank=}, {world_size=} but the process group says rank {actual[0]} of {actual[1]}"
+            )
+        flags: list[Any] = [None] * actual[1]
+        dist.all_gather_object(flags, (cached is not None, bad), group=group)  # every rank joins
+        if errors := [b for _, b in flags if b is not None]:
+            raise ValueError("; ".join(errors) + "; pass the group's rank and world size")
+        if all(f for f, _ in flags) and cached is not None:
             return cached
     elif cached is not None:
         return cached

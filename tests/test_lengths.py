@@ -177,6 +177,10 @@ def _worker(rank: int, world: int, port: int, data: str, cache: str, out: str) -
             result = {"total": a.total.tolist(), "visual": a.visual.tolist(),
                       "fallback_ids": a.fallback_ids.tolist(), "cached_total": b.total.tolist(),
                       "slices": calls}  # fmt: skip
+            try:  # a wrong rank on every process: all raise, none hangs
+                build_length_index(src, est, progress=False, rank=1 - rank, world_size=world)
+            except ValueError as e:
+                result["mismatch"] = str(e)
         except Exception as e:  # reported to the parent
             result = {"error": f"{type(e).__name__}: {e}"}
         Path(out).write_text(json.dumps(result))
@@ -219,6 +223,7 @@ def test_cooperative_build_on_gloo_group(tmp_path: Path) -> None:
         assert r["visual"] == single.visual.tolist()
         assert r["fallback_ids"] == single.fallback_ids.tolist()
         assert r["cached_total"] == r["total"]
+        assert "process group says rank" in r["mismatch"]
     assert r0["slices"] == [50]  # each rank estimated its half once; the second call hit the cache
     assert r1["slices"] == [51]
 
