@@ -229,3 +229,39 @@ def test_real_pack_invariants(
         == sum(s["image_grid_thw"].shape[0] for s in samples if "image_grid_thw" in s)
     )
     assert pack["pixel_values"].shape[0] == int(grid.prod(dim=1).sum())
+
+
+def test_materialized_pack_with_fake_images_equals_separate() -> None:
+    """End to end: materialize_pack (tokenize with fake_image=True) vs separate masked runs."""
+    from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
+    from neatpack.pipes.read import SequenceSource
+    from neatpack.pipes.tokenize import tokenize_conversation
+
+    proc = load_tiny_processor("qwen2_vl")
+    rng = random.Random(1)
+    img = _image(rng, 56, 84)
+    records = [
+        {"messages": [{"role": "user", "content": "Name a prime."},
+                      {"role": "assistant", "content": "Seven."}]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": img},
+                                                   {"type": "text", "text": "Colour?"}]},
+                      {"role": "assistant", "content": "Mostly grey."}]},
+        {"messages": [{"role": "user", "content": "Two words?"},
+                      {"role": "assistant", "content": "Yes indeed, two."}]},
+    ]  # fmt: skip
+    source = SequenceSource(records)
+    cfg = MaterializeConfig(pack_size=256, fake_image=True)
+    pack, report = materialize_pack(source, [0, 1, 2], proc, cfg)
+    assert report.packed == (0, 1, 2)
+    assert pack["n_images"] == 3  # two injected fake images + one real
+    model = tiny_model("qwen2_vl", processor=proc)
+    for mask_free in (False, True):
+        logits = _packed(model, pack, True, mask_free)
+        start = 0
+        for i, n in enumerate(pack["seq_lens"]):
+            s = tokenize_conversation(source[i], proc, fake_image=True)
+            ref, labels = _separate(model, s, True)
+            got = logits[start : start + ref.shape[0]]
+            assert float((got - ref).abs().max()) <= TOL, (i, mask_free)
+            assert torch.equal(pack["labels"][start : start + ref.shape[0]], labels)
+            start += n
