@@ -25,7 +25,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ._record import RecordError, raw_text_stats
+from ._media_meta import (
+    EstimateError,
+    _aligned_meta,
+    _frames_fps,
+    _image_size,
+    _media,
+    _positive_meta,
+    _video_tokens,
+)
 from .media_tokens import ImageTokenConfig, VideoTokenConfig
 
 __all__ = [
@@ -42,10 +50,6 @@ __all__ = [
 
 MODES = ("estimate", "calibrated", "exact")
 ON_MISSING_MEDIA = ("raise", "fallback")
-
-
-class EstimateError(RecordError):
-    """A record whose length cannot be estimated; the message names the sample id."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,38 +114,6 @@ class FallbackCounter:
             ids = self.sample_ids.setdefault(r, [])
             if not ids or ids[-1] != sample_id:
                 ids.append(sample_id)
-
-
-def _positive_meta(sample_id: int, kind: str, meta: Any, n: int) -> list[float]:
-    if not isinstance(meta, list | tuple) or len(meta) < n:
-        raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r} needs {n} numbers")
-    try:
-        return [float(v) for v in meta[:n]]
-    except (TypeError, ValueError) as e:
-        raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r}: {e}") from e
-
-
-def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
-    """(height, width) of a PIL image or an image file's header (EXIF rotation applied, as
-    transformers' ``load_image`` does; the token count is symmetric in h and w, the size is
-    not), or a fallback reason."""
-    from PIL import Image, UnidentifiedImageError
-
-    if isinstance(value, Image.Image):
-        w, h = value.size
-        orientation = value.getexif().get(0x0112, 1)
-        return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
-    if not isinstance(value, str):
-        return "image_not_a_path"
-    try:
-        with Image.open(value) as im:  # lazy: reads the header only, no decode
-            w, h = im.size
-            orientation = im.getexif().get(0x0112, 1)
-    except FileNotFoundError:
-        return "image_missing"
-    except (UnidentifiedImageError, OSError, SyntaxError):
-        return "image_unreadable"
-    return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,83 +226,10 @@ class LengthEstimator:
         self, raws: Sequence[Any]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
         """Fast path over raw (unconverted) records: ``(total, visual, slow)``, where ``slow``
-        lists the positions this path does not decide (exact mode, missing or irregular
-        metadata, fallbacks, any malformed input): estimate those with ``estimate_sample`` on
-        the full Record, which also raises the proper errors. Decided entries equal
-        ``estimate_sample`` exactly; image tokens use the vectorized smart_resize. Media files
-        and paths are not touched here (complete metadata makes them unnecessary)."""
-        n = len(raws)
-        if self.mode == "exact":
-            return np.zeros(n, np.int64), np.zeros(n, np.int64), list(range(n))
-        texts = [0] * n
-        videos: dict[int, int] = {}
-        frame_text: dict[int, int] = {}
-        slow: list[int] = []
-        img_at: list[int] = []
-        img_hw: list[int] = []
-        ov, cpt, image, video = self.overhead, self.chars_per_token, self.image, self.video
-        for k, raw in enumerate(raws):
-            st = raw_text_stats(raw)
-            if st is None:
-                slow.append(k)
-                continue
-            chars, n_sys, n_user, n_asst, n_img, n_vid, first_sys = st
-            nested = "mm_inputs_meta" in raw
-            if n_img:
-                meta = _raw_meta(raw, "images_meta") if nested else raw.get("images_meta")
-                if image is None or type(meta) is not list or len(meta) != n_img:
-                    slow.append(k)
-                    continue
-                if n_img == 1 and type(m := meta[0]) is list and len(m) == 2:
-                    hw = m
-                else:
-                    hw = [v for m in meta if type(m) is list and len(m) == 2 for v in m]
-                if len(hw) != 2 * n_img or not all(type(v) is int and v > 0 for v in hw):
-                    slow.append(k)
-                    continue
-                img_at.extend([k] * n_img)
-                img_hw.extend(hw)
-            if n_vid:
-                vmeta = _raw_meta(raw, "videos_meta")
-                if video is None or type(vmeta) is not list or len(vmeta) != n_vid or None in vmeta:
-                    slow.append(k)
-                    continue
-                try:
-                    plans = [_video_tokens(video, -1, None, m) for m in vmeta]
-                except EstimateError:
-                    slow.append(k)  # the full path raises it again, naming the sample
-                    continue
-                videos[k] = sum(p[0] for p in plans)
-                if video.timestamps:
-                    frame_text[k] = round(sum(p[1] for p in plans) * ov.per_video_frame)
-            tt = _raw_meta(raw, "_text_tokens") if nested else raw.get("_text_tokens")
-            if tt is None:
-                body = math.floor(chars / cpt)
-            elif type(tt) is int:
-                body = tt
-            else:
-                slow.append(k)
-                continue
-            texts[k] = (
-                body
-                + round(ov.tokens_of(n_sys, n_user, n_asst, n_img, n_vid, first_sys))
-                + frame_text.get(k, 0)
-            )
-        total = np.asarray(texts, np.int64)
-        visual = np.zeros(n, np.int64)
-        if videos:
-            visual[list(videos)] = list(videos.values())
-        if img_at and image is not None:
-            sizes = np.asarray(img_hw, np.int64).reshape(-1, 2)
-            tok = image.tokens_array(sizes[:, 0], sizes[:, 1])
-            at = np.asarray(img_at, np.int64)
-            if (tok < 0).any():  # aspect ratio > 200: the slow path raises with the sample id
-                bad = np.unique(at[tok < 0])
-                slow.extend(bad.tolist())
-                tok[np.isin(at, bad)] = 0
-            np.add.at(visual, at, tok)
-        total = np.maximum(total + visual - 1, 0)
-        return total, visual, sorted(set(slow))
+        lists the positions it leaves undecided (see ``_estimate_raw.estimate_raw_batch``)."""
+        from ._estimate_raw import estimate_raw_batch
+
+        return estimate_raw_batch(self, raws)
 
     def visual_tokens(self, record: Mapping[str, Any]) -> tuple[int, tuple[str, ...], int]:
         """``(visual tokens, fallback reasons, text tokens the video frames add)``."""
@@ -389,70 +288,6 @@ class LengthEstimator:
         frames, fps = _frames_fps(meta)
         texts = cfg.timestamp_texts(frames, fps)
         return 2 * len(texts) + sum(text_tokens(self.processor, t) for t in texts)
-
-
-def _frames_fps(meta: Any) -> tuple[int, float | None]:
-    """(frame count, fps or None) from a validated ``videos_meta`` entry."""
-    frames, _, _, fps, duration = (float(v) for v in meta[:5])
-    total = int(frames) or int(duration * fps)
-    if fps == 0 and duration > 0:
-        fps = total / duration
-    return total, fps or None
-
-
-def _video_tokens(cfg: VideoTokenConfig, sid: int, value: Any, meta: Any) -> tuple[int, int]:
-    """``(visual tokens, temporal patches)`` of one video from its metadata."""
-    frames, h, w, fps, duration = _positive_meta(sid, "videos", meta, 5)
-    if h <= 0 or w <= 0 or frames < 0 or fps < 0 or duration < 0:
-        raise EstimateError(
-            f"sample_id={sid}: videos_meta {meta!r} needs [frames>=0, height>0, width>0, "
-            "fps>=0, duration>=0]; fix the metadata"
-        )
-    total, rate = _frames_fps(meta)
-    if total <= 0:
-        raise EstimateError(
-            f"sample_id={sid}: videos_meta {meta!r} gives no frame count (frames=0 and "
-            "fps*duration=0); fix the metadata"
-        )
-    try:
-        return cfg.tokens(total, int(h), int(w), rate), cfg.grid_t(total, rate)
-    except ValueError as e:
-        raise EstimateError(f"sample_id={sid}: video {value!r} meta {meta!r}: {e}") from e
-
-
-def _raw_meta(raw: Any, key: str) -> Any:
-    """``raw[key]``, or the peer's nesting ``raw["mm_inputs_meta"][key]`` (as ``to_record``)."""
-    v = raw.get(key)
-    if v is None:
-        meta = raw.get("mm_inputs_meta")
-        if isinstance(meta, Mapping):
-            v = meta.get(key)
-    return v
-
-
-def _media(record: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
-    images, videos = [], []
-    for msg in record["conversation"]:
-        for block in msg["content"]:
-            kind = block.get("type")
-            if kind == "image":
-                images.append(block.get("image"))
-            elif kind == "video":
-                videos.append(block.get("video"))
-    return images, videos
-
-
-def _aligned_meta(record: Mapping[str, Any], key: str, n: int, sid: int) -> list[Any]:
-    meta = record.get(key)
-    if meta is None:
-        return [None] * n
-    if not isinstance(meta, list) or len(meta) != n:
-        raise EstimateError(
-            f"sample_id={sid}: {key} has {len(meta) if isinstance(meta, list) else meta!r} "
-            f"entries but the conversation has {n} media blocks of that kind; one entry (or "
-            "null) per block"
-        )
-    return meta
 
 
 def text_stats(record: Mapping[str, Any]) -> TextStats:

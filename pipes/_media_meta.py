@@ -1,0 +1,112 @@
+"""Media metadata helpers of the estimator: validated ``images_meta`` / ``videos_meta``
+entries, image header sizes (no decode) and per-video token plans."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._record import RecordError
+from .media_tokens import VideoTokenConfig
+
+__all__ = ["EstimateError"]
+
+
+class EstimateError(RecordError):
+    """A record whose length cannot be estimated; the message names the sample id."""
+
+
+def _positive_meta(sample_id: int, kind: str, meta: Any, n: int) -> list[float]:
+    if not isinstance(meta, list | tuple) or len(meta) < n:
+        raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r} needs {n} numbers")
+    try:
+        return [float(v) for v in meta[:n]]
+    except (TypeError, ValueError) as e:
+        raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r}: {e}") from e
+
+
+def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
+    """(height, width) of a PIL image or an image file's header (EXIF rotation applied, as
+    transformers' ``load_image`` does; the token count is symmetric in h and w, the size is
+    not), or a fallback reason."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, Image.Image):
+        w, h = value.size
+        orientation = value.getexif().get(0x0112, 1)
+        return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
+    if not isinstance(value, str):
+        return "image_not_a_path"
+    try:
+        with Image.open(value) as im:  # lazy: reads the header only, no decode
+            w, h = im.size
+            orientation = im.getexif().get(0x0112, 1)
+    except FileNotFoundError:
+        return "image_missing"
+    except (UnidentifiedImageError, OSError, SyntaxError):
+        return "image_unreadable"
+    return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
+
+
+def _frames_fps(meta: Any) -> tuple[int, float | None]:
+    """(frame count, fps or None) from a validated ``videos_meta`` entry."""
+    frames, _, _, fps, duration = (float(v) for v in meta[:5])
+    total = int(frames) or int(duration * fps)
+    if fps == 0 and duration > 0:
+        fps = total / duration
+    return total, fps or None
+
+
+def _video_tokens(cfg: VideoTokenConfig, sid: int, value: Any, meta: Any) -> tuple[int, int]:
+    """``(visual tokens, temporal patches)`` of one video from its metadata."""
+    frames, h, w, fps, duration = _positive_meta(sid, "videos", meta, 5)
+    if h <= 0 or w <= 0 or frames < 0 or fps < 0 or duration < 0:
+        raise EstimateError(
+            f"sample_id={sid}: videos_meta {meta!r} needs [frames>=0, height>0, width>0, "
+            "fps>=0, duration>=0]; fix the metadata"
+        )
+    total, rate = _frames_fps(meta)
+    if total <= 0:
+        raise EstimateError(
+            f"sample_id={sid}: videos_meta {meta!r} gives no frame count (frames=0 and "
+            "fps*duration=0); fix the metadata"
+        )
+    try:
+        return cfg.tokens(total, int(h), int(w), rate), cfg.grid_t(total, rate)
+    except ValueError as e:
+        raise EstimateError(f"sample_id={sid}: video {value!r} meta {meta!r}: {e}") from e
+
+
+def _raw_meta(raw: Any, key: str) -> Any:
+    """``raw[key]``, or the peer's nesting ``raw["mm_inputs_meta"][key]`` (as ``to_record``)."""
+    v = raw.get(key)
+    if v is None:
+        meta = raw.get("mm_inputs_meta")
+        if isinstance(meta, Mapping):
+            v = meta.get(key)
+    return v
+
+
+def _media(record: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    images, videos = [], []
+    for msg in record["conversation"]:
+        for block in msg["content"]:
+            kind = block.get("type")
+            if kind == "image":
+                images.append(block.get("image"))
+            elif kind == "video":
+                videos.append(block.get("video"))
+    return images, videos
+
+
+def _aligned_meta(record: Mapping[str, Any], key: str, n: int, sid: int) -> list[Any]:
+    meta = record.get(key)
+    if meta is None:
+        return [None] * n
+    if not isinstance(meta, list) or len(meta) != n:
+        raise EstimateError(
+            f"sample_id={sid}: {key} has {len(meta) if isinstance(meta, list) else meta!r} "
+            f"entries but the conversation has {n} media blocks of that kind; one entry (or "
+            "null) per block"
+        )
+    return meta
