@@ -107,6 +107,7 @@ def main() -> None:
         source = JsonlSource(root / "data.jsonl", media_root=root)
         t_open = time.perf_counter() - t0
         est = LengthEstimator(image=ImageTokenConfig())
+        build_length_index(JsonlSource(root / "data.jsonl"), est, progress=False)  # warm-up
         t0 = time.perf_counter()
         index = build_length_index(source, est, progress=False)
         t_build = time.perf_counter() - t0
