@@ -18,6 +18,7 @@ sample ids number the non-blank lines, and errors quote the 1-based line number 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -169,8 +170,10 @@ class JsonlSource:
         return state
 
     def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None and self._pid == os.getpid():
-            os.close(self._fd)  # type: ignore[arg-type]
+        fd = getattr(self, "_fd", None)
+        if fd is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):  # interpreter shutdown may have torn down os
+                os.close(fd)
 
 
 def _index_jsonl(
