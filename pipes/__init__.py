@@ -1,1 +1,53 @@
-"""neatpack.pipes: the nodes and the pure functions behind them."""
+"""neatpack.pipes: the nodes and the pure functions behind them.
+
+Names are imported lazily (``from neatpack.pipes import plan_packs`` loads only what it needs:
+the planner does not pull in torch or transformers).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "read": ("HFDatasetSource", "JsonListSource", "JsonlSource", "RecordError", "RecordSource",
+             "SequenceSource", "to_record"),
+    "estimate": ("EstimateError", "LengthEstimator", "TemplateOverhead"),
+    "media_tokens": ("ImageTokenConfig", "VideoTokenConfig", "smart_resize"),
+    "lengths": ("LengthIndex", "build_length_index"),
+    "binpack": ("best_fit_decreasing", "greedy_knapsack", "lower_bound", "overlong_ids"),
+    "plan": ("PackPlan", "greedy_knapsack_vt_balanced", "plan_packs"),
+    "sampler": ("LengthGroupedSampler",),
+    "source": ("PackSource", "StateMismatchError"),
+    "media": ("SampleError", "load_image", "to_rgb"),
+    "tokenize": ("tokenize_conversation",),
+    "labels": ("build_labels", "build_labels_from_template", "derive_role_markers"),
+    "mrope": ("MRopeConfig", "compute_mrope_position_ids", "mrope_position_ids"),
+    "pack": ("build_pack", "build_packed_sample", "build_packed_vlm_sample", "shift_sample"),
+    "materialize": ("MaterializeConfig", "MaterializeReport", "Materializer", "materialize_pack"),
+    "packed_dataset": ("PackedDatasetWrapper", "neat_pack_dataset_vlm"),
+    "mask": ("to_4d_additive_mask", "to_4d_bool_mask", "to_4d_mask", "to_block_mask",
+             "to_cu_seqlens", "to_thd_params"),
+    "collate": ("MASK_FORMATS", "_expand_image_tokens", "default_collate_fn", "expand_image_tokens",
+                "make_robust_collate", "neat_packed_vlm_collater", "pad_collate_fn"),
+    "pp_media": ("chunk_step3_media", "chunk_vlm_media", "prepare_vlm_media_for_pp",
+                 "stage_vlm_media_for_pp", "wrap_vlm_collate_for_pp"),
+    "testing": ("assert_exactly_once", "assert_resumable"),
+    "tiny": ("load_tiny_processor",),
+    "synth": ("write_corpus",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'neatpack.pipes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

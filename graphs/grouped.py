@@ -1,0 +1,147 @@
+"""``grouped_vlm_graph()``: length-grouped batches, padded not packed, with the same resume.
+
+Samples are sorted by estimated length and cut into batches of ``batch_size`` neighbours, so a
+batch wastes little padding. One such batch plays the role of a pack in the plan: the ranks of
+one step get neighbouring batches (similar lengths, similar step times), and the epoch shuffles
+whole step groups. State, ledger and elastic resume are the packed graphs'.
+
+    sorted by length:   [s7 s2 s9 s4 | s1 s8 s3 s5 | s6 s0 ...]   batch_size 4
+    batches:              b0             b1             b2
+    epoch order:        step groups of world_size batches, shuffled by (seed, epoch)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode, Mapper, ParallelMapper, Prefetcher
+
+from neatpack.graphs.dist import resolve_rank
+from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.neat_vlm import open_source
+from neatpack.pipes.collate import pad_collate_fn
+from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.lengths import LengthIndex, build_length_index
+from neatpack.pipes.plan import PackPlan
+from neatpack.pipes.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.tokenize import tokenize_conversation
+
+__all__ = ["GroupedConfig", "grouped_plan", "grouped_vlm_graph"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupedConfig:
+    """Static choices of the length-grouped graph."""
+
+    batch_size: int = 8  # samples per rank per step
+    max_length: int | None = None  # longer samples: error naming them (truncate=True cuts text)
+    truncate: bool = False
+    seed: int = 0
+    shuffle: bool = True
+    tail: str = "pad"
+    media_root: str | None = None
+    cache_dir: str | None = None
+    num_workers: int = 0
+    multiprocessing_context: str | None = "fork"
+    prefetch: int = 2
+    keep_ledger: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"{self.batch_size=} must be >= 1")
+        if self.tail not in TAIL_POLICIES:
+            raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
+
+
+def grouped_plan(total: np.ndarray, batch_size: int, *, group_size: int, seed: int,
+                 shuffle: bool) -> PackPlan:
+    """Length-sorted batches of ``batch_size`` ids as a plan (one batch = one plan entry).
+
+    >>> plan = grouped_plan(np.array([5, 1, 9, 3]), 2, group_size=1, seed=0, shuffle=False)
+    >>> plan.packs()
+    [[1, 3], [0, 2]]
+    """
+    total = np.asarray(total, dtype=np.int64)
+    ids = np.argsort(total, kind="stable").astype(np.int64)
+    offsets = np.arange(0, ids.size + batch_size, batch_size, dtype=np.int64)
+    offsets[-1] = ids.size
+    offsets = np.unique(offsets)
+    widest = np.maximum.reduceat(total[ids], offsets[:-1]) if ids.size else np.zeros(0, np.int64)
+    counts = np.diff(offsets)
+    params = {"kind": "grouped", "batch_size": batch_size, "group_size": group_size,
+              "seed": seed, "shuffle": shuffle}
+    h = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
+    h.update(np.ascontiguousarray(total, dtype="<i8").tobytes())
+    empty = np.zeros(0, dtype=np.int64)
+    return PackPlan(
+        offsets=offsets, ids=ids, totals=(widest * counts).astype(np.int64),
+        visual=np.zeros(counts.size, dtype=np.int64), dropped_ids=empty, truncated_ids=empty,
+        capacity=int(widest.max(initial=1)) * batch_size, packing_ratio=1.0,
+        group_size=group_size, seed=seed, shuffle=shuffle, fingerprint=h.hexdigest(),
+    )
+
+
+class GroupStep:
+    """Map function: a batch reference -> the collated, padded batch (picklable)."""
+
+    def __init__(self, source: Any, processor: Any, cfg: GroupedConfig) -> None:
+        self.source, self.processor, self.cfg = source, processor, cfg
+
+    def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
+        samples = [tokenize_conversation(self.source[i], self.processor) for i in ref["sample_ids"]]
+        batch = dict(pad_collate_fn(samples, self.processor, self.cfg.max_length,
+                                    truncate=self.cfg.truncate))
+        real = int(sum(int(s["input_ids"].numel()) - 1 for s in samples))
+        batch["packs"] = [{
+            "epoch": ref["epoch"], "slot": ref["slot"], "pack_index": ref["pack_index"],
+            "padded": ref["padded"], "sample_ids": list(ref["sample_ids"]),
+            "real_tokens": real, "estimated_tokens": None, "report": None,
+        }]
+        return batch
+
+
+def grouped_vlm_graph(
+    data: Any,
+    processor: Any,
+    *,
+    config: GroupedConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    lengths: LengthIndex | None = None,
+) -> NeatLoader:
+    """This rank's loader of length-grouped, padded batches (no packing)."""
+    cfg = config or GroupedConfig()
+    rank, world_size = resolve_rank(rank, world_size)
+    source = open_source(data, cfg.media_root)
+    if lengths is None:
+        lengths = build_length_index(source, LengthEstimator.from_processor(processor),
+                                     cache_dir=cfg.cache_dir, progress=False, rank=rank,
+                                     world_size=world_size)
+    total = np.asarray(lengths.total)
+
+    def plan_for(group_size: int) -> PackPlan:
+        return grouped_plan(total, cfg.batch_size, group_size=group_size, seed=cfg.seed,
+                            shuffle=cfg.shuffle)
+
+    pack_source = PackSource(plan_for, rank=rank, world_size=world_size, batch_size=1,
+                             tail=cfg.tail)
+    step = GroupStep(source, processor, cfg)
+
+    def build(src: BaseNode[Any]) -> BaseNode[Any]:
+        node: BaseNode[Any] = (
+            ParallelMapper(src, step, num_workers=cfg.num_workers, in_order=True, method="process",
+                           multiprocessing_context=cfg.multiprocessing_context)
+            if cfg.num_workers > 0 else Mapper(src, step)
+        )
+        return Prefetcher(node, cfg.prefetch) if cfg.prefetch else node
+
+    keep = ("batch_size", "max_length", "truncate", "seed", "shuffle", "tail")
+    config = {"graph": "grouped", "lengths": lengths.fingerprint,
+              **{k: v for k, v in asdict(cfg).items() if k in keep}}
+    max_len = cfg.max_length or int(total.max(initial=1)) + 1
+    return NeatLoader(pack_source, build, pack_size=max_len * cfg.batch_size, config=config,
+                      keep_ledger=cfg.keep_ledger)

@@ -1,0 +1,179 @@
+"""``neat_llm_graph()``: pre-tokenized text samples to packed, resumable batches.
+
+Each record holds ``input_ids`` and either ``labels`` or a ``loss_mask`` (1 = train on this
+token); without both, every token is a label. Lengths are exact (``len(input_ids) - 1`` after
+the shift), so packs never overflow. The rest is the VLM graph's machinery: the same plan,
+rank-strided source, ledger and state.
+
+>>> records = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 3, 7, 4, 6)]
+>>> cfg = NeatLLMConfig(pack_size=16, attn_implementation="doc_ids")
+>>> loader = neat_llm_graph(records, config=cfg)
+>>> batch = next(iter(loader))
+>>> batch["input_ids"].shape, batch["attention_mask"].tolist()[0][:9]
+(torch.Size([1, 16]), [1, 1, 1, 1, 1, 2, 2, 2, 2])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
+
+from neatpack.graphs.dist import resolve_rank
+from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.neat_vlm import BatchStep
+from neatpack.pipes.pack import build_pack
+from neatpack.pipes.plan import PackPlan, plan_packs
+from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.source import TAIL_POLICIES, PackSource
+
+__all__ = ["NeatLLMConfig", "TokenSource", "neat_llm_graph", "token_lengths"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeatLLMConfig:
+    """Static choices of the text graph."""
+
+    pack_size: int = 4096
+    batch_size: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    overlong: str = "raise"  # raise, or drop (counted in plan.dropped_ids)
+    tail: str = "pad"
+    max_packs: int | None = None
+    padding_idx: int = 0
+    attn_implementation: str = "sdpa"
+    pad_to_multiple_of: int | None = None
+    num_workers: int = 0
+    multiprocessing_context: str | None = "fork"
+    prefetch: int = 2
+    keep_ledger: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pack_size < 2:
+            raise ValueError(f"{self.pack_size=} must be at least 2 tokens")
+        if self.batch_size < 1:
+            raise ValueError(f"{self.batch_size=} must be >= 1")
+        if self.tail not in TAIL_POLICIES:
+            raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
+
+
+class TokenSource:
+    """Random access to pre-tokenized records: a ``.jsonl`` path, a list, or a datasets.Dataset."""
+
+    def __init__(self, data: Any) -> None:
+        if isinstance(data, (str, os.PathLike)):
+            path = Path(data)
+            if not path.exists():
+                raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+            self._jsonl: JsonlSource | None = JsonlSource(path)
+            self._items: Any = None
+        elif isinstance(data, Sequence) or hasattr(data, "__getitem__"):
+            self._jsonl, self._items = None, data
+        else:
+            raise TypeError(f"cannot read tokens from {type(data).__name__}")
+
+    def __len__(self) -> int:
+        return len(self._jsonl) if self._jsonl is not None else len(self._items)
+
+    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+        raw = self._jsonl.raw(sample_id) if self._jsonl is not None else self._items[sample_id]
+        return to_token_sample(raw, sample_id)
+
+
+def to_token_sample(raw: Any, sample_id: int) -> dict[str, Any]:
+    """One unshifted sample (``input_ids``, ``labels``) from a tokenized record; errors name it."""
+    if not isinstance(raw, dict) or "input_ids" not in raw:
+        raise ValueError(
+            f"sample_id={sample_id}: a tokenized record needs 'input_ids' (and optionally "
+            f"'labels' or 'loss_mask'); got {type(raw).__name__} with keys "
+            f"{sorted(raw) if isinstance(raw, dict) else None}"
+        )
+    ids = torch.as_tensor(list(raw["input_ids"]), dtype=torch.long)
+    if ids.numel() < 2:
+        raise ValueError(f"sample_id={sample_id}: {ids.numel()} tokens; a sample needs at least 2")
+    labels = torch.as_tensor(list(raw["labels"]), dtype=torch.long) if "labels" in raw else ids.clone()
+    if labels.shape != ids.shape:
+        raise ValueError(f"sample_id={sample_id}: labels {tuple(labels.shape)} != input_ids "
+                         f"{tuple(ids.shape)}")
+    if "loss_mask" in raw:
+        mask = torch.as_tensor(list(raw["loss_mask"]), dtype=torch.bool)
+        if mask.shape != ids.shape:
+            raise ValueError(f"sample_id={sample_id}: loss_mask {tuple(mask.shape)} != input_ids "
+                             f"{tuple(ids.shape)}")
+        labels = labels.masked_fill(~mask, -100)
+    return {"sample_id": int(sample_id), "input_ids": ids, "labels": labels,
+            "attention_mask": torch.ones_like(ids)}
+
+
+def token_lengths(source: TokenSource) -> np.ndarray:
+    """Exact lengths after the shift (``len(input_ids) - 1``) of every sample."""
+    return np.fromiter((source[i]["input_ids"].numel() - 1 for i in range(len(source))),
+                       dtype=np.int64, count=len(source))
+
+
+class LLMPackStep:
+    """Map function: a pack reference -> a packed text sample (picklable)."""
+
+    def __init__(self, source: TokenSource, padding_idx: int) -> None:
+        self.source, self.padding_idx = source, padding_idx
+
+    def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
+        samples = [self.source[i] for i in ref["sample_ids"]]
+        pack = dict(build_pack(samples, padding_idx=self.padding_idx))
+        real = int(sum(pack["seq_lens"]))
+        pack["meta"] = {
+            "epoch": ref["epoch"], "slot": ref["slot"], "pack_index": ref["pack_index"],
+            "padded": ref["padded"], "sample_ids": list(ref["sample_ids"]),
+            "estimated_tokens": real, "real_tokens": real, "report": None,
+        }
+        return pack
+
+
+def neat_llm_graph(
+    data: Any,
+    *,
+    config: NeatLLMConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    lengths: np.ndarray | None = None,
+) -> NeatLoader:
+    """Build this rank's checkpointable loader of packed text batches."""
+    cfg = config or NeatLLMConfig()
+    rank, world_size = resolve_rank(rank, world_size)
+    source = TokenSource(data)
+    total = token_lengths(source) if lengths is None else np.asarray(lengths, dtype=np.int64)
+
+    def plan_for(group_size: int) -> PackPlan:
+        return plan_packs(total, cfg.pack_size, max_packs=cfg.max_packs, overlong=cfg.overlong,
+                          world_size=group_size, seed=cfg.seed, shuffle=cfg.shuffle)
+
+    pack_source = PackSource(plan_for, rank=rank, world_size=world_size,
+                             batch_size=cfg.batch_size, tail=cfg.tail)
+    step = LLMPackStep(source, cfg.padding_idx)
+
+    def build(src: BaseNode[Any]) -> BaseNode[Any]:
+        node: BaseNode[Any] = (
+            ParallelMapper(src, step, num_workers=cfg.num_workers, in_order=True, method="process",
+                           multiprocessing_context=cfg.multiprocessing_context)
+            if cfg.num_workers > 0 else Mapper(src, step)
+        )
+        node = Batcher(node, cfg.batch_size, drop_last=False)
+        node = Mapper(node, BatchStep(padding_idx=cfg.padding_idx, max_length=cfg.pack_size,
+                                      attn_implementation=cfg.attn_implementation,
+                                      pad_to_multiple_of=cfg.pad_to_multiple_of))
+        return Prefetcher(node, cfg.prefetch) if cfg.prefetch else node
+
+    plan_key = {k: v for k, v in asdict(cfg).items()
+                if k not in ("num_workers", "multiprocessing_context", "prefetch", "keep_ledger")}
+    fingerprint = hashlib.sha256(np.ascontiguousarray(total, dtype="<i8").tobytes()).hexdigest()
+    return NeatLoader(pack_source, build, pack_size=cfg.pack_size,
+                      config={"graph": "neat_llm", "lengths": fingerprint[:16], **plan_key},
+                      keep_ledger=cfg.keep_ledger)
