@@ -418,7 +418,11 @@ def default_collate_fn(
     """
     from .tokenize import tokenize_conversation
 
-    samples = [tokenize_conversation(dict(ex), processor) for ex in examples]
+    # Seed-style examples carry only "conversation": their row in the batch is their id.
+    samples = [
+        tokenize_conversation({"sample_id": row, **dict(ex)}, processor)
+        for row, ex in enumerate(examples)
+    ]
     dropped: list[int] = []
     if max_length is not None and drop_overlong:
         keep = [s for s in samples if int(s["input_ids"].numel()) <= max_length]
