@@ -13,6 +13,7 @@ whole step groups. State, ledger and elastic resume are the packed graphs'.
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from torchdata.nodes import BaseNode, Mapper, ParallelMapper, Prefetcher
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.watchdog import die_with_parent
 from neatpack.graphs.neat_vlm import open_source
 from neatpack.pipes.collate import pad_collate_fn
 from neatpack.pipes.estimate import LengthEstimator
@@ -57,8 +59,9 @@ class GroupedConfig:
             raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
 
 
-def grouped_plan(total: np.ndarray, batch_size: int, *, group_size: int, seed: int,
-                 shuffle: bool) -> PackPlan:
+def grouped_plan(
+    total: np.ndarray, batch_size: int, *, group_size: int, seed: int, shuffle: bool
+) -> PackPlan:
     """Length-sorted batches of ``batch_size`` ids as a plan (one batch = one plan entry).
 
     >>> plan = grouped_plan(np.array([5, 1, 9, 3]), 2, group_size=1, seed=0, shuffle=False)
@@ -72,16 +75,29 @@ def grouped_plan(total: np.ndarray, batch_size: int, *, group_size: int, seed: i
     offsets = np.unique(offsets)
     widest = np.maximum.reduceat(total[ids], offsets[:-1]) if ids.size else np.zeros(0, np.int64)
     counts = np.diff(offsets)
-    params = {"kind": "grouped", "batch_size": batch_size, "group_size": group_size,
-              "seed": seed, "shuffle": shuffle}
+    params = {
+        "kind": "grouped",
+        "batch_size": batch_size,
+        "group_size": group_size,
+        "seed": seed,
+        "shuffle": shuffle,
+    }
     h = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
     h.update(np.ascontiguousarray(total, dtype="<i8").tobytes())
     empty = np.zeros(0, dtype=np.int64)
     return PackPlan(
-        offsets=offsets, ids=ids, totals=(widest * counts).astype(np.int64),
-        visual=np.zeros(counts.size, dtype=np.int64), dropped_ids=empty, truncated_ids=empty,
-        capacity=int(widest.max(initial=1)) * batch_size, packing_ratio=1.0,
-        group_size=group_size, seed=seed, shuffle=shuffle, fingerprint=h.hexdigest(),
+        offsets=offsets,
+        ids=ids,
+        totals=(widest * counts).astype(np.int64),
+        visual=np.zeros(counts.size, dtype=np.int64),
+        dropped_ids=empty,
+        truncated_ids=empty,
+        capacity=int(widest.max(initial=1)) * batch_size,
+        packing_ratio=1.0,
+        group_size=group_size,
+        seed=seed,
+        shuffle=shuffle,
+        fingerprint=h.hexdigest(),
     )
 
 
@@ -90,17 +106,27 @@ class GroupStep:
 
     def __init__(self, source: Any, processor: Any, cfg: GroupedConfig) -> None:
         self.source, self.processor, self.cfg = source, processor, cfg
+        self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
+        die_with_parent(self.owner_pid)
         samples = [tokenize_conversation(self.source[i], self.processor) for i in ref["sample_ids"]]
-        batch = dict(pad_collate_fn(samples, self.processor, self.cfg.max_length,
-                                    truncate=self.cfg.truncate))
+        batch = dict(
+            pad_collate_fn(samples, self.processor, self.cfg.max_length, truncate=self.cfg.truncate)
+        )
         real = int(sum(int(s["input_ids"].numel()) - 1 for s in samples))
-        batch["packs"] = [{
-            "epoch": ref["epoch"], "slot": ref["slot"], "pack_index": ref["pack_index"],
-            "padded": ref["padded"], "sample_ids": list(ref["sample_ids"]),
-            "real_tokens": real, "estimated_tokens": None, "report": None,
-        }]
+        batch["packs"] = [
+            {
+                "epoch": ref["epoch"],
+                "slot": ref["slot"],
+                "pack_index": ref["pack_index"],
+                "padded": ref["padded"],
+                "sample_ids": list(ref["sample_ids"]),
+                "real_tokens": real,
+                "estimated_tokens": None,
+                "report": None,
+            }
+        ]
         return batch
 
 
@@ -118,30 +144,52 @@ def grouped_vlm_graph(
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(data, cfg.media_root)
     if lengths is None:
-        lengths = build_length_index(source, LengthEstimator.from_processor(processor),
-                                     cache_dir=cfg.cache_dir, progress=False, rank=rank,
-                                     world_size=world_size)
+        lengths = build_length_index(
+            source,
+            LengthEstimator.from_processor(processor),
+            cache_dir=cfg.cache_dir,
+            progress=False,
+            rank=rank,
+            world_size=world_size,
+        )
     total = np.asarray(lengths.total)
 
     def plan_for(group_size: int) -> PackPlan:
-        return grouped_plan(total, cfg.batch_size, group_size=group_size, seed=cfg.seed,
-                            shuffle=cfg.shuffle)
+        return grouped_plan(
+            total, cfg.batch_size, group_size=group_size, seed=cfg.seed, shuffle=cfg.shuffle
+        )
 
-    pack_source = PackSource(plan_for, rank=rank, world_size=world_size, batch_size=1,
-                             tail=cfg.tail)
+    pack_source = PackSource(
+        plan_for, rank=rank, world_size=world_size, batch_size=1, tail=cfg.tail
+    )
     step = GroupStep(source, processor, cfg)
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
         node: BaseNode[Any] = (
-            ParallelMapper(src, step, num_workers=cfg.num_workers, in_order=True, method="process",
-                           multiprocessing_context=cfg.multiprocessing_context)
-            if cfg.num_workers > 0 else Mapper(src, step)
+            ParallelMapper(
+                src,
+                step,
+                num_workers=cfg.num_workers,
+                in_order=True,
+                method="process",
+                multiprocessing_context=cfg.multiprocessing_context,
+            )
+            if cfg.num_workers > 0
+            else Mapper(src, step)
         )
         return Prefetcher(node, cfg.prefetch) if cfg.prefetch else node
 
     keep = ("batch_size", "max_length", "truncate", "seed", "shuffle", "tail")
-    config = {"graph": "grouped", "lengths": lengths.fingerprint,
-              **{k: v for k, v in asdict(cfg).items() if k in keep}}
+    config = {
+        "graph": "grouped",
+        "lengths": lengths.fingerprint,
+        **{k: v for k, v in asdict(cfg).items() if k in keep},
+    }
     max_len = cfg.max_length or int(total.max(initial=1)) + 1
-    return NeatLoader(pack_source, build, pack_size=max_len * cfg.batch_size, config=config,
-                      keep_ledger=cfg.keep_ledger)
+    return NeatLoader(
+        pack_source,
+        build,
+        pack_size=max_len * cfg.batch_size,
+        config=config,
+        keep_ledger=cfg.keep_ledger,
+    )

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from neatpack.graphs.watchdog import WorkerWatchdog
 from neatpack.pipes.source import PackRef, PackSource, StateMismatchError
 
 __all__ = ["EpochLedger", "LoaderStats", "NeatLoader", "StateMismatchError"]
@@ -101,6 +102,7 @@ class NeatLoader:
     ) -> None:
         self.source = source
         self.root = build(source)
+        self._watchdog = WorkerWatchdog(self.root)
         self.pack_size = pack_size
         self.config = dict(config or {})
         self.config_fingerprint = hashlib.sha256(
@@ -133,18 +135,22 @@ class NeatLoader:
         return self._batches()
 
     def _batches(self) -> Iterator[Batch]:
-        while True:
-            try:
-                batch = next(self.root)
-            except StopIteration:
+        self._watchdog.start()
+        try:
+            while True:
+                try:
+                    batch = next(self.root)
+                except StopIteration:
+                    with self._lock:
+                        self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
+                        self._group_size = self.source.world_size
+                        self._continue = True
+                    return
                 with self._lock:
-                    self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
-                    self._group_size = self.source.world_size
-                    self._continue = True
-                return
-            with self._lock:
-                self._account(batch)
-            yield batch
+                    self._account(batch)
+                yield batch
+        finally:
+            self._watchdog.stop()
 
     def _account(self, batch: Batch) -> None:
         packs = batch.get("packs", [])

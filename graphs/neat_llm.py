@@ -28,6 +28,7 @@ from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetche
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.watchdog import die_with_parent
 from neatpack.graphs.neat_vlm import BatchStep
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
@@ -99,24 +100,36 @@ def to_token_sample(raw: Any, sample_id: int) -> dict[str, Any]:
     ids = torch.as_tensor(list(raw["input_ids"]), dtype=torch.long)
     if ids.numel() < 2:
         raise ValueError(f"sample_id={sample_id}: {ids.numel()} tokens; a sample needs at least 2")
-    labels = torch.as_tensor(list(raw["labels"]), dtype=torch.long) if "labels" in raw else ids.clone()
+    labels = (
+        torch.as_tensor(list(raw["labels"]), dtype=torch.long) if "labels" in raw else ids.clone()
+    )
     if labels.shape != ids.shape:
-        raise ValueError(f"sample_id={sample_id}: labels {tuple(labels.shape)} != input_ids "
-                         f"{tuple(ids.shape)}")
+        raise ValueError(
+            f"sample_id={sample_id}: labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}"
+        )
     if "loss_mask" in raw:
         mask = torch.as_tensor(list(raw["loss_mask"]), dtype=torch.bool)
         if mask.shape != ids.shape:
-            raise ValueError(f"sample_id={sample_id}: loss_mask {tuple(mask.shape)} != input_ids "
-                             f"{tuple(ids.shape)}")
+            raise ValueError(
+                f"sample_id={sample_id}: loss_mask {tuple(mask.shape)} != input_ids "
+                f"{tuple(ids.shape)}"
+            )
         labels = labels.masked_fill(~mask, -100)
-    return {"sample_id": int(sample_id), "input_ids": ids, "labels": labels,
-            "attention_mask": torch.ones_like(ids)}
+    return {
+        "sample_id": int(sample_id),
+        "input_ids": ids,
+        "labels": labels,
+        "attention_mask": torch.ones_like(ids),
+    }
 
 
 def token_lengths(source: TokenSource) -> np.ndarray:
     """Exact lengths after the shift (``len(input_ids) - 1``) of every sample."""
-    return np.fromiter((source[i]["input_ids"].numel() - 1 for i in range(len(source))),
-                       dtype=np.int64, count=len(source))
+    return np.fromiter(
+        (source[i]["input_ids"].numel() - 1 for i in range(len(source))),
+        dtype=np.int64,
+        count=len(source),
+    )
 
 
 class LLMPackStep:
@@ -124,15 +137,22 @@ class LLMPackStep:
 
     def __init__(self, source: TokenSource, padding_idx: int) -> None:
         self.source, self.padding_idx = source, padding_idx
+        self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
+        die_with_parent(self.owner_pid)
         samples = [self.source[i] for i in ref["sample_ids"]]
         pack = dict(build_pack(samples, padding_idx=self.padding_idx))
         real = int(sum(pack["seq_lens"]))
         pack["meta"] = {
-            "epoch": ref["epoch"], "slot": ref["slot"], "pack_index": ref["pack_index"],
-            "padded": ref["padded"], "sample_ids": list(ref["sample_ids"]),
-            "estimated_tokens": real, "real_tokens": real, "report": None,
+            "epoch": ref["epoch"],
+            "slot": ref["slot"],
+            "pack_index": ref["pack_index"],
+            "padded": ref["padded"],
+            "sample_ids": list(ref["sample_ids"]),
+            "estimated_tokens": real,
+            "real_tokens": real,
+            "report": None,
         }
         return pack
 
@@ -152,28 +172,56 @@ def neat_llm_graph(
     total = token_lengths(source) if lengths is None else np.asarray(lengths, dtype=np.int64)
 
     def plan_for(group_size: int) -> PackPlan:
-        return plan_packs(total, cfg.pack_size, max_packs=cfg.max_packs, overlong=cfg.overlong,
-                          world_size=group_size, seed=cfg.seed, shuffle=cfg.shuffle)
+        return plan_packs(
+            total,
+            cfg.pack_size,
+            max_packs=cfg.max_packs,
+            overlong=cfg.overlong,
+            world_size=group_size,
+            seed=cfg.seed,
+            shuffle=cfg.shuffle,
+        )
 
-    pack_source = PackSource(plan_for, rank=rank, world_size=world_size,
-                             batch_size=cfg.batch_size, tail=cfg.tail)
+    pack_source = PackSource(
+        plan_for, rank=rank, world_size=world_size, batch_size=cfg.batch_size, tail=cfg.tail
+    )
     step = LLMPackStep(source, cfg.padding_idx)
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
         node: BaseNode[Any] = (
-            ParallelMapper(src, step, num_workers=cfg.num_workers, in_order=True, method="process",
-                           multiprocessing_context=cfg.multiprocessing_context)
-            if cfg.num_workers > 0 else Mapper(src, step)
+            ParallelMapper(
+                src,
+                step,
+                num_workers=cfg.num_workers,
+                in_order=True,
+                method="process",
+                multiprocessing_context=cfg.multiprocessing_context,
+            )
+            if cfg.num_workers > 0
+            else Mapper(src, step)
         )
         node = Batcher(node, cfg.batch_size, drop_last=False)
-        node = Mapper(node, BatchStep(padding_idx=cfg.padding_idx, max_length=cfg.pack_size,
-                                      attn_implementation=cfg.attn_implementation,
-                                      pad_to_multiple_of=cfg.pad_to_multiple_of))
+        node = Mapper(
+            node,
+            BatchStep(
+                padding_idx=cfg.padding_idx,
+                max_length=cfg.pack_size,
+                attn_implementation=cfg.attn_implementation,
+                pad_to_multiple_of=cfg.pad_to_multiple_of,
+            ),
+        )
         return Prefetcher(node, cfg.prefetch) if cfg.prefetch else node
 
-    plan_key = {k: v for k, v in asdict(cfg).items()
-                if k not in ("num_workers", "multiprocessing_context", "prefetch", "keep_ledger")}
+    plan_key = {
+        k: v
+        for k, v in asdict(cfg).items()
+        if k not in ("num_workers", "multiprocessing_context", "prefetch", "keep_ledger")
+    }
     fingerprint = hashlib.sha256(np.ascontiguousarray(total, dtype="<i8").tobytes()).hexdigest()
-    return NeatLoader(pack_source, build, pack_size=cfg.pack_size,
-                      config={"graph": "neat_llm", "lengths": fingerprint[:16], **plan_key},
-                      keep_ledger=cfg.keep_ledger)
+    return NeatLoader(
+        pack_source,
+        build,
+        pack_size=cfg.pack_size,
+        config={"graph": "neat_llm", "lengths": fingerprint[:16], **plan_key},
+        keep_ledger=cfg.keep_ledger,
+    )

@@ -30,6 +30,7 @@ from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetche
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.watchdog import die_with_parent
 from neatpack.pipes.collate import neat_packed_vlm_collater
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
@@ -38,7 +39,14 @@ from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
 
-__all__ = ["ESTIMATE_MODES", "NeatVLMConfig", "PackStep", "BatchStep", "neat_vlm_graph", "open_source"]
+__all__ = [
+    "ESTIMATE_MODES",
+    "NeatVLMConfig",
+    "PackStep",
+    "BatchStep",
+    "neat_vlm_graph",
+    "open_source",
+]
 
 ESTIMATE_MODES = ("estimate", "calibrated", "exact")
 WORKER_METHODS = ("process", "thread")
@@ -89,9 +97,22 @@ class NeatVLMConfig:
 
     def plan_key(self) -> dict[str, Any]:
         """The fields a checkpoint must agree on (the rest may change on resume)."""
-        keep = ("pack_size", "batch_size", "packing_ratio", "seed", "shuffle", "estimate_mode",
-                "overlong", "overflow", "on_bad_sample", "tail", "max_packs",
-                "attn_implementation", "pad_to_multiple_of", "fake_image")
+        keep = (
+            "pack_size",
+            "batch_size",
+            "packing_ratio",
+            "seed",
+            "shuffle",
+            "estimate_mode",
+            "overlong",
+            "overflow",
+            "on_bad_sample",
+            "tail",
+            "max_packs",
+            "attn_implementation",
+            "pad_to_multiple_of",
+            "fake_image",
+        )
         return {k: v for k, v in asdict(self).items() if k in keep}
 
 
@@ -100,7 +121,9 @@ def open_source(data: Any, media_root: str | None = None) -> RecordSource:
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if not path.exists():
-            raise FileNotFoundError(f"data file {str(path)!r} does not exist: pass a .jsonl or .json")
+            raise FileNotFoundError(
+                f"data file {str(path)!r} does not exist: pass a .jsonl or .json"
+            )
         if path.suffix == ".json":
             return JsonListSource(path, media_root=media_root)
         return JsonlSource(path, media_root=media_root)
@@ -128,8 +151,10 @@ class PackStep:
 
     def __init__(self, materializer: Materializer, estimated: np.ndarray) -> None:
         self.materializer, self.estimated = materializer, estimated
+        self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
+        die_with_parent(self.owner_pid)
         pack = self.materializer(ref)
         ids = ref["sample_ids"]
         pack["meta"] = {
@@ -180,48 +205,78 @@ def neat_vlm_graph(
         if cfg.estimate_mode == "calibrated":
             estimator = LengthEstimator.calibrate(source, processor, mode="calibrated")
         lengths = build_length_index(
-            source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress,
-            rank=rank, world_size=world_size,
+            source,
+            estimator,
+            cache_dir=cfg.cache_dir,
+            progress=cfg.progress,
+            rank=rank,
+            world_size=world_size,
         )
     index = lengths
 
     def plan_for(group_size: int) -> PackPlan:
         return plan_packs(
-            index.total, cfg.pack_size, visual=index.visual, packing_ratio=cfg.packing_ratio,
-            max_packs=cfg.max_packs, overlong=cfg.overlong, world_size=group_size,
-            seed=cfg.seed, shuffle=cfg.shuffle,
+            index.total,
+            cfg.pack_size,
+            visual=index.visual,
+            packing_ratio=cfg.packing_ratio,
+            max_packs=cfg.max_packs,
+            overlong=cfg.overlong,
+            world_size=group_size,
+            seed=cfg.seed,
+            shuffle=cfg.shuffle,
         )
 
-    pack_source = PackSource(plan_for, rank=rank, world_size=world_size,
-                             batch_size=cfg.batch_size, tail=cfg.tail)
+    pack_source = PackSource(
+        plan_for, rank=rank, world_size=world_size, batch_size=cfg.batch_size, tail=cfg.tail
+    )
     padding_idx = _pad_id(processor)
-    materializer = Materializer(source, processor, MaterializeConfig(
-        pack_size=cfg.pack_size, padding_idx=padding_idx, overflow=cfg.overflow,
-        on_failure=cfg.on_bad_sample, fake_image=cfg.fake_image, seed=cfg.seed,
-    ))
+    materializer = Materializer(
+        source,
+        processor,
+        MaterializeConfig(
+            pack_size=cfg.pack_size,
+            padding_idx=padding_idx,
+            overflow=cfg.overflow,
+            on_failure=cfg.on_bad_sample,
+            fake_image=cfg.fake_image,
+            seed=cfg.seed,
+        ),
+    )
     step = PackStep(materializer, np.asarray(index.total))
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
         node: BaseNode[Any]
         if cfg.num_workers > 0:
             node = ParallelMapper(
-                src, step, num_workers=cfg.num_workers, in_order=True, method=cfg.worker_method,
-                multiprocessing_context=cfg.multiprocessing_context if cfg.worker_method == "process" else None,
+                src,
+                step,
+                num_workers=cfg.num_workers,
+                in_order=True,
+                method=cfg.worker_method,
+                multiprocessing_context=cfg.multiprocessing_context
+                if cfg.worker_method == "process"
+                else None,
             )
         else:
             node = Mapper(src, step)
         node = Batcher(node, cfg.batch_size, drop_last=False)
-        node = Mapper(node, BatchStep(
-            padding_idx=padding_idx, attn_implementation=cfg.attn_implementation,
-            pad_to_multiple_of=cfg.pad_to_multiple_of,
-        ))
+        node = Mapper(
+            node,
+            BatchStep(
+                padding_idx=padding_idx,
+                attn_implementation=cfg.attn_implementation,
+                pad_to_multiple_of=cfg.pad_to_multiple_of,
+            ),
+        )
         if cfg.prefetch:
             node = Prefetcher(node, cfg.prefetch)
         return node
 
     config_key = {"graph": "neat_vlm", "lengths": index.fingerprint, **cfg.plan_key()}
-    return NeatLoader(pack_source, build, pack_size=cfg.pack_size, config=config_key,
-                      keep_ledger=cfg.keep_ledger)
+    return NeatLoader(
+        pack_source, build, pack_size=cfg.pack_size, config=config_key, keep_ledger=cfg.keep_ledger
+    )
 
 
 def _pad_id(processor: Any) -> int:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
+import time
 from typing import Any
 
 import numpy as np
@@ -162,3 +165,29 @@ def test_refuses_other_config_rank_and_version() -> None:
         make_loader(rank=1, world_size=2).load_state_dict(state)
     with pytest.raises(StateMismatchError, match="version"):
         make_loader(rank=0, world_size=2).load_state_dict({**state, "neatpack_loader_version": 7})
+
+
+def die_on_pack_5(ref: dict[str, Any]) -> dict[str, Any]:
+    if ref["pack_index"] == 5:
+        os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
+    return materialize(ref)
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(60)
+def test_dead_worker_raises_instead_of_hanging() -> None:
+    source = PackSource(ShufflePlan(13), rank=0, world_size=1, batch_size=2, tail="drop")
+
+    def build(src: Any) -> Any:
+        node = ParallelMapper(
+            src, die_on_pack_5, num_workers=2, method="process", multiprocessing_context="fork"
+        )
+        return Mapper(Batcher(node, 2, drop_last=False), collate)
+
+    loader = NeatLoader(source, build, pack_size=4)
+    started = time.monotonic()
+    with pytest.raises(
+        RuntimeError, match=r"worker process \d+ of ParallelMapper died with exit code -9"
+    ):
+        list(loader)
+    assert time.monotonic() - started < 30

@@ -1,0 +1,124 @@
+"""Worker liveness: a dead worker process raises a clear error instead of hanging the loader.
+
+torchdata 0.11's ``ParallelMapper`` waits forever when one of its worker processes dies (an
+OOM kill, a segfault in an image decoder, ``kill -9``): the item that worker held never
+arrives. ``WorkerWatchdog`` polls the workers of every ``ParallelMapper`` in a graph and, when
+one has died, hands the mapper an error in place of the missing item, so the trainer sees
+
+    RuntimeError: neatpack: worker process 4242 of ParallelMapper died with exit code -9
+    (SIGKILL: often the out-of-memory killer) ...
+
+within about a second. The reverse case, the main process killed while its workers live on,
+is handled by :func:`die_with_parent`, which each worker calls on its first item.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+__all__ = ["WorkerWatchdog", "die_with_parent", "mapper_iters"]
+
+_PR_SET_PDEATHSIG = 1
+_armed_pid: int | None = None
+
+
+def die_with_parent(owner_pid: int) -> None:
+    """In a worker process (pid != ``owner_pid``), ask Linux to SIGKILL it when its parent dies.
+
+    Cheap after the first call in a process; does nothing in the owner process itself.
+    """
+    global _armed_pid
+    pid = os.getpid()
+    if _armed_pid == pid or pid == owner_pid:
+        return
+    _armed_pid = pid
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: nothing to arm
+        return
+    if os.getppid() == 1:  # the parent died before we armed: go now
+        os._exit(1)
+
+
+def mapper_iters(root: BaseNode[Any]) -> list[Any]:
+    """The live ``_ParallelMapperIter`` objects in the graph under ``root``."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    while stack:
+        obj = stack.pop()
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if hasattr(obj, "_workers") and hasattr(obj, "_out_q"):
+            found.append(obj)
+        for name in ("source", "_it", "root", "_source"):
+            child = getattr(obj, name, None)
+            if child is not None:
+                stack.append(child)
+    return found
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = ": often the out-of-memory killer" if -code == signal.SIGKILL else ""
+        return f"exit code {code} ({name}{hint})"
+    return f"exit code {code}"
+
+
+class WorkerWatchdog:
+    """Polls the worker processes of a graph every ``interval`` seconds while it runs."""
+
+    def __init__(self, root: BaseNode[Any], interval: float = 0.5) -> None:
+        self.root, self.interval = root, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.stop()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="neatpack-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * self.interval)
+        self._thread = None
+
+    def _run(self) -> None:
+        from torchdata.nodes.exception_wrapper import StartupExceptionWrapper
+
+        reported: set[int] = set()
+        stop = self._stop
+        while not stop.wait(self.interval):
+            for it in mapper_iters(self.root):
+                if it._stop.is_set():
+                    continue
+                for worker in list(it._workers):
+                    code = getattr(worker, "exitcode", None)
+                    if code in (None, 0) or worker.pid in reported:
+                        continue
+                    reported.add(worker.pid)
+                    error = RuntimeError(
+                        f"neatpack: worker process {worker.pid} of ParallelMapper died with "
+                        f"{_describe(code)} while building packs. The loader cannot continue "
+                        "this epoch; restart from the last checkpoint (loader.load_state_dict). "
+                        "If memory ran out, lower num_workers, the pack size or max_pixels."
+                    )
+                    try:
+                        raise error
+                    except RuntimeError:
+                        wrapped = StartupExceptionWrapper(where="in a neatpack worker process")
+                    it._out_q.put((wrapped, -1))
