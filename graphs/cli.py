@@ -67,12 +67,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     data = write_corpus(root, num_samples=args.samples, seed=args.seed)
     processor = _load_processor(args.processor)
     config = NeatVLMConfig(
-        pack_size=args.pack_size, batch_size=args.batch_size, media_root=str(root / "media"),
-        cache_dir=str(root / "cache"), num_workers=args.workers, seed=args.seed,
+        pack_size=args.pack_size,
+        batch_size=args.batch_size,
+        media_root=str(root / "media"),
+        cache_dir=str(root / "cache"),
+        num_workers=args.workers,
+        seed=args.seed,
         attn_implementation=args.attn,
     )
-    print(f"neatpack demo: {args.samples} conversations in {root}, pack size {args.pack_size}, "
-          f"{args.workers} worker(s)")
+    print(
+        f"neatpack demo: {args.samples} conversations in {root}, pack size {args.pack_size}, "
+        f"{args.workers} worker(s)"
+    )
     loader = neat_vlm_graph(data, processor, config=config)
     t0 = time.perf_counter()
     batches = list(tqdm(loader, desc="epoch 0", unit="batch", disable=args.quiet))
@@ -148,8 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=2)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--attn", default="sdpa", help="mask format / attention implementation")
-    demo.add_argument("--processor", default="qwen2_vl",
-                      help="embedded tiny processor name or a saved processor directory")
+    demo.add_argument(
+        "--processor",
+        default="qwen2_vl",
+        help="embedded tiny processor name or a saved processor directory",
+    )
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.set_defaults(func=cmd_demo)
     try:
