@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 NUM_SAMPLES = 40
 EPOCHS = 2
+_SHARED: dict[str, Any] = {}  # loaded once in the parent, inherited by the forked ranks
 
 
 def _free_port() -> int:
@@ -50,10 +51,11 @@ def _config(root: Path, workers: int) -> NeatVLMConfig:
 
 def _rank_main(phase: str, rank: int, world: int, port: int, root: Path, workers: int,
                steps: int, old_world: int) -> None:
+    os.setpgrp()  # so the parent can kill this rank together with its worker processes
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
-        loader = neat_vlm_graph(root / "data.jsonl", load_tiny_processor(),
+        loader = neat_vlm_graph(root / "data.jsonl", _SHARED["processor"],
                                 config=_config(root, workers))
         out: dict[str, Any] = {"batches": [], "ledgers": {}}
         if phase == "resume":
@@ -102,7 +104,7 @@ def _run(phase: str, world: int, root: Path, *, workers: int = 0, steps: int = 0
         time.sleep(0.5)
         for p in procs:
             if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)  # kill the ranks mid-run
+                os.killpg(p.pid, signal.SIGKILL)  # kill the ranks and their workers mid-run
     for p in procs:
         p.join(timeout=30)
     codes = [p.exitcode for p in procs]
@@ -115,6 +117,9 @@ def _run(phase: str, world: int, root: Path, *, workers: int = 0, steps: int = 0
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("dist")
     write_corpus(root, num_samples=NUM_SAMPLES, seed=3)
+    _SHARED["processor"] = load_tiny_processor()
+    # Build the length index once; every run below reuses the cache.
+    neat_vlm_graph(root / "data.jsonl", _SHARED["processor"], config=_config(root, 0))
     return root
 
 
@@ -123,6 +128,7 @@ def _fresh(corpus: Path, tmp_path: Path) -> Path:
     root.mkdir()
     (root / "media").symlink_to(corpus / "media")
     (root / "data.jsonl").symlink_to(corpus / "data.jsonl")
+    (root / "cache").symlink_to(corpus / "cache")
     return root
 
 
@@ -132,7 +138,7 @@ def _consumed(outputs: list[dict[str, Any]], epoch: int, key: str = "consumed") 
 
 @pytest.mark.parametrize(
     ("world", "new_world", "workers", "new_workers"),
-    [(2, 2, 0, 1), (4, 2, 0, 0), (2, 3, 1, 0)],
+    [(2, 2, 0, 1), (4, 4, 1, 2), (4, 2, 0, 0), (2, 3, 1, 0)],
 )
 def test_kill_and_resume_is_exactly_once(corpus: Path, tmp_path: Path, world: int,
                                          new_world: int, workers: int, new_workers: int) -> None:
