@@ -211,6 +211,8 @@ def neat_vlm_graph(
             progress=cfg.progress,
             rank=rank,
             world_size=world_size,
+            # a record that cannot be read follows on_bad_sample (skipped or replaced, counted)
+            on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
         )
     index = lengths
 

@@ -29,11 +29,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._record import RecordError
 from .estimate import LengthEstimator
 
-__all__ = ["FORMAT_VERSION", "LengthIndex", "build_length_index", "length_index_fingerprint"]
+__all__ = [
+    "FORMAT_VERSION",
+    "ON_ERROR",
+    "LengthIndex",
+    "build_length_index",
+    "length_index_fingerprint",
+]
 
 FORMAT_VERSION = 1
+ON_ERROR = ("raise", "skip")
 IntArray = npt.NDArray[np.int64]
 
 
@@ -129,10 +137,18 @@ def _raw_blocks(source: Any, start: int, stop: int, size: int) -> Iterator[list[
 
 
 def _estimate_slice(
-    source: Any, estimator: LengthEstimator, start: int, stop: int, progress: bool
+    source: Any,
+    estimator: LengthEstimator,
+    start: int,
+    stop: int,
+    progress: bool,
+    on_error: str = "raise",
 ) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
     """Fast path (``estimate_raw_batch``) per block of 8192; the records it leaves undecided go
-    through ``source[id]`` and ``estimate_sample`` (errors, fallbacks, header reads)."""
+    through ``source[id]`` and ``estimate_sample`` (errors, fallbacks, header reads).
+    ``on_error="skip"``: a record that cannot be read or estimated (``RecordError``) gets length
+    0 and the fallback reason ``record_error``; the materializer's failure policy then skips or
+    replaces it, counted in the loader's ledger with its id."""
     from tqdm.auto import tqdm
 
     n = stop - start
@@ -145,7 +161,12 @@ def _estimate_slice(
         t, v, slow = estimator.estimate_raw_batch(block)
         for j in slow:
             sid = start + k + j
-            t[j], v[j], reasons = estimator.estimate_sample(source[sid])
+            try:
+                t[j], v[j], reasons = estimator.estimate_sample(source[sid])
+            except RecordError:
+                if on_error == "raise":
+                    raise
+                t[j], v[j], reasons = 0, 0, ("record_error",)
             if reasons:
                 fallbacks.append((sid, reasons))
         total[k : k + len(block)], visual[k : k + len(block)] = t, v
@@ -167,6 +188,7 @@ def build_length_index(
     world_size: int = 1,
     group: Any = None,
     num_workers: int = 0,
+    on_error: str = "raise",
 ) -> LengthIndex:
     """Estimate every sample of ``source`` (or load the cached index with the same fingerprint).
 
@@ -177,7 +199,14 @@ def build_length_index(
     collectively, so ranks never disagree about entering the collective). Estimation errors on
     any rank are raised on every rank. ``num_workers > 0`` splits this process's slice over
     that many spawned worker processes (the source and estimator are pickled to them).
+    ``on_error``: ``"raise"`` (a bad record stops the build, naming it) or ``"skip"`` (it gets
+    length 0 and is listed under the fallback reason ``record_error``: the loader's
+    ``on_bad_sample`` policy then skips or replaces it, counted). The cached file does not
+    depend on ``on_error``: a ``"raise"`` run that reuses a ``"skip"`` index raises for the bad
+    record when it is materialized instead.
     """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"{on_error=} is not one of {ON_ERROR}")
     if num_workers < 0:
         raise ValueError(f"{num_workers=} must be >= 0 (0: estimate in this process)")
     fp = length_index_fingerprint(source, estimator)
@@ -205,7 +234,9 @@ def build_length_index(
     empty = np.zeros(0, np.int64)
     part: tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]] = (empty, empty, [])
     try:
-        part = _estimate_parallel(source, estimator, lo, hi, progress and rank == 0, num_workers)
+        part = _estimate_parallel(
+            source, estimator, lo, hi, progress and rank == 0, num_workers, on_error
+        )
     except Exception as e:
         if dist is None:
             raise
@@ -235,17 +266,23 @@ def build_length_index(
 
 
 def _estimate_parallel(
-    source: Any, estimator: LengthEstimator, lo: int, hi: int, progress: bool, workers: int
+    source: Any,
+    estimator: LengthEstimator,
+    lo: int,
+    hi: int,
+    progress: bool,
+    workers: int,
+    on_error: str = "raise",
 ) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
     if workers == 0 or hi - lo < 2 * 8192:
-        return _estimate_slice(source, estimator, lo, hi, progress)
+        return _estimate_slice(source, estimator, lo, hi, progress, on_error)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     cuts = np.linspace(lo, hi, workers + 1).astype(int).tolist()
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
         futures = [
-            pool.submit(_estimate_slice, source, estimator, a, b, False)
+            pool.submit(_estimate_slice, source, estimator, a, b, False, on_error)
             for a, b in itertools.pairwise(cuts)
         ]
         parts = [f.result() for f in futures]  # re-raises a worker's error here
