@@ -20,6 +20,7 @@ an integer factor ``f`` so one pixel is always ``f`` whole tokens (``f x f`` mas
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,10 +28,12 @@ import numpy.typing as npt
 from PIL import Image, ImageDraw, ImageFont
 
 __all__ = [
+    "COVER",
     "GREY",
     "PALETTE",
     "PLAN_SIZE",
     "WHITE",
+    "BatchLayout",
     "batch_picture",
     "block_factor",
     "doc_color",
@@ -121,6 +124,19 @@ def _row_pixels(
     return band, np.rint(strip).astype(np.uint8)
 
 
+Box = tuple[int, int, int, int]  # left, top, right, bottom (right and bottom exclusive)
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Where :func:`batch_picture` drew things: one pixel column is ``factor`` tokens."""
+
+    factor: int
+    mask: Box
+    bands: list[Box]  # per row: documents as coloured spans
+    strips: list[Box]  # per row: label coverage
+
+
 def batch_picture(
     doc_ids: npt.ArrayLike,
     labels: npt.ArrayLike,
@@ -129,12 +145,15 @@ def batch_picture(
     *,
     max_side: int = 1024,
     title: str = "",
-) -> tuple[Image.Image, tuple[int, int, int, int], int]:
-    """Rows of a batch and the mask of row 0; returns ``(image, mask box, factor)``.
+) -> tuple[Image.Image, BatchLayout]:
+    """Rows of a batch and the mask of row 0; returns the image and where things are in it.
 
-    ``doc_ids`` / ``labels`` are ``[B, S]``, ``mask`` is row 0's ``[S, S]``. Each token column
-    block of ``f = block_factor(S, max_side)`` tokens is one pixel wide in the bands, the
-    strips and the mask. ``mask box`` is ``(left, top, right, bottom)`` of the mask pixels.
+    ``doc_ids`` / ``labels`` are ``[B, S]``, ``mask`` is row 0's ``[S, S]``. Each column block
+    of ``f = block_factor(S, max_side)`` tokens is one pixel wide in the bands, the strips and
+    the mask. Band pixels take the colour of the block's first token's document
+    (:func:`doc_color`; a white line marks where each document starts, the sample id is
+    written in white where it fits); strip pixels blend white to ``COVER`` by the share of
+    the block's real tokens that have a label, grey where the block is all padding.
     """
     docs = np.asarray(doc_ids, np.int64)
     labs = np.asarray(labels, np.int64)
@@ -168,7 +187,9 @@ def batch_picture(
     draw.text((_LEFT, mask_top - 16), f"attention mask of row 0 ({n} x {n} px)", fill=INK,
               font=font)  # fmt: skip
     img.paste(mask_image(mask, max_side=max_side, doc_ids=docs[0]), (_LEFT, mask_top))
-    return img, (_LEFT, mask_top, _LEFT + n, mask_top + n), f
+    bands = [(_LEFT, _TOP + r * row_h, _LEFT + n, _TOP + r * row_h + _BAND) for r in range(b)]
+    strips = [(x0, y1 + 2, x1, y1 + 2 + _STRIP) for x0, _, x1, y1 in bands]
+    return img, BatchLayout(f, (_LEFT, mask_top, _LEFT + n, mask_top + n), bands, strips)
 
 
 def _bar_panel(

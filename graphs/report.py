@@ -15,6 +15,7 @@ The figures are pure functions (:func:`step_loads`, :func:`imbalance`, :func:`pl
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 from collections.abc import Iterator
@@ -63,9 +64,12 @@ def imbalance(loads: npt.ArrayLike) -> npt.NDArray[np.float64]:
     >>> imbalance([[10, 30], [0, 0], [5, 5]]).tolist()
     [1.5, 1.0, 1.0]
     """
-    a = np.asarray(loads, dtype=np.float64).reshape(len(np.asarray(loads)), -1)
-    mean = a.mean(axis=1) if a.size else np.zeros(a.shape[0])
-    peak = a.max(axis=1) if a.size else np.zeros(a.shape[0])
+    a = np.asarray(loads, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"loads must be [steps, ranks], got shape {a.shape}")
+    if a.size == 0:
+        return np.ones(a.shape[0])
+    mean, peak = a.mean(axis=1), a.max(axis=1)
     return np.where(mean > 0, peak / np.where(mean > 0, mean, 1.0), 1.0)
 
 
@@ -184,6 +188,7 @@ def _length_index(args: argparse.Namespace, processor: Any, missing: str = "rais
     from neatpack.pipes.estimate import LengthEstimator
     from neatpack.pipes.lengths import build_length_index
 
+    error = ""
     try:
         source = open_source(args.data, args.media_root)
         estimator = LengthEstimator.from_processor(processor, on_missing_media=missing)
@@ -191,10 +196,15 @@ def _length_index(args: argparse.Namespace, processor: Any, missing: str = "rais
             args.cache_dir) else set()  # fmt: skip
         index = build_length_index(source, estimator, cache_dir=args.cache_dir, progress=True)
     except (RecordError, json.JSONDecodeError) as exc:
-        raise UsageError(
+        error = (
             f"{_line(exc)} (media paths resolve against --media-root={args.media_root!r}; "
             "--missing-media fallback counts missing media instead of failing)"
-        ) from exc
+        )
+    if error:
+        # Raised outside the except block so the failed build's frames (and its open progress
+        # bar) are freed first: the bar ends its line and the error gets a line of its own.
+        gc.collect()
+        raise UsageError(error)
     return source, index, f"{index.fingerprint}.npz" in before
 
 
@@ -313,7 +323,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         batch = seen[args.batch]
         summary = {"data": str(args.data), "batch": args.batch, **batch_summary(batch)}
         mask = batch["attention_mask"]
-        img, box, factor = batch_picture(
+        img, layout = batch_picture(
             batch["doc_ids"], batch["labels"], batch["sample_ids"], mask[0, 0].numpy(),
             max_side=args.mask_max_side,
             title=f"{Path(args.data).name}: batch {args.batch}, {summary['rows']} row(s) x "
@@ -321,7 +331,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         )  # fmt: skip
         img.save(png, format="PNG")
     summary["png"] = {"path": str(png), "width": img.width, "height": img.height}
-    summary["mask"] = {"row": 0, "factor": factor, "box": list(box)}
+    summary["layout"] = {
+        "factor": layout.factor,
+        "mask_of_row_0": list(layout.mask),
+        "bands": [list(b) for b in layout.bands],
+        "strips": [list(b) for b in layout.strips],
+    }
     print(json.dumps(summary, indent=2) if args.json else _inspect_text(summary))
     return 0
 
@@ -339,7 +354,7 @@ def _inspect_text(s: dict[str, Any]) -> str:
         *rows,
         f"  label coverage {100 * s['label_coverage']:.1f} % of real tokens",
         f"  picture {s['png']['path']} ({s['png']['width']} x {s['png']['height']}), mask of "
-        f"row 0 at {s['mask']['box']} (1 px = {s['mask']['factor']} token(s))",
+        f"row 0 at {s['layout']['mask_of_row_0']} (1 px = {s['layout']['factor']} token(s))",
     ])  # fmt: skip
 
 
