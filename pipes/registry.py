@@ -1,0 +1,168 @@
+"""Tokenization handlers keyed by processor class name (the seed's ``COLLATE_FNS`` idea).
+
+One conversation -> one Sample (``docs/data_contracts.md`` section 4) goes through a *handler*.
+The lookup, ``get_handler(processor, name=None)``:
+
+1. ``name`` given: that handler, whatever the processor (explicit selection);
+2. the processor's class name is registered: its family handler (Qwen-VL classes -> ``qwen_vl``,
+   which checks the ``*_grid_thw`` grids and injects fake images);
+3. the processor (or its tokenizer) has a chat template: ``chat_template``, the processor-agnostic
+   default (labels from role markers derived from the template, media from content lists, media
+   token counts from the processor's own ``_get_num_multimodal_tokens``);
+4. otherwise ``ValueError`` naming the registry and how to add a handler.
+
+Unlike the seed (which falls back to ``default`` with a warning even without a template and then
+fails deep inside ``apply_chat_template``), a template-less processor is refused up front.
+
+>>> from neatpack.pipes.tiny import load_tiny_processor
+>>> get_handler(load_tiny_processor("qwen2_vl")).name
+'qwen_vl'
+>>> sorted(HANDLERS)
+['chat_template', 'prompt_answer', 'qwen_vl']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .family_default import has_chat_template, tokenize_default
+from .family_prompt import tokenize_prompt_answer
+from .tokenize import tokenize_conversation
+
+__all__ = [
+    "HANDLERS",
+    "PROCESSOR_HANDLERS",
+    "Handler",
+    "get_handler",
+    "register_handler",
+    "tokenize_with_handler",
+]
+
+TokenizeFn = Callable[..., dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A named way to tokenize one Record with a processor.
+
+    ``tokenize(record, processor, **options) -> Sample``. ``modalities``: the media kinds the
+    family accepts (a record with another kind is a ``SampleError`` naming the sample).
+    ``needs_chat_template``: refuse a processor without one.
+    """
+
+    name: str
+    tokenize: TokenizeFn
+    modalities: frozenset[str] = frozenset({"image", "video"})
+    needs_chat_template: bool = True
+    description: str = ""
+
+    def __call__(self, record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
+        return self.tokenize(record, processor, **options)
+
+
+HANDLERS: dict[str, Handler] = {}
+"""Handler name -> Handler."""
+PROCESSOR_HANDLERS: dict[str, str] = {}
+"""Processor class name (``type(processor).__name__``) -> handler name."""
+
+
+def register_handler(
+    handler: Handler, processor_classes: tuple[str, ...] = (), *, replace: bool = False
+) -> Handler:
+    """Add ``handler`` and map each processor class name to it.
+
+    Re-registering a name or a class with a different handler raises unless ``replace=True``.
+
+    >>> h = Handler("mine", tokenize_default, description="doc example")
+    >>> register_handler(h, ("MyProcessor",)) is h
+    True
+    >>> PROCESSOR_HANDLERS.pop("MyProcessor"), HANDLERS.pop("mine").name
+    ('mine', 'mine')
+    """
+    if not isinstance(handler, Handler):
+        raise TypeError(f"handler must be a Handler, got {type(handler).__name__}")
+    old = HANDLERS.get(handler.name)
+    if old is not None and old is not handler and not replace:
+        raise ValueError(
+            f"a handler named {handler.name!r} is already registered; pass replace=True"
+        )
+    for cls in processor_classes:
+        prev = PROCESSOR_HANDLERS.get(cls)
+        if prev is not None and prev != handler.name and not replace:
+            raise ValueError(
+                f"processor class {cls!r} already maps to handler {prev!r}; pass replace=True"
+            )
+    HANDLERS[handler.name] = handler
+    for cls in processor_classes:
+        PROCESSOR_HANDLERS[cls] = handler.name
+    return handler
+
+
+def get_handler(processor: Any, name: str | None = None) -> Handler:
+    """The handler for ``processor``: explicit ``name``, else by class name, else the default."""
+    if name is not None:
+        if name not in HANDLERS:
+            raise ValueError(f"unknown handler {name=}; registered: {sorted(HANDLERS)}")
+        handler = HANDLERS[name]
+    else:
+        cls = type(processor).__name__
+        handler = HANDLERS[PROCESSOR_HANDLERS.get(cls, "chat_template")]
+    if handler.needs_chat_template and not has_chat_template(processor):
+        cls = type(processor).__name__
+        raise ValueError(
+            f"processor {cls} has no chat template and no handler is registered for it in "
+            f"neatpack.pipes.registry (registered classes: {sorted(PROCESSOR_HANDLERS)}). Fix: "
+            "give the processor a chat_template, select a template-free handler explicitly "
+            "(handler='prompt_answer' for a prompt -> answer model), or add one with "
+            f"register_handler(Handler('<name>', <tokenize fn>), processor_classes=({cls!r},))"
+        )
+    return handler
+
+
+def tokenize_with_handler(
+    record: Mapping[str, Any], processor: Any, *, handler: str | None = None, **options: Any
+) -> dict[str, Any]:
+    """``get_handler(processor, handler)(record, processor, **options)``."""
+    return get_handler(processor, handler)(record, processor, **options)
+
+
+def _qwen_vl(record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
+    from .family_default import check_modalities
+
+    check_modalities(record, processor, frozenset({"image", "video"}))
+    return tokenize_conversation(record, processor, **options)
+
+
+register_handler(
+    Handler(
+        "qwen_vl",
+        _qwen_vl,
+        description="Qwen2-VL / Qwen2.5-VL / Qwen3-VL: grid_thw checks, fake images, video "
+        "metadata (pipes/tokenize.py)",
+    ),
+    (
+        "Qwen2VLProcessor",
+        "Qwen2_5_VLProcessor",
+        "Qwen3VLProcessor",
+        "Qwen3VLMoeProcessor",
+    ),
+)
+register_handler(
+    Handler(
+        "chat_template",
+        tokenize_default,
+        description="any processor with a chat template (pipes/family_default.py)",
+    )
+)
+register_handler(
+    Handler(
+        "prompt_answer",
+        tokenize_prompt_answer,
+        modalities=frozenset({"image"}),
+        needs_chat_template=False,
+        description="no chat template: prompt masked, answer + eos labelled "
+        "(Nemotron-Parse style, pipes/family_prompt.py)",
+    )
+)
