@@ -54,6 +54,9 @@ class EpochLedger:
     truncated: list[int] = field(default_factory=list)  # consumed, but cut to fit the pack
     failed: list[int] = field(default_factory=list)  # failed to load; skipped or replaced
     replacements: list[int] = field(default_factory=list)  # ids that stood in for failed ones
+    # left out by the plan: longer than the pack (overlong="drop"); listed on rank 0 only, so
+    # the union over ranks names each once
+    overlong: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -184,6 +187,8 @@ class NeatLoader:
             return
         plan = self.source.plan_for(self._group_size)
         ledger = self.ledgers.setdefault(self.epoch, EpochLedger())
+        if self.source.rank == 0:
+            ledger.overlong = [int(i) for i in plan.dropped_ids]
         for pack_index in self.source.tail_dropped():
             ledger.tail_dropped.extend(int(i) for i in plan.pack(pack_index))
 
