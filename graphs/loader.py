@@ -188,7 +188,7 @@ class NeatLoader:
         plan = self.source.plan_for(self._group_size)
         ledger = self.ledgers.setdefault(self.epoch, EpochLedger())
         if self.source.rank == 0:
-            ledger.overlong = [int(i) for i in plan.dropped_ids]
+            ledger.overlong = [int(i) for i in getattr(plan, "dropped_ids", ())]
         for pack_index in self.source.tail_dropped():
             ledger.tail_dropped.extend(int(i) for i in plan.pack(pack_index))
 
