@@ -1,0 +1,169 @@
+"""Loader throughput and resume cost, side by side in one run.
+
+* ``neat_vlm_graph`` with 0, 1 and 2 worker processes: batches/s and real packed tokens/s;
+* a map-style ``torch.utils.data.DataLoader`` over a PackedDatasetWrapper-style dataset (each
+  item materializes one pack of the same plan with the same processor), at the same workers;
+* the bare single-process processor (chat template + processor call) on the same samples;
+* time to first batch after ``load_state_dict`` at 0 %, 50 % and 95 % of an epoch.
+
+    python benchmarks/bench_loader.py            # 192 samples, pack size 4096
+    python benchmarks/bench_loader.py --quick    # 48 samples
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.collate import neat_packed_vlm_collater
+from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
+from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.tiny import load_tiny_processor
+
+
+class PackDataset(Dataset[dict[str, Any]]):
+    """The baseline: pack ``k`` of a plan, built in ``__getitem__`` (the peer's wrapper shape)."""
+
+    def __init__(self, source: Any, packs: list[list[int]], processor: Any, pack_size: int,
+                 pad: int) -> None:
+        self.source, self.packs, self.processor = source, packs, processor
+        self.config = MaterializeConfig(pack_size=pack_size, padding_idx=pad, overflow="truncate")
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        pack, _ = materialize_pack(self.source, self.packs[k], self.processor, self.config)
+        return pack
+
+
+def _collate(packs: list[dict[str, Any]]) -> dict[str, Any]:
+    return neat_packed_vlm_collater(packs, padding_idx=PAD, attn_implementation="doc_ids")
+
+
+PAD = 0
+
+
+def _tokens(batch: dict[str, Any]) -> int:
+    return int((batch["doc_ids"] > 0).sum())
+
+
+def time_neat(data: Any, processor: Any, cfg: NeatVLMConfig) -> dict[str, float]:
+    loader = neat_vlm_graph(data, processor, config=cfg)
+    t0 = time.perf_counter()
+    batches = tokens = 0
+    for batch in loader:
+        batches += 1
+        tokens += _tokens(batch)
+    dt = time.perf_counter() - t0
+    return {"batches_per_s": batches / dt, "tokens_per_s": tokens / dt, "seconds": dt}
+
+
+def time_dataloader(ds: PackDataset, workers: int, batch_size: int) -> dict[str, float]:
+    dl = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=_collate,
+                    multiprocessing_context="fork" if workers else None)
+    t0 = time.perf_counter()
+    batches = tokens = 0
+    for batch in dl:
+        batches += 1
+        tokens += _tokens(batch)
+    dt = time.perf_counter() - t0
+    return {"batches_per_s": batches / dt, "tokens_per_s": tokens / dt, "seconds": dt}
+
+
+def time_bare_processor(source: Any, processor: Any, ids: list[int]) -> dict[str, float]:
+    from neatpack.pipes.media import load_image
+
+    t0 = time.perf_counter()
+    tokens = 0
+    for i in ids:
+        conv = source[i]["conversation"]
+        images = [load_image(b["image"], sample_id=i) for m in conv for b in m["content"]
+                  if b["type"] == "image"]
+        text = processor.apply_chat_template(conv, tokenize=False)
+        out = processor(text=[text], images=images or None, return_tensors="pt")
+        tokens += int(out["input_ids"].shape[1]) - 1
+    dt = time.perf_counter() - t0
+    return {"samples_per_s": len(ids) / dt, "tokens_per_s": tokens / dt, "seconds": dt}
+
+
+def time_resume(data: Any, processor: Any, cfg: NeatVLMConfig, fraction: float) -> float:
+    ref = neat_vlm_graph(data, processor, config=cfg)
+    it = iter(ref)
+    n = len(list(neat_vlm_graph(data, processor, config=cfg)))
+    for _ in range(int(n * fraction)):
+        next(it)
+    state = ref.state_dict()
+    resumed = neat_vlm_graph(data, processor, config=cfg, lengths=None)
+    t0 = time.perf_counter()
+    resumed.load_state_dict(state)
+    next(iter(resumed))
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--samples", type=int, default=192)
+    parser.add_argument("--pack-size", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=2)
+    args = parser.parse_args()
+    n = 48 if args.quick else args.samples
+    workers_list = [0, 2] if args.quick else [0, 1, 2]
+    torch.set_num_threads(1)
+    root = tempfile.mkdtemp(prefix="neatpack-bench-loader-")
+    data = write_corpus(root, num_samples=n, seed=1)
+    processor = load_tiny_processor("qwen2_vl")
+    global PAD
+    PAD = int(processor.tokenizer.pad_token_id)
+
+    def cfg(workers: int) -> NeatVLMConfig:
+        return NeatVLMConfig(pack_size=args.pack_size, batch_size=args.batch_size,
+                             media_root=f"{root}/media", cache_dir=f"{root}/cache",
+                             num_workers=workers, attn_implementation="doc_ids", prefetch=2)
+
+    plan_loader = neat_vlm_graph(data, processor, config=cfg(0))
+    plan = plan_loader.source.plan_for(1)
+    packs = [plan.pack(int(k)) for k in plan.epoch_order(0)]
+    source = JsonlSource(data, media_root=f"{root}/media")
+    ds = PackDataset(source, packs, processor, args.pack_size, PAD)
+    metrics: dict[str, Any] = {"neat": {}, "dataloader": {}}
+    for w in workers_list:
+        metrics["neat"][f"workers_{w}"] = time_neat(data, processor, cfg(w))
+        metrics["dataloader"][f"workers_{w}"] = time_dataloader(ds, w, args.batch_size)
+    metrics["bare_processor"] = time_bare_processor(source, processor, list(range(n)))
+    top = max(workers_list)
+    metrics["ratio_neat_vs_dataloader"] = {
+        f"workers_{w}": metrics["neat"][f"workers_{w}"]["tokens_per_s"]
+        / metrics["dataloader"][f"workers_{w}"]["tokens_per_s"] for w in workers_list
+    }
+    metrics[f"ratio_neat_{top}_workers_vs_bare_processor"] = (
+        metrics["neat"][f"workers_{top}"]["tokens_per_s"]
+        / metrics["bare_processor"]["tokens_per_s"]
+    )
+    resume = {f"{int(f * 100)}%": time_resume(data, processor, cfg(top), f)
+              for f in (0.0, 0.5, 0.95)}
+    metrics["resume_first_batch_s"] = resume
+    metrics["resume_95_vs_0"] = resume["95%"] / resume["0%"]
+    print(json.dumps({
+        "benchmark": "loader",
+        "params": {"samples": n, "pack_size": args.pack_size, "batch_size": args.batch_size,
+                   "workers": workers_list, "packs": len(packs), "quick": args.quick},
+        "metrics": metrics,
+        "env": {"python": platform.python_version(), "torch": torch.__version__,
+                "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
