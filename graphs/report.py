@@ -181,7 +181,7 @@ def _check_common(args: argparse.Namespace) -> None:
         raise UsageError(f"--media-root {args.media_root!r} is not a folder")
 
 
-def _length_index(args: argparse.Namespace, processor: Any, missing: str = "raise") -> Any:
+def _length_index(args: argparse.Namespace, processor: Any, missing: str | None = None) -> Any:
     """Open the source and build (or reuse from ``--cache-dir``) its length index."""
     from neatpack.graphs.neat_vlm import open_source
     from neatpack.pipes._record import RecordError
@@ -191,15 +191,15 @@ def _length_index(args: argparse.Namespace, processor: Any, missing: str = "rais
     error = ""
     try:
         source = open_source(args.data, args.media_root)
-        estimator = LengthEstimator.from_processor(processor, on_missing_media=missing)
+        estimator = LengthEstimator.from_processor(processor, on_missing_media=missing or "raise")
         before = set(os.listdir(args.cache_dir)) if args.cache_dir and os.path.isdir(
             args.cache_dir) else set()  # fmt: skip
         index = build_length_index(source, estimator, cache_dir=args.cache_dir, progress=True)
     except (RecordError, json.JSONDecodeError) as exc:
-        error = (
-            f"{_line(exc)} (media paths resolve against --media-root={args.media_root!r}; "
-            "--missing-media fallback counts missing media instead of failing)"
-        )
+        error = _line(exc)
+        if "missing" in error and ("image" in error or "video" in error):
+            error += f" (relative media paths resolve against --media-root={args.media_root!r}"
+            error += "; plan --missing-media fallback counts them instead)" if missing else ")"
     if error:
         # Raised outside the except block so the failed build's frames (and its open progress
         # bar) are freed first: the bar ends its line and the error gets a line of its own.
@@ -305,6 +305,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         processor = _load_processor(args.processor)
         _, index, _ = _length_index(args, processor)
         _check_overlong(index, args.pack_size, args.overlong)
+        if not np.any(np.asarray(index.total) <= args.pack_size):
+            raise UsageError(
+                f"nothing to inspect: {args.data!r} has {len(index)} sample(s), none within "
+                f"--pack-size {args.pack_size}; pass a file with samples or a larger --pack-size"
+            )
         config = NeatVLMConfig(
             pack_size=args.pack_size, batch_size=args.batch_size, media_root=args.media_root,
             cache_dir=args.cache_dir, seed=args.seed, overlong=args.overlong, num_workers=0,
@@ -314,7 +319,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         try:
             seen = list(islice(iter(loader), args.batch + 1))
         except RecordError as exc:
-            raise UsageError(f"{_line(exc)} (check --media-root)") from exc
+            raise UsageError(f"{_line(exc)} (media paths resolve against --media-root)") from exc
         if len(seen) <= args.batch:
             raise UsageError(
                 f"--batch {args.batch} is past the end: epoch 0 has {len(seen)} batch(es) of "

@@ -350,3 +350,20 @@ def test_plan_more_ranks_than_packs(
     assert r["tail_packs"] == r["packs"] > 0
     with Image.open(png) as img:
         assert img.size == PLAN_SIZE
+
+
+@pytest.mark.badinput
+def test_bad_records_name_the_sample(
+    corpus: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    lines = (corpus / "data.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "data.jsonl").write_text("\n".join([*lines, '{"messages": [oops']) + "\n")
+    (tmp_path / "media").symlink_to(corpus / "media")
+    rc, _, err = run(capsys, "plan", *base(tmp_path))
+    assert rc == 2
+    assert "sample_id=3" in error_line(err, "plan")
+    (tmp_path / "data.jsonl").write_text("")
+    rc, _, err = run(capsys, "inspect", *base(tmp_path), "--png", str(tmp_path / "e.png"))
+    assert rc == 2
+    assert "nothing to inspect" in error_line(err, "inspect")
+    assert not (tmp_path / "e.png").exists()
