@@ -179,14 +179,25 @@ def _check_common(args: argparse.Namespace) -> None:
         raise UsageError(f"--pack-size {args.pack_size} is too small: pass at least 2 tokens")
     if args.media_root is not None and not Path(args.media_root).is_dir():
         raise UsageError(f"--media-root {args.media_root!r} is not a folder")
+    if args.cache_dir is not None:
+        try:
+            Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot create --cache-dir {args.cache_dir!r}: {exc.strerror}"
+            ) from exc
+        if not os.access(args.cache_dir, os.W_OK):
+            raise UsageError(f"--cache-dir {args.cache_dir!r} is not writable: pass another folder")
 
 
-def _length_index(args: argparse.Namespace, processor: Any, missing: str | None = None) -> Any:
-    """Open the source and build (or reuse from ``--cache-dir``) its length index."""
+def _length_index(
+    args: argparse.Namespace, processor: Any, missing: str | None = None
+) -> tuple[LengthIndex, bool]:
+    """Build (or reuse from ``--cache-dir``) the data's length index; ``True`` if reused."""
     from neatpack.graphs.neat_vlm import open_source
-    from neatpack.pipes._record import RecordError
     from neatpack.pipes.estimate import LengthEstimator
     from neatpack.pipes.lengths import build_length_index
+    from neatpack.pipes.read import RecordError
 
     error = ""
     try:
@@ -205,7 +216,7 @@ def _length_index(args: argparse.Namespace, processor: Any, missing: str | None 
         # bar) are freed first: the bar ends its line and the error gets a line of its own.
         gc.collect()
         raise UsageError(error)
-    return source, index, f"{index.fingerprint}.npz" in before
+    return index, f"{index.fingerprint}.npz" in before
 
 
 def _line(exc: BaseException) -> str:
@@ -236,7 +247,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--packing-ratio {args.packing_ratio} must be in (0, 1]")
     with _output(args.png) as png:
         processor = _load_processor(args.processor)
-        _, index, reused = _length_index(args, processor, args.missing_media)
+        index, reused = _length_index(args, processor, args.missing_media)
         _check_overlong(index, args.pack_size, args.overlong)
         plan = plan_packs(
             index.total, args.pack_size, visual=index.visual, packing_ratio=args.packing_ratio,
@@ -291,7 +302,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """``neatpack inspect``: build the loader, take batch K, draw it and print a summary."""
     from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
     from neatpack.graphs.pictures import batch_picture
-    from neatpack.pipes._record import RecordError
+    from neatpack.pipes.read import RecordError
 
     _check_common(args)
     if args.batch < 0 or args.batch_size < 1 or args.mask_max_side < 1:
@@ -303,7 +314,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if png is None:
             raise UsageError("--png FILE is required: where to write the picture")
         processor = _load_processor(args.processor)
-        _, index, _ = _length_index(args, processor)
+        index, _ = _length_index(args, processor)
         _check_overlong(index, args.pack_size, args.overlong)
         if not np.any(np.asarray(index.total) <= args.pack_size):
             raise UsageError(

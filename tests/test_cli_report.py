@@ -290,6 +290,8 @@ def test_batch_picture_layout_literal() -> None:
         ("plan", {"--processor": "/no/such/processor"}, "--processor"),
         ("plan", {"--pack-size": "100"}, "--overlong drop"),
         ("plan", {"--png": "/no/such/folder/plan.png"}, "cannot write"),
+        ("plan", {"--cache-dir": "/proc/no/cache"}, "--cache-dir"),
+        ("plan", {"--media-root": "/no/such/media"}, "--media-root"),
         ("inspect", {"--png": "/no/such/folder/b.png"}, "cannot write"),
         ("inspect", {"--batch": "99"}, "past the end"),
         ("inspect", {"--pack-size": "100"}, "--pack-size"),
@@ -303,7 +305,7 @@ def test_bad_input_is_one_line_exit_2(
     change: dict[str, str],
     expect: str,
 ) -> None:
-    argv = base(corpus)
+    argv = [*base(corpus), "--cache-dir", str(tmp_path / "cache")]
     if "data" in change:
         argv[0] = str(tmp_path / change.pop("data"))
     for flag, value in change.items():
@@ -313,7 +315,7 @@ def test_bad_input_is_one_line_exit_2(
             argv += [flag, value]
     if command == "inspect" and "--png" not in argv:
         argv += ["--png", str(tmp_path / "b.png")]
-    rc, out, err = run(capsys, command, *argv, "--cache-dir", str(tmp_path / "cache"))
+    rc, out, err = run(capsys, command, *argv)
     assert rc == 2
     assert out == ""
     assert expect in error_line(err, command)
