@@ -108,7 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "batches": stats.batches,
         "utilization_real_tokens": round(stats.utilization(), 4),
         "estimate_error": {k: round(v, 4) for k, v in stats.estimate_error().items()},
-        "visual_token_balance_8_ranks": _balance(loader),
+        "visual_token_balance_2_ranks": _balance(loader, world_size=2),
         "batches_per_s": round(stats.batches / elapsed, 2) if elapsed > 0 else None,
         "resumed_at_batch": mid,
         "checks": checks,
