@@ -43,6 +43,12 @@ def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
             orientation = im.getexif().get(0x0112, 1)
     except FileNotFoundError:
         return "image_missing"
+    except Image.DecompressionBombError as e:  # not an OSError: it would escape unnamed
+        raise EstimateError(
+            f"sample_id={sample_id}: image {value!r}: {e} (PIL's hard limit, 2 x "
+            "PIL.Image.MAX_IMAGE_PIXELS); downscale the file, or raise the limit or give "
+            "images_meta if you trust the source"
+        ) from e
     except (UnidentifiedImageError, OSError, SyntaxError):
         return "image_unreadable"
     return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
