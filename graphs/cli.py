@@ -161,12 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.set_defaults(func=cmd_demo)
-    try:
-        from neatpack.graphs.report import add_report_commands
-    except ImportError:
-        pass
-    else:
-        add_report_commands(sub)
+    from neatpack.graphs.report import add_report_commands
+
+    add_report_commands(sub)
     return parser
 
 
@@ -181,4 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the module's canonical copy, so UsageError raised by neatpack.graphs.report (which
+    # imports neatpack.graphs.cli) is the class main() catches.
+    from neatpack.graphs.cli import main as _main
+
+    sys.exit(_main())

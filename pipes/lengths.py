@@ -155,24 +155,24 @@ def _estimate_slice(
     total = np.empty(n, np.int64)
     visual = np.empty(n, np.int64)
     fallbacks: list[tuple[int, tuple[str, ...]]] = []
-    bar = tqdm(total=n, desc="length index", unit="rec", disable=not progress, mininterval=0.5)
     k = 0
-    for block in _raw_blocks(source, start, stop, 8192):
-        t, v, slow = estimator.estimate_raw_batch(block)
-        for j in slow:
-            sid = start + k + j
-            try:
-                t[j], v[j], reasons = estimator.estimate_sample(source[sid])
-            except RecordError:
-                if on_error == "raise":
-                    raise
-                t[j], v[j], reasons = 0, 0, ("record_error",)
-            if reasons:
-                fallbacks.append((sid, reasons))
-        total[k : k + len(block)], visual[k : k + len(block)] = t, v
-        k += len(block)
-        bar.update(len(block))
-    bar.close()
+    with tqdm(total=n, desc="length index", unit="rec", disable=not progress,
+              mininterval=0.5) as bar:
+        for block in _raw_blocks(source, start, stop, 8192):
+            t, v, slow = estimator.estimate_raw_batch(block)
+            for j in slow:
+                sid = start + k + j
+                try:
+                    t[j], v[j], reasons = estimator.estimate_sample(source[sid])
+                except RecordError:
+                    if on_error == "raise":
+                        raise
+                    t[j], v[j], reasons = 0, 0, ("record_error",)
+                if reasons:
+                    fallbacks.append((sid, reasons))
+            total[k : k + len(block)], visual[k : k + len(block)] = t, v
+            k += len(block)
+            bar.update(len(block))
     if k != n:
         raise RuntimeError(f"source yielded {k} records for ids {start}..{stop - 1}, not {n}")
     return total, visual, fallbacks
