@@ -18,7 +18,7 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 >>> sorted(HANDLERS)
-['chat_template', 'prompt_answer', 'qwen_vl']
+['chat_template', 'gemma3', 'prompt_answer', 'qwen_vl']
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .family_default import has_chat_template, tokenize_default
+from .family_default import check_modalities, has_chat_template, tokenize_default
 from .family_prompt import tokenize_prompt_answer
 from .tokenize import tokenize_conversation
 
@@ -59,6 +59,7 @@ class Handler:
     description: str = ""
 
     def __call__(self, record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
+        check_modalities(record, processor, self.modalities)
         return self.tokenize(record, processor, **options)
 
 
@@ -128,17 +129,10 @@ def tokenize_with_handler(
     return get_handler(processor, handler)(record, processor, **options)
 
 
-def _qwen_vl(record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
-    from .family_default import check_modalities
-
-    check_modalities(record, processor, frozenset({"image", "video"}))
-    return tokenize_conversation(record, processor, **options)
-
-
 register_handler(
     Handler(
         "qwen_vl",
-        _qwen_vl,
+        tokenize_conversation,
         description="Qwen2-VL / Qwen2.5-VL / Qwen3-VL: grid_thw checks, fake images, video "
         "metadata (pipes/tokenize.py)",
     ),
@@ -155,6 +149,18 @@ register_handler(
         tokenize_default,
         description="any processor with a chat template (pipes/family_default.py)",
     )
+)
+
+
+register_handler(
+    Handler(
+        "gemma3",
+        tokenize_default,
+        modalities=frozenset({"image"}),
+        description="Gemma 3: the default path, images only; packed rows need "
+        "family_gemma3.gemma3_packed_mask (bidirectional image tokens)",
+    ),
+    ("Gemma3Processor",),
 )
 register_handler(
     Handler(

@@ -1,0 +1,133 @@
+"""Build tiny, real, offline processors for the non-Qwen families neatpack tests.
+
+Usage::
+
+    python scripts/build_tiny_family_processors.py [OUT_DIR]   # default: pipes/_assets/processors
+
+Writes ``gemma3/``: a byte-fallback BPE (vocab 2048) trained with ``tokenizers`` on this Python's
+stdlib sources, with Gemma's normalizer (space -> "▁"), wrapped in the real ``GemmaTokenizer``
+plus Gemma 3's turn and image specials (``boi_token`` / ``eoi_token`` / ``image_token`` named as
+in the real tokenizer config), a Gemma-3-style chat template (``<start_of_turn>model``, assistant
+content wrapped in ``{% generation %}``), and the real ``Gemma3ImageProcessor`` at 28x28 pixels;
+``Gemma3Processor`` with ``image_seq_length=4`` (a 2x2 pooled grid). Saved with
+``save_pretrained``; reloads with ``AutoProcessor.from_pretrained(folder)`` and no network.
+
+Training is deterministic for a given Python build; the saved files are committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+GEMMA_VOCAB = 2048
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+GEMMA_EXTRA = {
+    "sot_token": "<start_of_turn>",
+    "eot_token": "<end_of_turn>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+GEMMA_IMAGE_SIZE = 28
+GEMMA_IMAGE_SEQ = 4
+
+# Gemma 3's template, reduced to what neatpack renders (system folded into the first user turn).
+_GEMMA3_CONTENT = (
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}"
+    "{% endfor %}{% endif %}"
+)
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% if messages[0]['content'] is string %}"
+    "{% set first_user_prefix = messages[0]['content'] + '\n\n' %}"
+    "{% else %}{% set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' %}{% endif %}"
+    "{% set loop_messages = messages[1:] %}"
+    "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}" + _GEMMA3_CONTENT + "{{ '<end_of_turn>' }}{% endgeneration %}"
+    "{% else %}" + _GEMMA3_CONTENT + "{{ '<end_of_turn>' }}{% endif %}"
+    "{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+def corpus(limit: int = 80) -> list[str]:
+    """The first ``limit`` stdlib top-level ``*.py`` files, sorted: deterministic."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(stdlib.glob("*.py"))[:limit]
+    return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+
+
+def train_gemma_tokenizer() -> Any:
+    """Byte-fallback BPE with Gemma's normalization, wrapped in the real ``GemmaTokenizer``."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import GemmaTokenizer
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    # training only: words start at "▁" so no merge crosses a word boundary
+    tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=GEMMA_VOCAB,
+        min_frequency=2,
+        special_tokens=GEMMA_SPECIALS + byte_tokens,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    model = json.loads(tok.to_str())["model"]
+    return GemmaTokenizer(
+        vocab=model["vocab"],
+        merges=[tuple(m) for m in model["merges"]],
+        model_max_length=8192,
+        extra_special_tokens=dict(GEMMA_EXTRA),
+    )
+
+
+def build_gemma3() -> Any:
+    import transformers as tf
+
+    image_processor = tf.Gemma3ImageProcessor(
+        size={"height": GEMMA_IMAGE_SIZE, "width": GEMMA_IMAGE_SIZE}
+    )
+    return tf.Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=train_gemma_tokenizer(),
+        chat_template=GEMMA3_TEMPLATE,
+        image_seq_length=GEMMA_IMAGE_SEQ,
+    )
+
+
+BUILDERS = {"gemma3": build_gemma3}
+
+
+def main(argv: list[str]) -> int:
+    default = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
+    out = Path(argv[1]) if len(argv) > 1 else default
+    for family, builder in BUILDERS.items():
+        folder = out / family
+        folder.mkdir(parents=True, exist_ok=True)
+        builder().save_pretrained(str(folder))
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        print(f"{family}: {folder} {sorted(p.name for p in folder.iterdir())} {size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
