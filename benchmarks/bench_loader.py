@@ -7,7 +7,7 @@
 * time to first batch after ``load_state_dict`` at 0 %, 50 % and 95 % of an epoch.
 
     python benchmarks/bench_loader.py            # 192 samples, pack size 4096
-    python benchmarks/bench_loader.py --quick    # 48 samples
+    python benchmarks/bench_loader.py --quick    # 24 samples
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def main() -> None:
     parser.add_argument("--pack-size", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=2)
     args = parser.parse_args()
-    n = 48 if args.quick else args.samples
-    workers_list = [0, 2] if args.quick else [0, 1, 2]
+    n = 24 if args.quick else args.samples
+    workers_list = [0, 1] if args.quick else [0, 1, 2]
     torch.set_num_threads(1)
     root = tempfile.mkdtemp(prefix="neatpack-bench-loader-")
     data = write_corpus(root, num_samples=n, seed=1)
