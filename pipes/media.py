@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -47,7 +48,17 @@ class SampleError(ValueError):
     """One sample cannot be tokenized. ``reason`` is one of ``REASONS``; the message names the
     sample id, the offending file or value, and the fix."""
 
-    def __init__(self, sample_id: Any, reason: str, message: str) -> None:
+    def __init__(self, sample_id: Any, reason: str | None = None, message: str | None = None):
+        if reason is None and message is None and isinstance(sample_id, str):
+            # One argument: torchdata's ExceptionWrapper.reraise() (Prefetcher, ParallelMapper)
+            # rebuilds the error from its traceback text alone; without this it falls back to
+            # a RuntimeError and `except SampleError` misses it. Recover id and reason.
+            found = re.search(r"sample_id=(\S+) \[(\w+)\]", sample_id)
+            sid = found.group(1) if found else None
+            self.sample_id = int(sid) if sid is not None and sid.isdigit() else sid
+            self.reason = found.group(2) if found else "processor_error"
+            super().__init__(sample_id)
+            return
         if reason not in REASONS:
             raise ValueError(f"{reason=} is not one of {REASONS}")
         self.sample_id = sample_id
