@@ -36,7 +36,7 @@ def _load_processor(name: str) -> Any:
     from transformers import AutoProcessor
 
     try:
-        return AutoProcessor.from_pretrained(str(path), local_files_only=True)
+        return AutoProcessor.from_pretrained(str(path), local_files_only=True)  # type: ignore[no-untyped-call]
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load a processor from {name!r}: {exc}".splitlines()[0]) from exc
 

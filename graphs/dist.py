@@ -1,4 +1,4 @@
-"""Rank and world size: explicit arguments win; only graph builders fall back to torch.distributed."""
+"""Rank and world size: explicit arguments win; only graph builders read torch.distributed."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ whole step groups. State, ledger and elastic resume are the packed graphs'.
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,8 +23,8 @@ from torchdata.nodes import BaseNode, Mapper, ParallelMapper, Prefetcher
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
-from neatpack.graphs.watchdog import die_with_parent
 from neatpack.graphs.neat_vlm import open_source
+from neatpack.graphs.watchdog import die_with_parent
 from neatpack.pipes.collate import pad_collate_fn
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
@@ -180,7 +180,7 @@ def grouped_vlm_graph(
         return Prefetcher(node, cfg.prefetch) if cfg.prefetch else node
 
     keep = ("batch_size", "max_length", "truncate", "seed", "shuffle", "tail")
-    config = {
+    key = {
         "graph": "grouped",
         "lengths": lengths.fingerprint,
         **{k: v for k, v in asdict(cfg).items() if k in keep},
@@ -190,6 +190,6 @@ def grouped_vlm_graph(
         pack_source,
         build,
         pack_size=max_len * cfg.batch_size,
-        config=config,
+        config=key,
         keep_ledger=cfg.keep_ledger,
     )

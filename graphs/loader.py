@@ -1,4 +1,4 @@
-"""The checkpointable loader: iterate batches, save a tiny state, resume anywhere, on any world size.
+"""The checkpointable loader: iterate batches, save a tiny state, resume anywhere, any world size.
 
 A ``NeatLoader`` owns a graph whose first node is a :class:`~neatpack.pipes.source.PackSource`.
 Its state is the position of the *trainer*, not of the pipeline: the epoch and how many batches
@@ -221,7 +221,7 @@ class NeatLoader:
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next ``iter()``; refuses a state of other data or config."""
+        """Continue from ``state`` at the next ``iter()``; refuse a state of other data or config."""
         state = copy.deepcopy(state)
         version = state.get("neatpack_loader_version")
         if version != self.VERSION:

@@ -28,8 +28,8 @@ from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetche
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
-from neatpack.graphs.watchdog import die_with_parent
 from neatpack.graphs.neat_vlm import BatchStep
+from neatpack.graphs.watchdog import die_with_parent
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.read import JsonlSource

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
@@ -41,15 +41,15 @@ from neatpack.pipes.source import TAIL_POLICIES, PackSource
 
 __all__ = [
     "ESTIMATE_MODES",
+    "BatchStep",
     "NeatVLMConfig",
     "PackStep",
-    "BatchStep",
     "neat_vlm_graph",
     "open_source",
 ]
 
 ESTIMATE_MODES = ("estimate", "calibrated", "exact")
-WORKER_METHODS = ("process", "thread")
+WORKER_METHODS: tuple[Literal["process", "thread"], ...] = ("process", "thread")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +73,7 @@ class NeatVLMConfig:
     pad_to_multiple_of: int | None = None
     fake_image: bool = False
     num_workers: int = 0
-    worker_method: str = "process"
+    worker_method: Literal["process", "thread"] = "process"
     multiprocessing_context: str | None = "fork"
     prefetch: int = 2
     progress: bool = False
@@ -131,11 +131,9 @@ def open_source(data: Any, media_root: str | None = None) -> RecordSource:
         return data
     if isinstance(data, Sequence):
         return SequenceSource(list(data), media_root=media_root)
-    try:
-        from neatpack.pipes.read import HFDatasetSource
-    except ImportError:  # pragma: no cover
-        HFDatasetSource = None  # type: ignore[assignment,misc]
-    if HFDatasetSource is not None and hasattr(data, "features"):
+    from neatpack.pipes.read import HFDatasetSource
+
+    if hasattr(data, "features"):  # a datasets.Dataset
         return HFDatasetSource(data, media_root=media_root)
     raise TypeError(
         f"cannot read data of type {type(data).__name__}: pass a .jsonl/.json path, a list of "
@@ -167,7 +165,7 @@ class PackStep:
             "real_tokens": int(sum(pack.get("seq_lens", []))),
             "report": pack.pop("report", None),
         }
-        return pack
+        return dict(pack)
 
 
 class BatchStep:

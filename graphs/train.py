@@ -24,10 +24,19 @@ from typing import Any
 
 __all__ = ["BOOKKEEPING_KEYS", "model_inputs"]
 
-BOOKKEEPING_KEYS = frozenset({
-    "doc_ids", "sample_ids", "packs", "n_images_per_sample", "n_videos_per_sample",
-    "packed_seq_params", "dropped_sample_ids", "seq_lens", "seq_lens_padded",
-})
+BOOKKEEPING_KEYS = frozenset(
+    {
+        "doc_ids",
+        "sample_ids",
+        "packs",
+        "n_images_per_sample",
+        "n_videos_per_sample",
+        "packed_seq_params",
+        "dropped_sample_ids",
+        "seq_lens",
+        "seq_lens_padded",
+    }
+)
 
 
 def model_inputs(batch: dict[str, Any], *, keep_labels: bool = True) -> dict[str, Any]:

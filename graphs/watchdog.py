@@ -120,5 +120,5 @@ class WorkerWatchdog:
                     try:
                         raise error
                     except RuntimeError:
-                        wrapped = StartupExceptionWrapper(where="in a neatpack worker process")
+                        wrapped = StartupExceptionWrapper(where="in a neatpack worker process")  # type: ignore[no-untyped-call]
                     it._out_q.put((wrapped, -1))

@@ -116,7 +116,7 @@ class PackSource(BaseNode[PackRef]):
         self.rank, self.world_size, self.batch_size, self.tail = rank, world_size, batch_size, tail
         self._plans: dict[int, PlanLike] = {}
         if callable(plan) and not hasattr(plan, "epoch_order"):
-            self._plan_for: Callable[[int], PlanLike] = plan  # type: ignore[assignment]
+            self._plan_for: Callable[[int], PlanLike] = plan
         else:
             fixed: PlanLike = plan  # type: ignore[assignment]
 

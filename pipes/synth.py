@@ -32,10 +32,39 @@ IMAGE_SHAPES = (
     (300, 400),
 )
 
-_WORDS = (
-    "the a cat dog chart table shows red blue green large small document invoice total page "
-    "photo left right top bottom number value line bar figure street car person tree house"
-).split()
+_WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "chart",
+    "table",
+    "shows",
+    "red",
+    "blue",
+    "green",
+    "large",
+    "small",
+    "document",
+    "invoice",
+    "total",
+    "page",
+    "photo",
+    "left",
+    "right",
+    "top",
+    "bottom",
+    "number",
+    "value",
+    "line",
+    "bar",
+    "figure",
+    "street",
+    "car",
+    "person",
+    "tree",
+    "house",
+]
 
 
 def _sentence(rng: random.Random, lo: int, hi: int) -> str:
