@@ -221,7 +221,7 @@ class NeatLoader:
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next ``iter()``; refuse a state of other data or config."""
+        """Continue from ``state`` at the next ``iter()``; refuse other data, config or rank."""
         state = copy.deepcopy(state)
         version = state.get("neatpack_loader_version")
         if version != self.VERSION:
