@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .estimate import LengthEstimator
+from .mask import to_4d_additive_mask
 
 __all__ = [
     "gemma3_estimator",
@@ -86,8 +87,9 @@ def gemma3_packed_mask(
     *,
     sliding_window: int | None = None,
 ) -> Tensor:
-    """Additive ``[B, 1, S, S]`` mask for a packed Gemma 3 row: causal inside each document
-    (``doc_ids`` 1..k, 0 = padding), plus both directions inside each run of image tokens."""
+    """Additive ``[B, 1, S, S]`` mask for a packed Gemma 3 row: ``mask.to_4d_additive_mask``
+    (causal inside each document, ``doc_ids`` 1..k, 0 = padding), plus both directions inside
+    each run of image tokens."""
     if doc_ids.shape != token_type_ids.shape or doc_ids.dim() != 2:
         raise ValueError(
             f"doc_ids {tuple(doc_ids.shape)} and token_type_ids {tuple(token_type_ids.shape)} "
@@ -103,11 +105,9 @@ def gemma3_packed_mask(
     start = img & ~torch.nn.functional.pad(img, (1, 0))[:, :-1]
     block = torch.where(img, torch.cumsum(start.long(), dim=1), 0)
     same_doc = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (doc_ids[:, :, None] > 0)
-    causal = torch.ones(s, s, dtype=torch.bool, device=doc_ids.device).tril()
     same_img = (block[:, :, None] == block[:, None, :]) & (block[:, :, None] > 0)
-    allowed = same_doc & (causal | same_img)
-    out = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=doc_ids.device)
-    return out.masked_fill(allowed, 0.0).unsqueeze(1)
+    out = to_4d_additive_mask(doc_ids, dtype)  # block-causal; padding rows as mask.py sets them
+    return out.masked_fill((same_doc & same_img).unsqueeze(1), 0.0)
 
 
 def tiny_gemma3_model(processor: Any, *, seed: int = 0, attn_implementation: str = "eager") -> Any:
@@ -120,7 +120,7 @@ def tiny_gemma3_model(processor: Any, *, seed: int = 0, attn_implementation: str
     text = {
         "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "sliding_window": 512, "max_position_embeddings": 2048,
+        "head_dim": 16, "sliding_window": 2048, "max_position_embeddings": 4096,
         "layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16,
         "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
         "eos_token_id": tok.eos_token_id,

@@ -1,0 +1,185 @@
+"""Model families beyond Qwen-VL, each with a tiny offline processor built from real classes.
+
+Gemma 3: labels = exactly the assistant turns, image tokens = the processor's count, length
+estimate within a stated bound, and packed-vs-separate parity on a tiny real
+``Gemma3ForConditionalGeneration`` (bidirectional image tokens through ``gemma3_packed_mask``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+
+from neatpack.pipes.family_gemma3 import (
+    gemma3_estimator,
+    gemma3_image_tokens,
+    gemma3_packed_mask,
+    load_tiny_gemma3_processor,
+    tiny_gemma3_model,
+)
+from neatpack.pipes.mask import to_4d_additive_mask
+from neatpack.pipes.media import SampleError
+from neatpack.pipes.pack import build_pack
+from neatpack.pipes.registry import get_handler, tokenize_with_handler
+
+WORDS = (
+    "the cat sat on a mat while data flows through every packed row of tokens and images "
+    "return value"
+).split()
+
+
+@pytest.fixture(scope="module")
+def gemma3() -> Any:
+    return load_tiny_gemma3_processor()
+
+
+def _text(rng: random.Random, lo: int, hi: int) -> str:
+    return " ".join(rng.choices(WORDS, k=rng.randint(lo, hi)))
+
+
+def _record(sid: int, rng: random.Random, max_images: int = 2) -> dict[str, Any]:
+    conv: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        conv.append({"role": "system", "content": [{"type": "text", "text": _text(rng, 2, 8)}]})
+    for _ in range(rng.randint(1, 3)):
+        user: list[dict[str, Any]] = [
+            {"type": "image", "image": Image.new(
+                "RGB", (rng.randint(20, 90), rng.randint(20, 90)), (rng.randint(0, 255), 90, 30))}
+            for _ in range(rng.randint(0, max_images))
+        ]  # fmt: skip
+        user.append({"type": "text", "text": _text(rng, 3, 30)})
+        conv.append({"role": "user", "content": user})
+        conv.append({"role": "assistant", "content": [{"type": "text", "text": _text(rng, 1, 40)}]})
+    return {"sample_id": sid, "conversation": conv}
+
+
+def _records(n: int, seed: int = 0, max_images: int = 2) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [_record(i, rng, max_images) for i in range(n)]
+
+
+def _n_images(rec: dict[str, Any]) -> int:
+    return sum(b.get("type") == "image" for m in rec["conversation"] for b in m["content"])
+
+
+def _spans(tok: Any, s: dict[str, Any]) -> list[str]:
+    keep, ids = (s["labels"] != -100).tolist(), s["input_ids"].tolist()
+    out, cur = [], []
+    for k, t in zip([*keep, False], [*ids, -1], strict=True):
+        if k:
+            cur.append(t)
+        elif cur:
+            out.append(tok.decode(cur))
+            cur = []
+    return out
+
+
+def test_gemma3_uses_its_registered_handler(gemma3: Any) -> None:
+    assert type(gemma3).__name__ == "Gemma3Processor"
+    assert get_handler(gemma3).name == "gemma3"
+
+
+def test_gemma3_labels_are_exactly_the_assistant_turns(gemma3: Any) -> None:
+    tok = gemma3.tokenizer
+    for rec in _records(12, seed=1):
+        s = tokenize_with_handler(rec, gemma3)
+        want = [
+            m["content"][0]["text"].strip() + "<end_of_turn>"
+            for m in rec["conversation"]
+            if m["role"] == "assistant"
+        ]
+        assert _spans(tok, s) == want, rec["sample_id"]
+        # nothing of the header "<start_of_turn>model\n" nor any user/system token is labelled
+        assert int((s["labels"] == tok.convert_tokens_to_ids("<start_of_turn>")).sum()) == 0
+
+
+def test_gemma3_image_tokens_match_the_processor(gemma3: Any) -> None:
+    soft = gemma3.tokenizer.image_token_id
+    for rec in _records(12, seed=2):
+        s = tokenize_with_handler(rec, gemma3)
+        n = _n_images(rec)
+        expected = gemma3._get_num_multimodal_tokens(image_sizes=[(1, 1)] * n).num_image_tokens
+        assert int((s["input_ids"] == soft).sum()) == sum(expected) == n * gemma3.image_seq_length
+        assert torch.equal(s["mm_token_type_ids"], (s["input_ids"] == soft).long())
+        assert torch.equal(s["token_type_ids"], s["mm_token_type_ids"])
+        assert (s["pixel_values"].shape[0] if n else 0) == n
+        assert bool((s["labels"][s["mm_token_type_ids"] == 1] == -100).all())
+
+
+def test_gemma3_length_estimate_bounds(gemma3: Any) -> None:
+    """exact mode: real - n_images <= estimate <= real (BPE merges of the "\\n\\n" around each
+    image block cost at most one token per image). estimate mode (chars / 3 on this Python-trained
+    vocabulary): within 30 % below the real length on these samples."""
+    exact, rough = gemma3_estimator(gemma3, mode="exact"), gemma3_estimator(gemma3)
+    assert gemma3_image_tokens(gemma3) == gemma3.image_seq_length + 3  # \n\n boi ... eoi \n\n
+    worst_rel = 0.0
+    for rec in _records(30, seed=3):
+        real = len(tokenize_with_handler(rec, gemma3)["input_ids"]) - 1
+        err = exact.estimate(rec)[0] - real
+        assert -_n_images(rec) <= err <= 0, (rec["sample_id"], err)
+        worst_rel = max(worst_rel, abs(rough.estimate(rec)[0] - real) / real)
+    assert worst_rel <= 0.30, worst_rel
+
+
+@pytest.mark.badinput
+def test_gemma3_rejects_video_and_audio_naming_the_sample(gemma3: Any) -> None:
+    frames = [Image.new("RGB", (28, 28))] * 2
+    for sid, block in ((3, {"type": "video", "video": frames}),
+                       (4, {"type": "audio", "audio": [0.0] * 16})):  # fmt: skip
+        rec = {"sample_id": sid, "conversation": [
+            {"role": "user", "content": [block, {"type": "text", "text": "what?"}]},
+            {"role": "assistant", "content": "noise"}]}  # fmt: skip
+        with pytest.raises(SampleError, match=rf"sample_id={sid} \[bad_media\].*Gemma3Processor"):
+            tokenize_with_handler(rec, gemma3)
+
+
+def test_gemma3_packed_mask_is_block_causal_without_images() -> None:
+    doc = torch.tensor([[1, 1, 2, 2, 2, 0]])
+    assert torch.equal(gemma3_packed_mask(doc, torch.zeros_like(doc)), to_4d_additive_mask(doc))
+    with pytest.raises(ValueError, match="sliding_window=4"):
+        gemma3_packed_mask(doc, torch.zeros_like(doc), sliding_window=4)
+
+
+def _separate(model: Any, s: dict[str, Any]) -> torch.Tensor:
+    ids = s["input_ids"][:-1][None]
+    kw: dict[str, Any] = {"token_type_ids": s["mm_token_type_ids"][:-1][None]}
+    if "pixel_values" in s:
+        kw["pixel_values"] = s["pixel_values"]
+    with torch.no_grad():
+        return model(input_ids=ids, **kw).logits[0]
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_gemma3_packed_equals_separate(gemma3: Any, bidirectional: bool) -> None:
+    """One packed row (4D additive mask, reset positions) == each sample alone, max abs diff
+    <= 1e-5 fp32; a plain block-causal mask (no bidirectional image runs) must NOT match."""
+    model = tiny_gemma3_model(gemma3)
+    samples = [tokenize_with_handler(r, gemma3) for r in _records(4, seed=5, max_images=2)]
+    assert sum("pixel_values" in s for s in samples) >= 2
+    pack = build_pack(samples)
+    doc, tt = pack["attention_mask"][None], pack["mm_token_type_ids"][None]
+    mask = gemma3_packed_mask(doc, tt, sliding_window=model.config.text_config.sliding_window) if bidirectional else (
+        to_4d_additive_mask(doc))  # fmt: skip
+    kw: dict[str, Any] = {"token_type_ids": tt}
+    if pack["pixel_values"] is not None:
+        kw["pixel_values"] = pack["pixel_values"]
+    with torch.no_grad():
+        packed = model(
+            input_ids=pack["input_ids"][None],
+            attention_mask={"full_attention": mask, "sliding_attention": mask},
+            position_ids=pack["text_position_ids"][None],
+            **kw,
+        ).logits[0]
+    worst, start = 0.0, 0
+    for s, n in zip(samples, pack["seq_lens"], strict=True):
+        worst = max(worst, float((packed[start : start + n] - _separate(model, s)).abs().max()))
+        start += n
+    if bidirectional:
+        assert worst <= 1e-5, worst
+    else:
+        assert worst > 1e-4, worst
