@@ -176,6 +176,14 @@ class BatchStep:
 
     def __call__(self, packs: list[dict[str, Any]]) -> dict[str, Any]:
         metas = [p.pop("meta") for p in packs]
+        for p in packs:
+            mask = p["attention_mask"]
+            if mask.numel() and not bool(mask.any()):
+                # Every sample of this pack was skipped or dropped (counted in the ledger).
+                # The collater refuses an all-padding row, and the step must still happen on
+                # every rank: make the first pad token a one-token document with no labels.
+                p["attention_mask"] = mask.clone()
+                p["attention_mask"][0] = 1
         batch = dict(neat_packed_vlm_collater(packs, **self.collate_kwargs))
         batch["packs"] = metas
         return batch
@@ -198,6 +206,7 @@ def neat_vlm_graph(
     cfg = config or NeatVLMConfig()
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(data, cfg.media_root)
+    estimator: LengthEstimator | None = None
     if lengths is None:
         estimator = LengthEstimator.from_processor(processor, mode=cfg.estimate_mode)
         if cfg.estimate_mode == "calibrated":
@@ -213,6 +222,8 @@ def neat_vlm_graph(
             on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
         )
     index = lengths
+    if estimator is not None and index.fallback_ids.size:
+        source = _EstimateChecked(source, estimator, index.fallback_ids.tolist())
 
     def plan_for(group_size: int) -> PackPlan:
         return plan_packs(
@@ -277,6 +288,28 @@ def neat_vlm_graph(
     return NeatLoader(
         pack_source, build, pack_size=cfg.pack_size, config=config_key, keep_ledger=cfg.keep_ledger
     )
+
+
+class _EstimateChecked:
+    """The record source as the materializer sees it: for the ids the length index could not
+    estimate (``on_error="skip"``: a bad ``images_meta``, an unreadable image header) reading
+    the record raises the estimator's own error, so ``on_bad_sample`` decides them (skipped or
+    replaced, counted as failed) instead of a length-0 plan entry overflowing its pack."""
+
+    def __init__(self, source: RecordSource, estimator: LengthEstimator, ids: list[int]) -> None:
+        self.source, self.estimator, self.ids = source, estimator, frozenset(ids)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+        record: dict[str, Any] = self.source[sample_id]
+        if int(sample_id) in self.ids:
+            self.estimator.estimate_sample(record)  # raises EstimateError naming the sample
+        return record
+
+    def content_fingerprint(self) -> str:
+        return str(self.source.content_fingerprint())
 
 
 def _pad_id(processor: Any) -> int:
