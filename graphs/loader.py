@@ -222,6 +222,7 @@ class NeatLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next ``iter()``; refuse other data, config or rank."""
+        _check_state(state)
         state = copy.deepcopy(state)
         version = state.get("neatpack_loader_version")
         if version != self.VERSION:
@@ -272,6 +273,45 @@ class NeatLoader:
             }
             self._group_size = probe_group
             self._continue = True
+
+
+_INT_KEYS = (
+    PackSource.EPOCH_KEY,
+    PackSource.START_KEY,
+    PackSource.LOCAL_KEY,
+    PackSource.CURSOR_KEY,
+    PackSource.RANK_KEY,
+    PackSource.WORLD_SIZE_KEY,
+    PackSource.GROUP_SIZE_KEY,
+    PackSource.BATCH_SIZE_KEY,
+)
+
+
+def _check_state(state: Any) -> None:
+    """Refuse a damaged or foreign state with a message, not a KeyError deep inside."""
+    fix = "load the dict that loader.state_dict() returned (torch.load(path, weights_only=True))"
+    if not isinstance(state, dict):
+        raise StateMismatchError(f"loader state is a {type(state).__name__}, not a dict; {fix}")
+    if "neatpack_loader_version" not in state:
+        return  # the version check names it
+    source = state.get("source")
+    missing = [k for k in ("config_fingerprint", "config", "source") if k not in state]
+    if isinstance(source, dict):
+        missing += [f"source.{k}" for k in (*_INT_KEYS, PackSource.FINGERPRINT_KEY)
+                    if k not in source]  # fmt: skip
+        bad = {
+            k: source[k]
+            for k in _INT_KEYS
+            if k in source and (not isinstance(source[k], int) or isinstance(source[k], bool)
+                                or source[k] < 0)
+        }  # fmt: skip
+    else:
+        bad = {"source": source}
+    if missing or bad or not isinstance(state.get("config", {}), dict):
+        raise StateMismatchError(
+            f"loader state is damaged: missing keys {missing}, bad values {bad} (the positions "
+            f"are non-negative ints); {fix}"
+        )
 
 
 def _plain(value: Any) -> Any:
