@@ -187,28 +187,27 @@ def neat_llm_graph(
     )
     step = LLMPackStep(source, cfg.padding_idx)
 
+    batch_step = BatchStep(
+        step,
+        padding_idx=cfg.padding_idx,
+        max_length=cfg.pack_size,
+        attn_implementation=cfg.attn_implementation,
+        pad_to_multiple_of=cfg.pad_to_multiple_of,
+    )
+
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        node: BaseNode[Any] = (
+        node: BaseNode[Any] = Batcher(src, cfg.batch_size, drop_last=False)
+        node = (
             ParallelMapper(
-                src,
-                step,
+                node,
+                batch_step,
                 num_workers=cfg.num_workers,
                 in_order=True,
                 method="process",
                 multiprocessing_context=cfg.multiprocessing_context,
             )
             if cfg.num_workers > 0
-            else Mapper(src, step)
-        )
-        node = Batcher(node, cfg.batch_size, drop_last=False)
-        node = Mapper(
-            node,
-            BatchStep(
-                padding_idx=cfg.padding_idx,
-                max_length=cfg.pack_size,
-                attn_implementation=cfg.attn_implementation,
-                pad_to_multiple_of=cfg.pad_to_multiple_of,
-            ),
+            else Mapper(node, batch_step)
         )
         return Prefetcher(node, cfg.prefetch) if cfg.prefetch else node
 
