@@ -25,7 +25,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import torch
@@ -156,8 +156,13 @@ def tokenize_default(
     markers: RoleMarkers | None = None,
     max_image_pixels: int | str | None = "pil",
     modalities: frozenset[str] = frozenset({"image", "video"}),
+    text_hook: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
-    """One Record -> one Sample through any chat-template processor (module docstring)."""
+    """One Record -> one Sample through any chat-template processor (module docstring).
+
+    ``text_hook``: rewrites the templated text before the processor sees it (a family hook,
+    e.g. Gemma 4's thinking-channel prefix); ``markers`` must then describe the rewritten turns.
+    """
     if label_policy not in ("assistant", "last_assistant"):
         raise ValueError(f"{label_policy=} is not one of ('assistant', 'last_assistant')")
     check_modalities(record, processor, modalities)
@@ -175,6 +180,8 @@ def tokenize_default(
         kwargs["videos"] = videos
     try:
         text = processor.apply_chat_template(conv, tokenize=False)
+        if text_hook is not None:
+            text = text_hook(text)
         out = processor(text=[text], **kwargs)
     except Exception as exc:
         raise SampleError(

@@ -18,7 +18,7 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 >>> sorted(HANDLERS)
-['chat_template', 'gemma3', 'prompt_answer', 'qwen_vl']
+['chat_template', 'gemma3', 'gemma4', 'prompt_answer', 'qwen_vl']
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .family_default import check_modalities, has_chat_template, tokenize_default
+from .family_gemma4 import tokenize_gemma4
 from .family_prompt import tokenize_prompt_answer
 from .tokenize import tokenize_conversation
 
@@ -161,6 +162,16 @@ register_handler(
         "family_gemma3.gemma3_packed_mask (bidirectional image tokens)",
     ),
     ("Gemma3Processor",),
+)
+register_handler(
+    Handler(
+        "gemma4",
+        tokenize_gemma4,
+        modalities=frozenset({"image"}),
+        description="Gemma 4: thinking-channel prefix injected after each model turn and kept "
+        "out of the labels (pipes/family_gemma4.py); images only",
+    ),
+    ("Gemma4Processor",),
 )
 register_handler(
     Handler(

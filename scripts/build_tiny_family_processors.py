@@ -74,7 +74,7 @@ def corpus(limit: int = 80) -> list[str]:
     return [p.read_text(encoding="utf-8", errors="replace") for p in files]
 
 
-def train_gemma_tokenizer() -> Any:
+def train_gemma_tokenizer(extra: dict[str, str] | None = None) -> Any:
     """Byte-fallback BPE with Gemma's normalization, wrapped in the real ``GemmaTokenizer``."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import GemmaTokenizer
@@ -96,7 +96,7 @@ def train_gemma_tokenizer() -> Any:
         vocab=model["vocab"],
         merges=[tuple(m) for m in model["merges"]],
         model_max_length=8192,
-        extra_special_tokens=dict(GEMMA_EXTRA),
+        extra_special_tokens=dict(GEMMA_EXTRA if extra is None else extra),
     )
 
 
@@ -114,7 +114,59 @@ def build_gemma3() -> Any:
     )
 
 
-BUILDERS = {"gemma3": build_gemma3}
+GEMMA4_EXTRA = {
+    "sot_token": "<|turn>",
+    "eot_token": "<turn|>",
+    "soc_token": "<|channel>",
+    "eoc_token": "<channel|>",
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "image_token": "<|image|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+    "audio_token": "<|audio|>",
+}
+# Gemma-4-style turns: `<|turn>role\n` ... `<turn|>\n`, assistant role "model", system as its own
+# turn. Historic model turns carry no thinking channel: neatpack's gemma4 handler injects it.
+_GEMMA4_CONTENT = (
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<|image|>' }}"
+    "{% elif item['type'] == 'audio' %}{{ '<|audio|>' }}"
+    "{% elif item['type'] == 'video' %}{{ '<|video|>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}"
+    "{% endfor %}{% endif %}"
+)
+GEMMA4_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<|turn>' + role + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}" + _GEMMA4_CONTENT + "{{ '<turn|>' }}{% endgeneration %}"
+    "{% else %}" + _GEMMA4_CONTENT + "{{ '<turn|>' }}{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}"
+)
+
+
+def build_gemma4() -> Any:
+    import transformers as tf
+
+    tok = train_gemma_tokenizer(GEMMA4_EXTRA)
+    common = {"patch_size": 4, "max_soft_tokens": 70, "pooling_kernel_size": 2}
+    return tf.Gemma4Processor(
+        feature_extractor=tf.Gemma4AudioFeatureExtractor(),
+        image_processor=tf.Gemma4ImageProcessor(**common),
+        tokenizer=tok,
+        video_processor=tf.Gemma4VideoProcessor(**common),
+        chat_template=GEMMA4_TEMPLATE,
+        image_seq_length=70,
+    )
+
+
+BUILDERS = {"gemma3": build_gemma3, "gemma4": build_gemma4}
 
 
 def main(argv: list[str]) -> int:

@@ -27,9 +27,9 @@ from neatpack.pipes.pack import build_pack
 from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 WORDS = (
-    "the cat sat on a mat while data flows through every packed row of tokens and images "
-    "return value"
-).split()
+    "the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "every",
+    "packed", "row", "of", "tokens", "and", "images", "return", "value",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +163,12 @@ def test_gemma3_packed_equals_separate(gemma3: Any, bidirectional: bool) -> None
     assert sum("pixel_values" in s for s in samples) >= 2
     pack = build_pack(samples)
     doc, tt = pack["attention_mask"][None], pack["mm_token_type_ids"][None]
-    mask = gemma3_packed_mask(doc, tt, sliding_window=model.config.text_config.sliding_window) if bidirectional else (
-        to_4d_additive_mask(doc))  # fmt: skip
+    window = model.config.text_config.sliding_window
+    mask = (
+        gemma3_packed_mask(doc, tt, sliding_window=window)
+        if bidirectional
+        else to_4d_additive_mask(doc)
+    )
     kw: dict[str, Any] = {"token_type_ids": tt}
     if pack["pixel_values"] is not None:
         kw["pixel_values"] = pack["pixel_values"]
@@ -183,3 +187,73 @@ def test_gemma3_packed_equals_separate(gemma3: Any, bidirectional: bool) -> None
         assert worst <= 1e-5, worst
     else:
         assert worst > 1e-4, worst
+
+
+# -- Gemma 4: thinking-channel prefix -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma4() -> Any:
+    from neatpack.pipes.family_gemma4 import load_tiny_gemma4_processor
+
+    return load_tiny_gemma4_processor()
+
+
+def test_gemma4_prefix_after_every_model_turn_and_never_labelled(gemma4: Any) -> None:
+    from neatpack.pipes.family_gemma4 import GEMMA4_THINKING_PREFIX
+
+    tok = gemma4.tokenizer
+    assert get_handler(gemma4).name == "gemma4"
+    for rec in _records(10, seed=6, max_images=1):
+        s = tokenize_with_handler(rec, gemma4)
+        answers = [m["content"][0]["text"].strip() for m in rec["conversation"]
+                   if m["role"] == "assistant"]  # fmt: skip
+        assert _spans(tok, s) == [a + "<turn|>" for a in answers], rec["sample_id"]
+        text = tok.decode(s["input_ids"])
+        assert text.count("<|turn>model\n" + GEMMA4_THINKING_PREFIX) == len(answers)
+        soft = int((s["input_ids"] == gemma4.image_token_id).sum())
+        sizes = [(b["image"].height, b["image"].width) for m in rec["conversation"]
+                 for b in m["content"] if b.get("type") == "image"]  # fmt: skip
+        want = (
+            gemma4._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
+        )
+        assert soft == sum(want) == int((s["mm_token_type_ids"] == 1).sum())
+
+
+def test_gemma4_seed_style_markers_would_label_the_prefix(gemma4: Any) -> None:
+    """Peer note B9: with the template's own header as the marker, the injected prefix is
+    labelled. The gemma4 handler's markers include the prefix, so it is not."""
+    from neatpack.pipes.family_default import tokenize_default
+    from neatpack.pipes.family_gemma4 import inject_thinking_prefix
+
+    rec = _records(1, seed=7, max_images=0)[0]
+    seed_like = tokenize_default(rec, gemma4, text_hook=inject_thinking_prefix)
+    assert _spans(gemma4.tokenizer, seed_like)[0].startswith("<|channel>thought\n<channel|>")
+    ours = tokenize_with_handler(rec, gemma4)
+    assert not _spans(gemma4.tokenizer, ours)[0].startswith("<|channel>")
+    plain = tokenize_with_handler(rec, gemma4, thinking_prefix=False)
+    assert "<|channel>" not in gemma4.tokenizer.decode(plain["input_ids"])
+
+
+def test_gemma4_text_length_estimate_bounds(gemma4: Any) -> None:
+    """Text-only records, exact mode on the template without the prefix: the estimate is short by
+    exactly the prefix's tokens per model turn (the estimator does not know the hook); adding them
+    makes it exact."""
+    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.family_gemma4 import GEMMA4_THINKING_PREFIX
+
+    per_turn = len(gemma4.tokenizer(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
+    est = LengthEstimator(mode="exact", processor=gemma4)
+    for rec in _records(15, seed=8, max_images=0):
+        real = len(tokenize_with_handler(rec, gemma4)["input_ids"]) - 1
+        turns = sum(m["role"] == "assistant" for m in rec["conversation"])
+        assert est.estimate(rec)[0] + per_turn * turns == real, rec["sample_id"]
+
+
+@pytest.mark.badinput
+def test_gemma4_audio_is_refused_naming_the_sample(gemma4: Any) -> None:
+    rec = {"sample_id": "clip-9", "conversation": [
+        {"role": "user", "content": [{"type": "audio", "audio": [0.0] * 16000}]},
+        {"role": "assistant", "content": "silence"}]}  # fmt: skip
+    with pytest.raises(SampleError, match=r"sample_id=clip-9 \[bad_media\].*'audio'.*\['image'\]"):
+        tokenize_with_handler(rec, gemma4)

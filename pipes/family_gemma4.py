@@ -1,0 +1,106 @@
+"""Gemma 4 (``Gemma4Processor``): the thinking-channel prefix after every model turn.
+
+Gemma 4 trains historic model turns with an (empty) thinking channel: after each
+``<|turn>model\\n`` header comes ``<|channel>thought\\n<channel|>``, then the answer. The seed's
+``gemma4_inject_thinking_prefix`` inserts those tokens after tokenization, but its labels start
+right after ``<|turn>model\\n``, so the injected prefix IS labelled (peer note B9), contrary to
+its docstring. Here the prefix is injected into the templated text before the processor runs
+(no token surgery, media tokens untouched), and the assistant start marker is the header PLUS
+the prefix, so the labels are exactly the answer and its ``<turn|>``::
+
+    <|turn>model\\n <|channel>thought\\n<channel|> A cat. <turn|> \\n
+    -100 ...        -100 ...                      A cat. <turn|> -100
+
+A model turn whose text already opens a channel (the template emitted one) is left alone.
+
+>>> inject_thinking_prefix("<|turn>user\\nhi<turn|>\\n<|turn>model\\nyo<turn|>\\n")
+'<|turn>user\\nhi<turn|>\\n<|turn>model\\n<|channel>thought\\n<channel|>yo<turn|>\\n'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from .family_default import tokenize_default
+from .labels import RoleMarkers, _tail_alternatives
+
+__all__ = [
+    "GEMMA4_MODEL_TURN",
+    "GEMMA4_THINKING_PREFIX",
+    "gemma4_markers",
+    "inject_thinking_prefix",
+    "load_tiny_gemma4_processor",
+    "tokenize_gemma4",
+]
+
+GEMMA4_MODEL_TURN: Final = "<|turn>model\n"
+GEMMA4_THINKING_PREFIX: Final = "<|channel>thought\n<channel|>"
+GEMMA4_END_OF_TURN: Final = "<turn|>"
+_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "gemma4"
+
+
+def load_tiny_gemma4_processor() -> Any:
+    """The shipped tiny ``Gemma4Processor`` (``scripts/build_tiny_family_processors.py``)."""
+    if not (_FOLDER / "processor_config.json").is_file():
+        raise FileNotFoundError(
+            f"tiny Gemma 4 processor missing in {_FOLDER}; rebuild it with "
+            "`python scripts/build_tiny_family_processors.py`"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
+
+
+def inject_thinking_prefix(
+    text: str, turn: str = GEMMA4_MODEL_TURN, prefix: str = GEMMA4_THINKING_PREFIX
+) -> str:
+    """Insert ``prefix`` after every ``turn`` header not already followed by a channel."""
+    opener = prefix.split("thought", 1)[0]
+    parts = text.split(turn)
+    out = [parts[0]]
+    for part in parts[1:]:
+        out.append(turn)
+        out.append(part if part.startswith(opener) else prefix + part)
+    return "".join(out)
+
+
+def gemma4_markers(processor: Any) -> RoleMarkers:
+    """Start = tokens of header + prefix (not labelled), end = ``<turn|>`` (labelled).
+
+    Raises ValueError when the tokenizer lacks the Gemma 4 turn / channel specials.
+    """
+    tok = getattr(processor, "tokenizer", processor)
+    unk = getattr(tok, "unk_token_id", None)
+    for special in ("<|turn>", "<|channel>", "<channel|>", GEMMA4_END_OF_TURN):
+        tid = tok.convert_tokens_to_ids(special)
+        if tid is None or tid == unk:
+            raise ValueError(
+                f"tokenizer {type(tok).__name__} has no {special!r}; not a Gemma 4 tokenizer "
+                "(select another handler)"
+            )
+    start = tuple(int(i) for i in tok(GEMMA4_MODEL_TURN + GEMMA4_THINKING_PREFIX,
+                                      add_special_tokens=False)["input_ids"])  # fmt: skip
+    end = (int(tok.convert_tokens_to_ids(GEMMA4_END_OF_TURN)),)
+    return RoleMarkers(start, end, _tail_alternatives(tok, start[-1]))
+
+
+def tokenize_gemma4(
+    record: Mapping[str, Any], processor: Any, *, thinking_prefix: bool = True, **options: Any
+) -> dict[str, Any]:
+    """The default path with the thinking prefix injected and kept out of the labels.
+
+    ``thinking_prefix=False``: the plain default path (markers derived from the template)."""
+    if not thinking_prefix:
+        return tokenize_default(record, processor, modalities=frozenset({"image"}), **options)
+    return tokenize_default(
+        record,
+        processor,
+        modalities=frozenset({"image"}),
+        markers=options.pop("markers", None) or gemma4_markers(processor),
+        text_hook=inject_thinking_prefix,
+        **options,
+    )
