@@ -86,7 +86,8 @@ def merge_media(values: Sequence[Any], dtype: torch.dtype | None = None) -> Tens
             as_list = True
             parts.extend(v)
     if parts and not as_list and all(p.shape[1:] == parts[0].shape[1:] for p in parts):
-        out = torch.cat(parts)
+        # One part: no copy (pixel rows are most of a batch's bytes).
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out if dtype is None else out.to(dtype)
     return [p if dtype is None else p.to(dtype) for p in parts]
 
