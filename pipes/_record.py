@@ -92,7 +92,7 @@ def _llava(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> li
             raise RecordError(
                 f"sample_id={sample_id}: LLaVA turn {turn!r} needs 'from' and 'value' keys"
             )
-        role = _LLAVA_ROLES.get(turn["from"])
+        role = _LLAVA_ROLES.get(turn["from"]) if isinstance(turn["from"], str) else None
         if role is None:
             raise RecordError(
                 f"sample_id={sample_id}: LLaVA role {turn['from']!r} is not one of "
@@ -195,7 +195,8 @@ def raw_text_stats(raw: Any) -> RawStats | None:
     for msg in turns:
         if type(msg) is not dict:
             return None
-        slot = _ROLE_SLOT.get(msg.get("role"))  # type: ignore[arg-type]
+        role = msg.get("role")
+        slot = _ROLE_SLOT.get(role) if type(role) is str else None  # a list role: unhashable
         if slot is None:
             return None
         counts[slot] += 1
