@@ -48,6 +48,11 @@ def estimate_raw_batch(
             slow.append(k)
             continue
         chars, n_sys, n_user, n_asst, n_img, n_vid, first_sys = st
+        if (not n_img and _raw_meta(raw, "images_meta") not in (None, [])) or (
+            not n_vid and _raw_meta(raw, "videos_meta") not in (None, [])
+        ):
+            slow.append(k)  # metadata for media the record lacks: the full path refuses it
+            continue
         nested = "mm_inputs_meta" in raw
         if n_img:
             meta = _raw_meta(raw, "images_meta") if nested else raw.get("images_meta")
