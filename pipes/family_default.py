@@ -120,11 +120,19 @@ def _expected_image_tokens(processor: Any, images: list[Any]) -> int | None:
     return None if counts is None else int(sum(counts))
 
 
+ImageTokenCount = Callable[[Any, list[Any]], "int | None"]
+
+
 def _check_counts(
-    sid: Any, processor: Any, out: Mapping[str, Any], mm: Tensor, images: list[Any]
+    sid: Any,
+    processor: Any,
+    out: Mapping[str, Any],
+    mm: Tensor,
+    images: list[Any],
+    count: ImageTokenCount | None = None,
 ) -> None:
     found = int((mm == 1).sum())
-    want = _expected_image_tokens(processor, images)
+    want = (count or _expected_image_tokens)(processor, images) if images else None
     if want is not None and found != want:
         raise SampleError(
             sid,
@@ -157,11 +165,14 @@ def tokenize_default(
     max_image_pixels: int | str | None = "pil",
     modalities: frozenset[str] = frozenset({"image", "video"}),
     text_hook: Callable[[str], str] | None = None,
+    image_token_count: ImageTokenCount | None = None,
 ) -> dict[str, Any]:
     """One Record -> one Sample through any chat-template processor (module docstring).
 
     ``text_hook``: rewrites the templated text before the processor sees it (a family hook,
     e.g. Gemma 4's thinking-channel prefix); ``markers`` must then describe the rewritten turns.
+    ``image_token_count(processor, images)``: the family's expected image-token total (default:
+    the processor's ``_get_num_multimodal_tokens``; None skips the check).
     """
     if label_policy not in ("assistant", "last_assistant"):
         raise ValueError(f"{label_policy=} is not one of ('assistant', 'last_assistant')")
@@ -199,7 +210,7 @@ def tokenize_default(
             raise SampleError(
                 sid, "media_token_mismatch", f"{kind} tokens in the text but no {kind}s"
             )
-    _check_counts(sid, processor, out, mm, images)
+    _check_counts(sid, processor, out, mm, images, image_token_count)
     spans = assistant_spans(ids.tolist(), markers)
     n_assistant = sum(m["role"] == "assistant" for m in conv)
     if len(spans) != n_assistant:

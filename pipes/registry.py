@@ -18,7 +18,7 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 >>> sorted(HANDLERS)
-['chat_template', 'gemma3', 'gemma4', 'prompt_answer', 'qwen_vl']
+['chat_template', 'gemma3', 'gemma4', 'llava_onevision', 'prompt_answer', 'qwen_vl']
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 from .family_default import check_modalities, has_chat_template, tokenize_default
 from .family_gemma4 import tokenize_gemma4
+from .family_llava_onevision import tokenize_llava_onevision
 from .family_prompt import tokenize_prompt_answer
 from .tokenize import tokenize_conversation
 
@@ -172,6 +173,16 @@ register_handler(
         "out of the labels (pipes/family_gemma4.py); images only",
     ),
     ("Gemma4Processor",),
+)
+register_handler(
+    Handler(
+        "llava_onevision",
+        tokenize_llava_onevision,
+        modalities=frozenset({"image"}),
+        description="LLaVA-OneVision: AnyRes image-token rule; packs need "
+        "family_llava_onevision.llava_onevision_pack_media (image_sizes, batch_num_images)",
+    ),
+    ("LlavaOnevisionProcessor",),
 )
 register_handler(
     Handler(

@@ -166,7 +166,53 @@ def build_gemma4() -> Any:
     )
 
 
-BUILDERS = {"gemma3": build_gemma3, "gemma4": build_gemma4}
+LLAVA_OV_SIDE = 28  # one 28x28 tile = (28 / 7)**2 = 16 features ("full": SigLIP has no CLS)
+LLAVA_OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56]]
+LLAVA_OV_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for c in message['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for c in message['content'] %}"
+    "{% if c['type'] == 'image' %}{{ '<image>\\n' }}"
+    "{% elif c['type'] == 'video' %}{{ '<video>\\n' }}"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>' }}{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_llava_onevision() -> Any:
+    """The Qwen2 BPE already shipped in ``qwen2_vl/`` plus ``<image>`` / ``<video>``."""
+    import transformers as tf
+
+    qwen = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors" / "qwen2_vl"
+    tok = tf.Qwen2Tokenizer.from_pretrained(str(qwen), local_files_only=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+    size = {"height": LLAVA_OV_SIDE, "width": LLAVA_OV_SIDE}
+    return tf.LlavaOnevisionProcessor(
+        image_processor=tf.LlavaOnevisionImageProcessor(
+            size=size, image_grid_pinpoints=LLAVA_OV_PINPOINTS
+        ),
+        tokenizer=tok,
+        video_processor=tf.LlavaOnevisionVideoProcessor(size=size),
+        num_image_tokens=(LLAVA_OV_SIDE // 7) ** 2,
+        vision_feature_select_strategy="full",
+        chat_template=LLAVA_OV_TEMPLATE,
+    )
+
+
+BUILDERS = {
+    "gemma3": build_gemma3,
+    "gemma4": build_gemma4,
+    "llava_onevision": build_llava_onevision,
+}
 
 
 def main(argv: list[str]) -> int:

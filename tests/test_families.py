@@ -257,3 +257,92 @@ def test_gemma4_audio_is_refused_naming_the_sample(gemma4: Any) -> None:
         {"role": "assistant", "content": "silence"}]}  # fmt: skip
     with pytest.raises(SampleError, match=r"sample_id=clip-9 \[bad_media\].*'audio'.*\['image'\]"):
         tokenize_with_handler(rec, gemma4)
+
+
+# -- LLaVA-OneVision: AnyRes image tokens, image_sizes / batch_num_images in packs -----------
+
+
+@pytest.fixture(scope="module")
+def llava_ov() -> Any:
+    from neatpack.pipes.family_llava_onevision import load_tiny_llava_onevision_processor
+
+    return load_tiny_llava_onevision_processor()
+
+
+def _with_meta(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for r in recs:
+        r["images_meta"] = [[b["image"].height, b["image"].width] for m in r["conversation"]
+                            for b in m["content"] if b.get("type") == "image"]  # fmt: skip
+    return recs
+
+
+def test_llava_onevision_labels_tokens_and_estimate(llava_ov: Any) -> None:
+    """Labels = the assistant turns; image tokens == the AnyRes rule per image (processor's
+    ``_get_num_multimodal_tokens``); estimate: exact mode == real length, chars/3 mode within
+    25 % (this Python-trained vocabulary)."""
+    from neatpack.pipes.family_llava_onevision import (
+        llava_onevision_estimate,
+        llava_onevision_image_tokens,
+    )
+
+    tok = llava_ov.tokenizer
+    assert get_handler(llava_ov).name == "llava_onevision"
+    worst_rel = 0.0
+    for rec in _with_meta(_records(12, seed=9)):
+        s = tokenize_with_handler(rec, llava_ov)
+        answers = [m["content"][0]["text"] + "<|im_end|>" for m in rec["conversation"]
+                   if m["role"] == "assistant"]  # fmt: skip
+        assert _spans(tok, s) == answers, rec["sample_id"]
+        sizes = [tuple(m) for m in rec["images_meta"]]
+        n_img = int((s["input_ids"] == llava_ov.image_token_id).sum())
+        assert n_img == sum(llava_onevision_image_tokens(llava_ov, sizes))
+        assert n_img == int((s["mm_token_type_ids"] == 1).sum())
+        if sizes:
+            assert s["image_sizes"].tolist() == [list(x) for x in sizes]
+        real = len(s["input_ids"]) - 1
+        assert llava_onevision_estimate(rec, llava_ov) == real, rec["sample_id"]
+        rough = llava_onevision_estimate(rec, llava_ov, mode="estimate")
+        worst_rel = max(worst_rel, abs(rough - real) / real)
+    assert worst_rel <= 0.25, worst_rel
+
+
+@pytest.mark.parity
+def test_llava_onevision_packed_equals_separate(llava_ov: Any) -> None:
+    """Packed row (4D additive block-causal mask, reset positions, ``llava_onevision_pack_media``)
+    == each sample alone, max abs diff <= 1e-5 fp32; a one-document mask over the same row must
+    differ (the mask is really used)."""
+    from neatpack.pipes.family_llava_onevision import (
+        llava_onevision_pack_media,
+        tiny_llava_onevision_model,
+    )
+
+    model = tiny_llava_onevision_model(llava_ov)
+    small = {"sample_id": 99, "conversation": [
+        {"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (28, 28))},
+                                     {"type": "text", "text": "tiny"}]},
+        {"role": "assistant", "content": "one tile"}]}  # fmt: skip
+    recs = [*_records(3, seed=10), small]
+    samples = [tokenize_with_handler(r, llava_ov) for r in recs]
+    assert sum("pixel_values" in s for s in samples) >= 2
+    # images of different tile counts: the pack pads the tiles
+    assert len({s["pixel_values"].shape[1] for s in samples if "pixel_values" in s}) >= 2
+    pack = build_pack(samples)
+    media = llava_onevision_pack_media(samples)
+    doc = pack["attention_mask"][None]
+
+    def run(mask: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            pos = pack["text_position_ids"][None]
+            ids = pack["input_ids"][None]
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos, **media).logits[0]
+
+    packed = run(to_4d_additive_mask(doc))
+    worst, start = 0.0, 0
+    for s, n in zip(samples, pack["seq_lens"], strict=True):
+        kw = {k: s[k] for k in ("pixel_values", "image_sizes", "batch_num_images") if k in s}
+        with torch.no_grad():
+            alone = model(input_ids=s["input_ids"][:-1][None], **kw).logits[0]
+        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
+        start += n
+    assert worst <= 1e-5, worst
+    assert float((run(to_4d_additive_mask((doc > 0).long())) - packed).abs().max()) > 1e-3
