@@ -96,8 +96,9 @@ def _run_phase(root: Path, p: int, phase: Phase, resume: Path | None, epochs: in
     """Run one phase; True when it finished every epoch (not killed)."""
     ctx = mp.get_context("fork")
     port = _free_port()
+    rest = (phase.workers, resume, epochs)
     procs = [
-        ctx.Process(target=_rank, args=(root, p, r, phase.world, port, phase.workers, resume, epochs))
+        ctx.Process(target=_rank, args=(root, p, r, phase.world, port, *rest))
         for r in range(phase.world)
     ]
     for proc in procs:
