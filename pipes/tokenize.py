@@ -90,11 +90,14 @@ def tokenize_conversation(
     label_policy: str = "assistant",
     max_image_pixels: int | str | None = "pil",
     markers: RoleMarkers | None = None,
+    sample_frames: bool | None = None,
 ) -> dict[str, Any]:
     """Tokenize one Record into a Sample dict (unshifted labels, unpadded, batch dim removed).
 
     ``max_image_pixels``: the decompression-bomb limit (``"pil"`` = ``PIL.Image.MAX_IMAGE_PIXELS``).
     ``markers``: assistant role markers (default: derived from the processor's template, cached).
+    ``sample_frames``: ``None`` follows the video processor's ``do_sample_frames`` (Qwen3-VL: on,
+    at its ``fps``; the length estimator assumes the same), ``False`` keeps every given frame.
     """
     if label_policy not in LABEL_POLICIES:
         raise ValueError(f"{label_policy=} is not one of {LABEL_POLICIES}")
@@ -114,7 +117,10 @@ def tokenize_conversation(
     if images:
         kwargs["images"] = images
     if videos:
-        kwargs["videos"], kwargs["do_sample_frames"] = videos, False
+        if sample_frames is None:
+            vp = getattr(processor, "video_processor", None)
+            sample_frames = bool(getattr(vp, "do_sample_frames", False))
+        kwargs["videos"], kwargs["do_sample_frames"] = videos, sample_frames
         metadata = _video_metadata(record, videos, video_fps)
         if metadata is not None:
             kwargs["video_metadata"] = metadata
