@@ -346,3 +346,43 @@ def test_llava_onevision_packed_equals_separate(llava_ov: Any) -> None:
         start += n
     assert worst <= 1e-5, worst
     assert float((run(to_4d_additive_mask((doc > 0).long())) - packed).abs().max()) > 1e-3
+
+
+# -- Qwen2.5-VL / Qwen3-VL video: frame sampling follows the processor ----------------------
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize(("n", "fps"), [(16, 8.0), (24, 24.0), (6, 2.0), (9, 3.0)])
+def test_qwen_video_frame_sampling_matches_the_estimate(family: str, n: int, fps: float) -> None:
+    """Frames given as a list with their fps: tokenization follows the video processor's
+    ``do_sample_frames`` (Qwen3-VL: sample at 2 fps; Qwen2.5-VL: keep all), exactly as the
+    length estimator assumes; grids, ``second_per_grid_ts`` and Qwen3-VL's timestamps agree.
+    Before, tokenization always kept every frame and the Qwen3-VL estimate was 2-3x short."""
+    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    proc = load_tiny_processor(family)
+    frames = [Image.new("RGB", (64, 48), (10 * i, 0, 0)) for i in range(n)]
+    rec = {"sample_id": 0, "videos_meta": [[n, 48, 64, fps, n / fps]], "conversation": [
+        {"role": "user", "content": [{"type": "video", "video": frames, "fps": fps},
+                                     {"type": "text", "text": "what happens"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "motion"}]}]}  # fmt: skip
+    s = tokenize_with_handler(rec, proc)
+    est = LengthEstimator.from_processor(proc, mode="exact")
+    cfg = est.video
+    assert cfg is not None
+    total, visual = est.estimate(rec)
+    assert total == len(s["input_ids"]) - 1
+    grid = s["video_grid_thw"][0].tolist()
+    assert grid[0] == cfg.grid_t(n, fps)
+    assert visual == int((s["mm_token_type_ids"] == 2).sum())
+    kept = cfg.frames(n, fps)
+    if family == "qwen3_vl":
+        assert kept < n or fps <= proc.video_processor.fps  # really sampled at 2 fps
+        text = proc.tokenizer.decode(s["input_ids"])
+        for stamp in cfg.timestamp_texts(n, fps):
+            assert stamp in text
+    else:
+        assert kept == n
+        spg = float(s["second_per_grid_ts"][0])
+        assert spg == pytest.approx(proc.video_processor.temporal_patch_size / fps)
