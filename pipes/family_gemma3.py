@@ -86,10 +86,11 @@ def gemma3_packed_mask(
     dtype: torch.dtype = torch.float32,
     *,
     sliding_window: int | None = None,
+    vision_codes: tuple[int, ...] = (1,),
 ) -> Tensor:
     """Additive ``[B, 1, S, S]`` mask for a packed Gemma 3 row: ``mask.to_4d_additive_mask``
     (causal inside each document, ``doc_ids`` 1..k, 0 = padding), plus both directions inside
-    each run of image tokens."""
+    each run of image tokens (``token_type_ids`` in ``vision_codes``; Gemma 4 adds video, 2)."""
     if doc_ids.shape != token_type_ids.shape or doc_ids.dim() != 2:
         raise ValueError(
             f"doc_ids {tuple(doc_ids.shape)} and token_type_ids {tuple(token_type_ids.shape)} "
@@ -101,7 +102,7 @@ def gemma3_packed_mask(
             f"packed row of {s} tokens > {sliding_window=}: a single mask cannot serve the "
             "sliding-window layers; pack shorter rows or build a sliding mask"
         )
-    img = token_type_ids == 1
+    img = torch.isin(token_type_ids, torch.tensor(vision_codes, device=token_type_ids.device))
     start = img & ~torch.nn.functional.pad(img, (1, 0))[:, :-1]
     block = torch.where(img, torch.cumsum(start.long(), dim=1), 0)
     same_doc = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (doc_ids[:, :, None] > 0)
@@ -139,9 +140,9 @@ def tiny_gemma3_model(processor: Any, *, seed: int = 0, attn_implementation: str
     )
     cfg._attn_implementation = attn_implementation
     for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn_implementation
+        sub._attn_implementation = attn_implementation  # type: ignore[union-attr]
     torch.manual_seed(seed)  # init only: tests own the process
     model = Gemma3ForConditionalGeneration(cfg)
     model.config.use_cache = False
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model

@@ -13,6 +13,11 @@ the prefix, so the labels are exactly the answer and its ``<turn|>``::
 
 A model turn whose text already opens a channel (the template emitted one) is left alone.
 
+Packing: positions are 1-D. With ``use_bidirectional_attention="vision"`` the model lets the
+tokens of one image / video run see each other on the SLIDING layers only (full layers stay
+causal); ``gemma4_packed_masks`` builds that pair for a packed row. With the default (None) both
+are block-causal.
+
 >>> inject_thinking_prefix("<|turn>user\\nhi<turn|>\\n<|turn>model\\nyo<turn|>\\n")
 '<|turn>user\\nhi<turn|>\\n<|turn>model\\n<|channel>thought\\n<channel|>yo<turn|>\\n'
 """
@@ -24,15 +29,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import torch
+from torch import Tensor
+
 from .family_default import tokenize_default
+from .family_gemma3 import gemma3_packed_mask
 from .labels import RoleMarkers, _tail_alternatives
 
 __all__ = [
     "GEMMA4_MODEL_TURN",
     "GEMMA4_THINKING_PREFIX",
     "gemma4_markers",
+    "gemma4_packed_masks",
     "inject_thinking_prefix",
     "load_tiny_gemma4_processor",
+    "tiny_gemma4_model",
     "tokenize_gemma4",
 ]
 
@@ -104,3 +115,67 @@ def tokenize_gemma4(
         text_hook=inject_thinking_prefix,
         **options,
     )
+
+
+def gemma4_packed_masks(
+    doc_ids: Tensor,
+    mm_token_type_ids: Tensor,
+    *,
+    bidirectional_vision: bool,
+    sliding_window: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Tensor]:
+    """``{"full_attention", "sliding_attention"}`` additive masks for a packed Gemma 4 row."""
+    from .mask import to_4d_additive_mask
+
+    full = to_4d_additive_mask(doc_ids, dtype)
+    if not bidirectional_vision:
+        return {"full_attention": full, "sliding_attention": full}
+    sliding = gemma3_packed_mask(
+        doc_ids, mm_token_type_ids, dtype, sliding_window=sliding_window, vision_codes=(1, 2)
+    )
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
+def tiny_gemma4_model(
+    processor: Any, *, bidirectional_vision: bool = False, seed: int = 0, attn: str = "eager"
+) -> Any:
+    """A tiny random fp32 ``Gemma4ForConditionalGeneration`` for the tiny processor (patch 4,
+    pooling 2, no audio tower); ``bidirectional_vision`` sets
+    ``use_bidirectional_attention="vision"``."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    tok = processor.tokenizer
+    ids = tok.convert_tokens_to_ids
+    vp = processor.image_processor
+    text = {
+        "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "global_head_dim": 16, "sliding_window": 4096,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "vocab_size_per_layer_input": len(tok), "hidden_size_per_layer_input": 8,
+        "max_position_embeddings": 4096, "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+        "use_bidirectional_attention": "vision" if bidirectional_vision else None,
+    }  # fmt: skip
+    vision = {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+        "patch_size": int(vp.patch_size), "pooling_kernel_size": int(vp.pooling_kernel_size),
+        "position_embedding_size": 256,
+    }  # fmt: skip
+    cfg = Gemma4Config(
+        text_config=text, vision_config=vision, audio_config=None,
+        boi_token_id=int(tok.boi_token_id), eoi_token_id=int(tok.eoi_token_id),
+        image_token_id=int(processor.image_token_id), video_token_id=int(processor.video_token_id),
+        boa_token_id=int(ids("<|audio>")), eoa_token_index=int(ids("<audio|>")),
+        audio_token_id=int(ids("<|audio|>")),
+    )  # fmt: skip
+    cfg._attn_implementation = attn
+    for sub in (cfg.text_config, cfg.vision_config):
+        sub._attn_implementation = attn  # type: ignore[union-attr]
+    torch.manual_seed(seed)  # init only: tests own the process
+    model = Gemma4ForConditionalGeneration(cfg)
+    model.config.use_cache = False
+    model.eval()  # type: ignore[no-untyped-call]
+    return model

@@ -386,3 +386,43 @@ def test_qwen_video_frame_sampling_matches_the_estimate(family: str, n: int, fps
         assert kept == n
         spg = float(s["second_per_grid_ts"][0])
         assert spg == pytest.approx(proc.video_processor.temporal_patch_size / fps)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("bidirectional_vision", [False, True])
+def test_gemma4_packed_equals_separate(gemma4: Any, bidirectional_vision: bool) -> None:
+    """Thinking-prefixed samples with images, one packed row vs each alone on a tiny real
+    ``Gemma4ForConditionalGeneration``: max abs diff <= 1e-5 fp32, for the default causal text
+    model and for ``use_bidirectional_attention="vision"`` (sliding layers see each image run
+    both ways); with "vision", a block-causal sliding mask must NOT match."""
+    from neatpack.pipes.family_gemma4 import gemma4_packed_masks, tiny_gemma4_model
+
+    model = tiny_gemma4_model(gemma4, bidirectional_vision=bidirectional_vision)
+    samples = [tokenize_with_handler(r, gemma4) for r in _records(3, seed=11, max_images=1)]
+    assert sum("pixel_values" in s for s in samples) >= 1
+    pack = build_pack(samples)
+    doc, mm = pack["attention_mask"][None], pack["mm_token_type_ids"][None]
+
+    def run(masks: dict[str, torch.Tensor]) -> torch.Tensor:
+        kw: dict[str, Any] = {"mm_token_type_ids": mm}
+        if pack["pixel_values"] is not None:
+            kw.update(
+                pixel_values=pack["pixel_values"], image_position_ids=pack["image_position_ids"]
+            )
+        with torch.no_grad():
+            return model(input_ids=pack["input_ids"][None], attention_mask=masks,
+                         position_ids=pack["text_position_ids"][None], **kw).logits[0]  # fmt: skip
+
+    packed = run(gemma4_packed_masks(doc, mm, bidirectional_vision=bidirectional_vision))
+    worst, start = 0.0, 0
+    for s, n in zip(samples, pack["seq_lens"], strict=True):
+        kw = {k: s[k] for k in ("pixel_values", "image_position_ids") if k in s}
+        kw["mm_token_type_ids"] = s["mm_token_type_ids"][:-1][None]
+        with torch.no_grad():
+            alone = model(input_ids=s["input_ids"][:-1][None], **kw).logits[0]
+        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
+        start += n
+    assert worst <= 1e-5, worst
+    if bidirectional_vision:
+        causal = run(gemma4_packed_masks(doc, mm, bidirectional_vision=False))
+        assert float((causal - packed).abs().max()) > 1e-4
