@@ -184,11 +184,11 @@ def test_soak_quick(tmp_path: Path) -> None:
 @pytest.mark.timeout(1800)
 def test_soak_long(tmp_path: Path) -> None:
     rng = random.Random(2026)
-    worlds = [2, 3, 1, 2, 3, 1, 2, 2]
-    phases = [Phase(world=w, workers=rng.choice([0, 1, 2]), kill_after=rng.randint(1, 6))
+    worlds = [2, 3, 1, 2] + [rng.choice([1, 2, 3]) for _ in range(10)]
+    phases = [Phase(world=w, workers=rng.choice([0, 1, 2]), kill_after=rng.randint(1, 8))
               for w in worlds[:-1]]  # fmt: skip
     phases.append(Phase(world=worlds[-1], workers=rng.choice([0, 1, 2]), kill_after=None))
     started = time.monotonic()
-    result = soak(tmp_path, num_samples=80, epochs=4, phases=phases)
+    result = soak(tmp_path, num_samples=160, epochs=6, phases=phases)
     print(f"soak_long: {result} in {time.monotonic() - started:.0f} s")
-    assert result["kills"] >= 5
+    assert result["kills"] >= 10
