@@ -426,3 +426,36 @@ def test_gemma4_packed_equals_separate(gemma4: Any, bidirectional_vision: bool) 
     if bidirectional_vision:
         causal = run(gemma4_packed_masks(doc, mm, bidirectional_vision=False))
         assert float((causal - packed).abs().max()) > 1e-4
+
+
+# -- the shipped family processors -----------------------------------------------------------
+
+FAMILY_DIRS = ("gemma3", "gemma4", "llava_onevision")
+
+
+def test_family_processor_assets_are_small() -> None:
+    from neatpack.pipes.family_gemma3 import _FOLDER
+
+    for family in FAMILY_DIRS:
+        folder = _FOLDER.parent / family
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        assert 0 < size < 400 * 1024, (family, size)
+
+
+@pytest.mark.slow
+def test_family_processors_rebuild_byte_for_byte(tmp_path: Any) -> None:
+    """``scripts/build_tiny_family_processors.py`` reproduces the committed files exactly."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from neatpack.pipes.family_gemma3 import _FOLDER
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_tiny_family_processors.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
+    for family in FAMILY_DIRS:
+        shipped = _FOLDER.parent / family
+        names = sorted(p.name for p in shipped.iterdir())
+        assert names == sorted(p.name for p in (tmp_path / family).iterdir())
+        for name in names:
+            assert (tmp_path / family / name).read_bytes() == (shipped / name).read_bytes(), name
