@@ -18,7 +18,7 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 >>> sorted(HANDLERS)
-['chat_template', 'gemma3', 'gemma4', 'llava_onevision', 'prompt_answer', 'qwen_vl']
+['chat_template', 'gemma3', 'gemma4', 'idefics3', 'llava_onevision', 'prompt_answer', 'qwen_vl']
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 from .family_default import check_modalities, has_chat_template, tokenize_default
 from .family_gemma4 import tokenize_gemma4
+from .family_idefics3 import tokenize_idefics3
 from .family_llava_onevision import tokenize_llava_onevision
 from .family_prompt import tokenize_prompt_answer
 from .tokenize import tokenize_conversation
@@ -183,6 +184,16 @@ register_handler(
         "family_llava_onevision.llava_onevision_pack_media (image_sizes, batch_num_images)",
     ),
     ("LlavaOnevisionProcessor",),
+)
+register_handler(
+    Handler(
+        "idefics3",
+        tokenize_idefics3,
+        modalities=frozenset({"image"}),
+        description="Idefics3 / SmolVLM-style tiles: image_seq_len per tile; packs need "
+        "family_idefics3.idefics3_pack_media (tiles on axis 1)",
+    ),
+    ("Idefics3Processor",),
 )
 register_handler(
     Handler(

@@ -208,10 +208,46 @@ def build_llava_onevision() -> Any:
     )
 
 
+# SmolVLM / Idefics3 turns: `<|im_start|>User:` ... `<end_of_utterance>\n`, assistant
+# `<|im_start|>Assistant:` then a space before text (BPE merges it into the first word).
+IDEFICS3_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] | capitalize }}"
+    "{% if message['content'] is string %}{{ ': ' + message['content'] }}"
+    "{% else %}{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}"
+    "{% endif %}{% for line in message['content'] %}"
+    "{% if line['type'] == 'text' %}{{ line['text'] }}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<end_of_utterance>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>Assistant:' }}{% endif %}"
+)
+
+
+def build_idefics3() -> Any:
+    """The Qwen2 BPE shipped in ``qwen2_vl/``; 28 px tiles, images split up to 2x2 + global."""
+    import transformers as tf
+
+    qwen = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors" / "qwen2_vl"
+    tok = tf.Qwen2Tokenizer.from_pretrained(str(qwen), local_files_only=True)
+    tiles = [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+    tok.add_special_tokens({"additional_special_tokens": ["<global-img>", *tiles]})
+    return tf.Idefics3Processor(
+        image_processor=tf.Idefics3ImageProcessor(
+            size={"longest_edge": 56}, max_image_size={"longest_edge": 28}
+        ),
+        tokenizer=tok,
+        image_seq_len=4,  # (28 / 7)**2 patches / scale_factor 2**2
+        chat_template=IDEFICS3_TEMPLATE,
+    )
+
+
 BUILDERS = {
     "gemma3": build_gemma3,
     "gemma4": build_gemma4,
     "llava_onevision": build_llava_onevision,
+    "idefics3": build_idefics3,
 }
 
 

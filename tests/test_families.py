@@ -430,7 +430,7 @@ def test_gemma4_packed_equals_separate(gemma4: Any, bidirectional_vision: bool) 
 
 # -- the shipped family processors -----------------------------------------------------------
 
-FAMILY_DIRS = ("gemma3", "gemma4", "llava_onevision")
+FAMILY_DIRS = ("gemma3", "gemma4", "idefics3", "llava_onevision")
 
 
 def test_family_processor_assets_are_small() -> None:
@@ -459,3 +459,71 @@ def test_family_processors_rebuild_byte_for_byte(tmp_path: Any) -> None:
         assert names == sorted(p.name for p in (tmp_path / family).iterdir())
         for name in names:
             assert (tmp_path / family / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+# -- Idefics3 / SmolVLM-style tiles ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def idefics3() -> Any:
+    from neatpack.pipes.family_idefics3 import load_tiny_idefics3_processor
+
+    return load_tiny_idefics3_processor()
+
+
+def test_idefics3_labels_tokens_and_estimate(idefics3: Any) -> None:
+    """Labels = the assistant turns (the space after "Assistant:" rides in the first labelled
+    token); ``<image>`` tokens == image_seq_len x tiles; estimate exact mode == real length,
+    chars/3 mode within 25 %."""
+    from neatpack.pipes.family_idefics3 import idefics3_estimate, idefics3_image_tokens
+
+    tok = idefics3.tokenizer
+    assert get_handler(idefics3).name == "idefics3"
+    worst_rel = 0.0
+    for rec in _with_meta(_records(12, seed=12)):
+        s = tokenize_with_handler(rec, idefics3)
+        answers = [m["content"][0]["text"] + "<end_of_utterance>" for m in rec["conversation"]
+                   if m["role"] == "assistant"]  # fmt: skip
+        assert [x.lstrip(" ") for x in _spans(tok, s)] == answers, rec["sample_id"]
+        sizes = [tuple(m) for m in rec["images_meta"]]
+        n_img = int((s["input_ids"] == idefics3.image_token_id).sum())
+        assert n_img == sum(idefics3_image_tokens(idefics3, sizes))
+        assert n_img == int((s["mm_token_type_ids"] == 1).sum())
+        if sizes:
+            assert n_img == idefics3.image_seq_len * s["pixel_values"].shape[1]
+        real = len(s["input_ids"]) - 1
+        assert idefics3_estimate(rec, idefics3) == real, rec["sample_id"]
+        worst_rel = max(
+            worst_rel, abs(idefics3_estimate(rec, idefics3, mode="estimate") - real) / real
+        )
+    assert worst_rel <= 0.25, worst_rel
+
+
+@pytest.mark.parity
+def test_idefics3_packed_equals_separate(idefics3: Any) -> None:
+    """Packed row (block-causal 4D additive mask, reset positions, tiles concatenated) == each
+    sample alone (max abs diff <= 1e-5 fp32); a one-document mask over the same row differs."""
+    from neatpack.pipes.family_idefics3 import idefics3_pack_media, tiny_idefics3_model
+
+    model = tiny_idefics3_model(idefics3)
+    samples = [tokenize_with_handler(r, idefics3) for r in _records(4, seed=13)]
+    assert sum("pixel_values" in s for s in samples) >= 2
+    pack = build_pack(samples)
+    media = idefics3_pack_media(samples)
+    doc = pack["attention_mask"][None]
+
+    def run(mask: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            pos, ids = pack["text_position_ids"][None], pack["input_ids"][None]
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos, **media).logits[0]
+
+    packed = run(to_4d_additive_mask(doc))
+    worst, start = 0.0, 0
+    for s, n in zip(samples, pack["seq_lens"], strict=True):
+        kw = {k: s[k] for k in ("pixel_values", "pixel_attention_mask") if k in s}
+        with torch.no_grad():
+            alone = model(input_ids=s["input_ids"][:-1][None], **kw).logits[0]
+        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
+        start += n
+    assert worst <= 1e-5, worst
+    assert float((run(to_4d_additive_mask((doc > 0).long())) - packed).abs().max()) > 1e-3

@@ -1,0 +1,149 @@
+"""Idefics3 / SmolVLM-style (``Idefics3Processor`` / ``Idefics3ForConditionalGeneration``).
+
+What differs from the default path:
+
+* image tokens: each image is split into up to ``rows x cols`` tiles of ``max_image_size`` plus a
+  global tile; every tile is ``image_seq_len`` ``<image>`` tokens wrapped in
+  ``<fake_token_around_image>`` and ``<row_r_col_c>`` / ``<global-img>`` tags. The processor's
+  ``_get_num_multimodal_tokens`` gives the whole block length and the tile count; the ``<image>``
+  count is ``image_seq_len * tiles`` (``idefics3_image_tokens``), the block length feeds the
+  estimate (``idefics3_estimate``);
+* labels: the template writes ``<|im_start|>Assistant: answer``, so the markers are derived by
+  rendering (``idefics3_markers``; the ``<|im_start|>`` fast path would look for
+  ``<|im_start|>assistant\n`` and find nothing); the space merges into the answer's first BPE
+  token, so the derived start marker ends in a bare space token and the merged token (it carries
+  content) is labelled (``labels.RoleMarkers.start_tail_alternatives``);
+* media keys: ``pixel_values`` / ``pixel_attention_mask`` are ``[1, tiles, 3, H, W]`` per sample;
+  a pack concatenates them on the tile axis (``idefics3_pack_media``; the model drops all-zero
+  padding tiles and scatters the tiles' features over the ``<image>`` tokens in order);
+* positions are 1-D and attention causal: a packed row needs only the block-causal mask.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .estimate import LengthEstimator
+from .family_default import tokenize_default
+from .labels import RoleMarkers, derive_role_markers
+
+__all__ = [
+    "idefics3_estimate",
+    "idefics3_image_tokens",
+    "idefics3_markers",
+    "idefics3_pack_media",
+    "load_tiny_idefics3_processor",
+    "tiny_idefics3_model",
+    "tokenize_idefics3",
+]
+
+_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "idefics3"
+_MARKERS: dict[int, tuple[Any, RoleMarkers]] = {}
+
+
+def load_tiny_idefics3_processor() -> Any:
+    """The shipped tiny ``Idefics3Processor`` (``scripts/build_tiny_family_processors.py``)."""
+    if not (_FOLDER / "processor_config.json").is_file():
+        raise FileNotFoundError(
+            f"tiny Idefics3 processor missing in {_FOLDER}; rebuild it with "
+            "`python scripts/build_tiny_family_processors.py`"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
+
+
+def idefics3_image_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
+    """``<image>`` tokens per image (``image_seq_len`` per tile) from ``(height, width)``."""
+    if not sizes:
+        return []
+    data = processor._get_num_multimodal_tokens(image_sizes=[list(s) for s in sizes])
+    return [int(processor.image_seq_len) * int(n) for n in data.num_image_patches]
+
+
+def _count(processor: Any, images: list[Any]) -> int:
+    return sum(idefics3_image_tokens(processor, [(im.height, im.width) for im in images]))
+
+
+def idefics3_markers(processor: Any) -> RoleMarkers:
+    """Markers derived from the template by rendering (cached per processor). The template uses
+    ``<|im_start|>``, so ``labels.resolve_role_markers`` would take its Qwen fast path
+    (``<|im_start|>assistant\n``) and find no turn: the role here is ``Assistant:``."""
+    hit = _MARKERS.get(id(processor))
+    if hit is not None and hit[0] is processor:
+        return hit[1]
+    markers = derive_role_markers(processor)
+    if len(_MARKERS) >= 16:  # bounded: the cache keeps its processors alive
+        _MARKERS.clear()
+    _MARKERS[id(processor)] = (processor, markers)
+    return markers
+
+
+def tokenize_idefics3(record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
+    """The default path with derived markers and the Idefics3 tile rule; images only."""
+    options.setdefault("image_token_count", _count)
+    options.setdefault("markers", idefics3_markers(processor))
+    return tokenize_default(record, processor, modalities=frozenset({"image"}), **options)
+
+
+def idefics3_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Length after the shift: the text (``LengthEstimator`` in ``mode``, the ``<image>``
+    placeholder excluded) plus each image's whole block from ``record["images_meta"]``."""
+    kw: dict[str, Any] = {}
+    if mode != "exact":
+        from ._template_probe import probe_overhead
+
+        kw["overhead"] = probe_overhead(processor)
+    est = LengthEstimator(
+        mode=mode, processor=processor, media_fallback=0, on_missing_media="fallback", **kw
+    )
+    sizes = [[int(m[0]), int(m[1])] for m in record.get("images_meta") or []]
+    blocks = (
+        processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
+    )
+    return est.estimate(record)[0] + sum(int(b) for b in blocks)
+
+
+def idefics3_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``pixel_values`` / ``pixel_attention_mask`` ``[1, all tiles, ...]`` for one pack, in
+    document order. Empty dict when no document has images."""
+    have = [s for s in samples if s.get("pixel_values") is not None]
+    if not have:
+        return {}
+    return {
+        "pixel_values": torch.cat([s["pixel_values"] for s in have], dim=1),
+        "pixel_attention_mask": torch.cat([s["pixel_attention_mask"] for s in have], dim=1),
+    }
+
+
+def tiny_idefics3_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
+    """A tiny random fp32 ``Idefics3ForConditionalGeneration`` for the tiny processor (28 px
+    tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions)."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    tok = processor.tokenizer
+    side = int(processor.image_processor.max_image_size["longest_edge"])
+    cfg = Idefics3Config(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "image_size": side, "patch_size": 7},
+        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64,
+                     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "max_position_embeddings": 4096,
+                     "pad_token_id": tok.pad_token_id},
+        image_token_id=int(processor.image_token_id),
+        scale_factor=2,
+    )  # fmt: skip
+    cfg._attn_implementation = attn
+    for sub in (cfg.text_config, cfg.vision_config):
+        sub._attn_implementation = attn  # type: ignore[union-attr]
+    torch.manual_seed(seed)  # init only: tests own the process
+    model = Idefics3ForConditionalGeneration(cfg)
+    model.config.use_cache = False
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
