@@ -42,7 +42,7 @@ def _split(dataset: Any, split: str) -> Any:
     try:
         from datasets import DatasetDict, IterableDatasetDict
     except ImportError:  # a list of dicts also works without the extra
-        DatasetDict = IterableDatasetDict = dict  # noqa: N806
+        DatasetDict = IterableDatasetDict = dict
     if isinstance(dataset, DatasetDict | IterableDatasetDict | Mapping):
         if split not in dataset:
             raise KeyError(f"{split=} is not in the dataset; splits: {sorted(dataset)}")

@@ -95,11 +95,12 @@ def test_default_handler_on_a_text_only_tokenizer(proc: Any) -> None:
 
 @pytest.mark.badinput
 def test_template_less_processor_error_names_the_registry(bare_tokenizer: Any) -> None:
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="has no chat template") as err:
         tokenize_with_handler(_record(), bare_tokenizer)
     msg = str(err.value)
     assert "Qwen2Tokenizer has no chat template" in msg
-    assert "neatpack.pipes.registry" in msg and "register_handler(Handler(" in msg
+    assert "neatpack.pipes.registry" in msg
+    assert "register_handler(Handler(" in msg
     assert "processor_classes=('Qwen2Tokenizer',)" in msg
 
 
@@ -162,7 +163,8 @@ def test_prompt_answer_masks_the_prompt_and_labels_answer_and_eos(
     tok = proc.tokenizer
     assert tok.decode(s["input_ids"][s["labels"] == -100]) == task
     assert tok.decode(s["input_ids"][s["labels"] != -100]) == answer + "<|im_end|>"
-    assert s["n_images"] == 1 and s["pixel_values"].shape[0] == int(s["image_grid_thw"].prod())
+    assert s["n_images"] == 1
+    assert s["pixel_values"].shape[0] == int(s["image_grid_thw"].prod())
     # no chat template needed when the handler is selected explicitly
     t = tokenize_with_handler(_one_turn("Parse:", answer), bare_tokenizer, handler="prompt_answer")
     assert t["labels"].tolist()[: len(tok("Parse:")["input_ids"])] == [-100] * len(

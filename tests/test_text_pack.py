@@ -33,15 +33,17 @@ def test_packs_hold_every_sample_exactly_once_in_knapsack_order() -> None:
     bins = greedy_knapsack([len(r["input_ids"]) for r in rows], 64)
     assert len(ds) == len(bins)
     for pack, b in zip(ds, bins, strict=True):
-        assert len(pack["input_ids"]) == 64 and pack["seq_lens"] == [
-            len(rows[i]["input_ids"]) for i in b
-        ]
+        assert len(pack["input_ids"]) == 64
+        assert pack["seq_lens"] == [len(rows[i]["input_ids"]) for i in b]
         am = pack["attention_mask"]
         start = 0
         for doc, i in enumerate(b, start=1):
             n = len(rows[i]["input_ids"])
             assert pack["input_ids"][start : start + n] == rows[i]["input_ids"]
-            want = [t if m else -100 for t, m in zip(rows[i]["labels"], rows[i]["loss_mask"])]
+            want = [
+                t if m else -100
+                for t, m in zip(rows[i]["labels"], rows[i]["loss_mask"], strict=True)
+            ]
             assert pack["labels"][start : start + n] == want
             assert am[start : start + n] == [doc] * n
             assert pack["position_ids"][start : start + n] == list(range(n))
@@ -52,7 +54,8 @@ def test_packs_hold_every_sample_exactly_once_in_knapsack_order() -> None:
 
 def test_plain_dataset_list_and_padding_idx() -> None:
     ds = neat_pack_dataset([{"input_ids": [5, 6, 7]}], "ignored", 5, padding_idx=9)
-    assert ds[0]["input_ids"] == [5, 6, 7, 9, 9] and ds[0]["labels"] == [5, 6, 7, -100, -100]
+    assert ds[0]["input_ids"] == [5, 6, 7, 9, 9]
+    assert ds[0]["labels"] == [5, 6, 7, -100, -100]
 
 
 @pytest.mark.badinput
@@ -94,7 +97,8 @@ def test_max_packs_keeps_the_first_packs() -> None:
     rows = _rows(20, seed=1)
     full = neat_pack_dataset(rows, "train", 48)
     cut = neat_pack_dataset(rows, "train", 48, max_packs=2)
-    assert len(cut) == 2 and cut[:] == full[:2]
+    assert len(cut) == 2
+    assert cut[:] == full[:2]
 
 
 @pytest.mark.parity
