@@ -19,11 +19,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from torchdata.nodes import BaseNode, Mapper, ParallelMapper, Prefetcher
+from torchdata.nodes import BaseNode
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.neat_vlm import open_source
+from neatpack.graphs.stages import map_stage, pack_meta
 from neatpack.graphs.watchdog import die_with_parent
 from neatpack.pipes.collate import pad_collate_fn
 from neatpack.pipes.estimate import LengthEstimator
@@ -115,18 +116,7 @@ class GroupStep:
             pad_collate_fn(samples, self.processor, self.cfg.max_length, truncate=self.cfg.truncate)
         )
         real = int(sum(int(s["input_ids"].numel()) - 1 for s in samples))
-        batch["packs"] = [
-            {
-                "epoch": ref["epoch"],
-                "slot": ref["slot"],
-                "pack_index": ref["pack_index"],
-                "padded": ref["padded"],
-                "sample_ids": list(ref["sample_ids"]),
-                "real_tokens": real,
-                "estimated_tokens": None,
-                "report": None,
-            }
-        ]
+        batch["packs"] = [pack_meta(ref, real_tokens=real)]
         return batch
 
 
@@ -165,19 +155,13 @@ def grouped_vlm_graph(
     step = GroupStep(source, processor, cfg)
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        node: BaseNode[Any] = (
-            ParallelMapper(
-                src,
-                step,
-                num_workers=cfg.num_workers,
-                in_order=True,
-                method="process",
-                multiprocessing_context=cfg.multiprocessing_context,
-            )
-            if cfg.num_workers > 0
-            else Mapper(src, step)
+        return map_stage(
+            src,
+            step,
+            num_workers=cfg.num_workers,
+            multiprocessing_context=cfg.multiprocessing_context,
+            prefetch=cfg.prefetch,
         )
-        return Prefetcher(node, cfg.prefetch) if cfg.prefetch else node
 
     keep = ("batch_size", "max_length", "truncate", "seed", "shuffle", "tail")
     key = {

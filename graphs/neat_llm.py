@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
+from torchdata.nodes import BaseNode, Batcher
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.neat_vlm import BatchStep
+from neatpack.graphs.stages import map_stage, pack_meta
 from neatpack.graphs.watchdog import die_with_parent
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
@@ -144,16 +145,7 @@ class LLMPackStep:
         samples = [self.source[i] for i in ref["sample_ids"]]
         pack = dict(build_pack(samples, padding_idx=self.padding_idx))
         real = int(sum(pack["seq_lens"]))
-        pack["meta"] = {
-            "epoch": ref["epoch"],
-            "slot": ref["slot"],
-            "pack_index": ref["pack_index"],
-            "padded": ref["padded"],
-            "sample_ids": list(ref["sample_ids"]),
-            "estimated_tokens": real,
-            "real_tokens": real,
-            "report": None,
-        }
+        pack["meta"] = pack_meta(ref, real_tokens=real, estimated_tokens=real)
         return pack
 
 
@@ -196,20 +188,13 @@ def neat_llm_graph(
     )
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        node: BaseNode[Any] = Batcher(src, cfg.batch_size, drop_last=False)
-        node = (
-            ParallelMapper(
-                node,
-                batch_step,
-                num_workers=cfg.num_workers,
-                in_order=True,
-                method="process",
-                multiprocessing_context=cfg.multiprocessing_context,
-            )
-            if cfg.num_workers > 0
-            else Mapper(node, batch_step)
+        return map_stage(
+            Batcher(src, cfg.batch_size, drop_last=False),
+            batch_step,
+            num_workers=cfg.num_workers,
+            multiprocessing_context=cfg.multiprocessing_context,
+            prefetch=cfg.prefetch,
         )
-        return Prefetcher(node, cfg.prefetch) if cfg.prefetch else node
 
     plan_key = {
         k: v

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
+from torchdata.nodes import BaseNode, Batcher
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.stages import map_stage, pack_meta
 from neatpack.graphs.watchdog import die_with_parent
 from neatpack.pipes.collate import neat_packed_vlm_collater
 from neatpack.pipes.estimate import LengthEstimator
@@ -155,16 +156,12 @@ class PackStep:
         die_with_parent(self.owner_pid)
         pack = self.materializer(ref)
         ids = ref["sample_ids"]
-        pack["meta"] = {
-            "epoch": ref["epoch"],
-            "slot": ref["slot"],
-            "pack_index": ref["pack_index"],
-            "padded": ref["padded"],
-            "sample_ids": list(ids),
-            "estimated_tokens": int(self.estimated[ids].sum()) if len(ids) else 0,
-            "real_tokens": int(sum(pack.get("seq_lens", []))),
-            "report": pack.pop("report", None),
-        }
+        pack["meta"] = pack_meta(
+            ref,
+            real_tokens=int(sum(pack.get("seq_lens", []))),
+            estimated_tokens=int(self.estimated[ids].sum()) if len(ids) else 0,
+            report=pack.pop("report", None),
+        )
         return dict(pack)
 
 
@@ -270,23 +267,14 @@ def neat_vlm_graph(
     )
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        node: BaseNode[Any] = Batcher(src, cfg.batch_size, drop_last=False)
-        if cfg.num_workers > 0:
-            node = ParallelMapper(
-                node,
-                batch_step,
-                num_workers=cfg.num_workers,
-                in_order=True,
-                method=cfg.worker_method,
-                multiprocessing_context=cfg.multiprocessing_context
-                if cfg.worker_method == "process"
-                else None,
-            )
-        else:
-            node = Mapper(node, batch_step)
-        if cfg.prefetch:
-            node = Prefetcher(node, cfg.prefetch)
-        return node
+        return map_stage(
+            Batcher(src, cfg.batch_size, drop_last=False),
+            batch_step,
+            num_workers=cfg.num_workers,
+            method=cfg.worker_method,
+            multiprocessing_context=cfg.multiprocessing_context,
+            prefetch=cfg.prefetch,
+        )
 
     config_key = {"graph": "neat_vlm", "lengths": index.fingerprint, **cfg.plan_key()}
     return NeatLoader(
