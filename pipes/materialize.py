@@ -51,6 +51,7 @@ class MaterializeConfig:
     max_retries: int = 10
     seed: int = 0
     label_policy: str = "assistant"
+    handler: str | None = None  # None: tokenize_conversation (Qwen-VL); else a registry name
 
     def __post_init__(self) -> None:
         if self.pack_size < 1:
@@ -63,6 +64,11 @@ class MaterializeConfig:
             raise ValueError(f"{self.on_failure=!r}; valid: {FAILURE_POLICIES}")
         if self.max_retries < 0:
             raise ValueError(f"{self.max_retries=} must be >= 0")
+        if self.fake_image and self.handler not in (None, "qwen_vl"):
+            raise ValueError(
+                f"{self.fake_image=} needs the Qwen-VL path; got {self.handler=} "
+                "(use handler=None or 'qwen_vl', or fake_image=False)"
+            )
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,19 @@ def replacement_id(seed: int, epoch: int, sample_id: int, attempt: int, n: int) 
 
 
 def load_sample(source: Any, sample_id: int, processor: Any, config: MaterializeConfig) -> Pack:
-    """One Sample (docs/data_contracts.md section 4) from a record source."""
+    """One Sample (docs/data_contracts.md section 4) from a record source.
+
+    ``config.handler`` names a ``neatpack.pipes.registry`` handler (e.g. ``"chat_template"``,
+    ``"gemma3"``); None keeps the Qwen-VL ``tokenize_conversation`` path."""
+    if config.handler is not None:
+        from .registry import tokenize_with_handler
+
+        options: dict[str, Any] = {"label_policy": config.label_policy}
+        if config.fake_image:
+            options["fake_image"] = True
+        return tokenize_with_handler(
+            source[sample_id], processor, handler=config.handler, **options
+        )
     return tokenize_conversation(
         source[sample_id], processor, fake_image=config.fake_image,
         label_policy=config.label_policy,
