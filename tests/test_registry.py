@@ -181,3 +181,21 @@ def test_prompt_answer_bad_input(proc: Any) -> None:
     rec["conversation"][0]["content"].append({"type": "video", "video": [Image.new("RGB", (8, 8))]})
     with pytest.raises(SampleError, match=r"sample_id=7 \[bad_media\].*'video'"):
         tokenize_with_handler(rec, proc, handler="prompt_answer")
+
+
+def test_materialize_pack_selects_a_handler(proc: Any) -> None:
+    """``MaterializeConfig(handler=...)``: the pipeline's pack step goes through the registry;
+    the processor-agnostic path gives the same pack as the Qwen path on a Qwen processor."""
+    from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
+
+    source = [dict(_record(sid), sample_id=sid) for sid in range(3)]
+    base = MaterializeConfig(pack_size=512, mrope=False)
+    want, _ = materialize_pack(source, [0, 2], proc, base)
+    got, report = materialize_pack(
+        source, [0, 2], proc, MaterializeConfig(pack_size=512, mrope=False, handler="chat_template")
+    )
+    assert report.packed == (0, 2)
+    for key in ("input_ids", "labels", "attention_mask", "position_ids"):
+        assert torch.equal(got[key], want[key]), key
+    with pytest.raises(ValueError, match="fake_image=True needs the Qwen-VL path"):
+        MaterializeConfig(pack_size=8, fake_image=True, handler="gemma3")
