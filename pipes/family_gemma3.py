@@ -35,7 +35,9 @@ from .mask import to_4d_additive_mask
 __all__ = [
     "gemma3_estimator",
     "gemma3_image_tokens",
+    "gemma3_pack_media",
     "gemma3_packed_mask",
+    "gemma3_packed_masks",
     "load_tiny_gemma3_processor",
     "tiny_gemma3_model",
 ]
@@ -146,3 +148,19 @@ def tiny_gemma3_model(processor: Any, *, seed: int = 0, attn_implementation: str
     model.config.use_cache = False
     model.eval()  # type: ignore[no-untyped-call]
     return model
+
+
+def gemma3_packed_masks(
+    doc_ids: Tensor, token_type_ids: Tensor, *, sliding_window: int | None = None
+) -> dict[str, Tensor]:
+    """``{"full_attention", "sliding_attention"}``: the same ``gemma3_packed_mask`` for both
+    layer types (Gemma 3 applies the image runs on every layer)."""
+    mask = gemma3_packed_mask(doc_ids, token_type_ids, sliding_window=sliding_window)
+    return {"full_attention": mask, "sliding_attention": mask}
+
+
+def gemma3_pack_media(samples: Any) -> dict[str, Tensor]:
+    """``pixel_values`` of the pack's images in document order (with an explicit mask the model
+    needs no ``token_type_ids``)."""
+    pvs = [s["pixel_values"] for s in samples if s.get("pixel_values") is not None]
+    return {"pixel_values": torch.cat(pvs, dim=0)} if pvs else {}

@@ -40,6 +40,7 @@ __all__ = [
     "GEMMA4_MODEL_TURN",
     "GEMMA4_THINKING_PREFIX",
     "gemma4_markers",
+    "gemma4_pack_media",
     "gemma4_packed_masks",
     "inject_thinking_prefix",
     "load_tiny_gemma4_processor",
@@ -121,7 +122,7 @@ def gemma4_packed_masks(
     doc_ids: Tensor,
     mm_token_type_ids: Tensor,
     *,
-    bidirectional_vision: bool,
+    bidirectional_vision: bool = False,
     sliding_window: int | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Tensor]:
@@ -135,6 +136,18 @@ def gemma4_packed_masks(
         doc_ids, mm_token_type_ids, dtype, sliding_window=sliding_window, vision_codes=(1, 2)
     )
     return {"full_attention": full, "sliding_attention": sliding}
+
+
+def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
+    """``pixel_values`` / ``image_position_ids`` of the pack's images in document order (with
+    explicit masks the model needs no ``mm_token_type_ids``)."""
+    have = [s for s in samples if s.get("pixel_values") is not None]
+    if not have:
+        return {}
+    return {
+        "pixel_values": torch.cat([s["pixel_values"] for s in have], dim=0),
+        "image_position_ids": torch.cat([s["image_position_ids"] for s in have], dim=0),
+    }
 
 
 def tiny_gemma4_model(

@@ -23,14 +23,15 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .family_default import check_modalities, has_chat_template, tokenize_default
-from .family_gemma4 import tokenize_gemma4
-from .family_idefics3 import tokenize_idefics3
-from .family_llava_onevision import tokenize_llava_onevision
+from .family_gemma3 import gemma3_pack_media, gemma3_packed_masks
+from .family_gemma4 import gemma4_pack_media, gemma4_packed_masks, tokenize_gemma4
+from .family_idefics3 import idefics3_pack_media, tokenize_idefics3
+from .family_llava_onevision import llava_onevision_pack_media, tokenize_llava_onevision
 from .family_prompt import tokenize_prompt_answer
 from .tokenize import tokenize_conversation
 
@@ -39,11 +40,14 @@ __all__ = [
     "PROCESSOR_HANDLERS",
     "Handler",
     "get_handler",
+    "packed_model_inputs",
     "register_handler",
     "tokenize_with_handler",
 ]
 
 TokenizeFn = Callable[..., dict[str, Any]]
+PackMediaFn = Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]]
+PackedMaskFn = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,10 @@ class Handler:
     ``tokenize(record, processor, **options) -> Sample``. ``modalities``: the media kinds the
     family accepts (a record with another kind is a ``SampleError`` naming the sample).
     ``needs_chat_template``: refuse a processor without one.
+    ``pack_media(samples) -> dict``: the model's media inputs for one pack (None: the pack's own
+    ``pixel_values``); ``packed_mask(doc_ids, mm_token_type_ids, **options)``: the attention mask
+    (or per-layer-type dict) of a packed row (None: ``mask.to_4d_additive_mask``);
+    ``mrope``: positions need the collater's mRoPE path (``packed_model_inputs`` refuses).
     """
 
     name: str
@@ -60,6 +68,9 @@ class Handler:
     modalities: frozenset[str] = frozenset({"image", "video"})
     needs_chat_template: bool = True
     description: str = ""
+    pack_media: PackMediaFn | None = None
+    packed_mask: PackedMaskFn | None = None
+    mrope: bool = False
 
     def __call__(self, record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
         check_modalities(record, processor, self.modalities)
@@ -132,10 +143,52 @@ def tokenize_with_handler(
     return get_handler(processor, handler)(record, processor, **options)
 
 
+def packed_model_inputs(
+    samples: Sequence[Mapping[str, Any]],
+    processor: Any,
+    *,
+    handler: str | None = None,
+    padding_idx: int = 0,
+    mask_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Model kwargs for ONE packed row of UNSHIFTED samples of a 1-D-position family:
+    ``input_ids`` / ``position_ids`` ``[1, S]``, the family's ``attention_mask`` and media.
+
+    Qwen-VL (mRoPE) rows go through ``collate.neat_packed_vlm_collater`` instead.
+    """
+    from .mask import to_4d_additive_mask
+    from .pack import build_pack
+
+    h = get_handler(processor, handler)
+    if h.mrope:
+        raise ValueError(
+            f"handler {h.name!r} needs mRoPE positions; use neat_packed_vlm_collater for it"
+        )
+    pack = build_pack(list(samples), padding_idx=padding_idx)  # type: ignore[arg-type]
+    doc, mm = pack["attention_mask"][None], pack["mm_token_type_ids"][None]
+    if h.packed_mask is None:
+        mask: Any = to_4d_additive_mask(doc)
+    else:
+        mask = h.packed_mask(doc, mm, **dict(mask_options or {}))
+    if h.pack_media is not None:
+        media = h.pack_media(samples)
+    else:
+        media = {} if pack["pixel_values"] is None else {"pixel_values": pack["pixel_values"]}
+    out = {
+        "input_ids": pack["input_ids"][None],
+        "position_ids": pack["text_position_ids"][None],
+        "attention_mask": mask,
+        **media,
+    }
+    out["seq_lens"] = pack["seq_lens"]
+    return out
+
+
 register_handler(
     Handler(
         "qwen_vl",
         tokenize_conversation,
+        mrope=True,
         description="Qwen2-VL / Qwen2.5-VL / Qwen3-VL: grid_thw checks, fake images, video "
         "metadata (pipes/tokenize.py)",
     ),
@@ -160,6 +213,8 @@ register_handler(
         "gemma3",
         tokenize_default,
         modalities=frozenset({"image"}),
+        pack_media=gemma3_pack_media,
+        packed_mask=gemma3_packed_masks,
         description="Gemma 3: the default path, images only; packed rows need "
         "family_gemma3.gemma3_packed_mask (bidirectional image tokens)",
     ),
@@ -170,6 +225,8 @@ register_handler(
         "gemma4",
         tokenize_gemma4,
         modalities=frozenset({"image"}),
+        pack_media=gemma4_pack_media,
+        packed_mask=gemma4_packed_masks,
         description="Gemma 4: thinking-channel prefix injected after each model turn and kept "
         "out of the labels (pipes/family_gemma4.py); images only",
     ),
@@ -180,6 +237,7 @@ register_handler(
         "llava_onevision",
         tokenize_llava_onevision,
         modalities=frozenset({"image"}),
+        pack_media=llava_onevision_pack_media,
         description="LLaVA-OneVision: AnyRes image-token rule; packs need "
         "family_llava_onevision.llava_onevision_pack_media (image_sizes, batch_num_images)",
     ),
@@ -190,6 +248,7 @@ register_handler(
         "idefics3",
         tokenize_idefics3,
         modalities=frozenset({"image"}),
+        pack_media=idefics3_pack_media,
         description="Idefics3 / SmolVLM-style tiles: image_seq_len per tile; packs need "
         "family_idefics3.idefics3_pack_media (tiles on axis 1)",
     ),

@@ -527,3 +527,57 @@ def test_idefics3_packed_equals_separate(idefics3: Any) -> None:
         start += n
     assert worst <= 1e-5, worst
     assert float((run(to_4d_additive_mask((doc > 0).long())) - packed).abs().max()) > 1e-3
+
+
+# -- one entry point for every 1-D-position family -------------------------------------------
+
+_FAMILIES: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
+    # family: (module, model builder, per-sample media keys, token-type kwarg of the model)
+    "gemma3": ("family_gemma3", "tiny_gemma3_model", ("pixel_values",), "token_type_ids"),
+    "gemma4": ("family_gemma4", "tiny_gemma4_model", ("pixel_values", "image_position_ids"),
+               "mm_token_type_ids"),
+    "llava_onevision": ("family_llava_onevision", "tiny_llava_onevision_model",
+                        ("pixel_values", "image_sizes", "batch_num_images"), None),
+    "idefics3": ("family_idefics3", "tiny_idefics3_model",
+                 ("pixel_values", "pixel_attention_mask"), None),
+}  # fmt: skip
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_packed_model_inputs_equal_separate_runs(family: str) -> None:
+    """``registry.packed_model_inputs`` (the handler's pack media and packed mask) gives each
+    family's tiny real model the same logits as the samples run alone (<= 1e-5 fp32)."""
+    import importlib
+
+    from neatpack.pipes.registry import packed_model_inputs
+
+    module_name, builder, keys, types_kw = _FAMILIES[family]
+    module = importlib.import_module(f"neatpack.pipes.{module_name}")
+    proc = getattr(module, f"load_tiny_{family}_processor")()
+    model = getattr(module, builder)(proc)
+    samples = [tokenize_with_handler(r, proc) for r in _records(3, seed=21, max_images=1)]
+    assert sum("pixel_values" in s for s in samples) >= 1
+    inputs = packed_model_inputs(samples, proc)
+    lens = inputs.pop("seq_lens")
+    with torch.no_grad():
+        packed = model(**inputs).logits[0]
+    worst, start = 0.0, 0
+    for s, n in zip(samples, lens, strict=True):
+        kw = {k: s[k] for k in keys if k in s}
+        if types_kw is not None:
+            kw[types_kw] = s["mm_token_type_ids"][:-1][None]
+        with torch.no_grad():
+            alone = model(input_ids=s["input_ids"][:-1][None], **kw).logits[0]
+        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
+        start += n
+    assert worst <= 1e-5, (family, worst)
+
+
+@pytest.mark.badinput
+def test_packed_model_inputs_refuses_mrope_families() -> None:
+    from neatpack.pipes.registry import packed_model_inputs
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    with pytest.raises(ValueError, match="'qwen_vl' needs mRoPE positions"):
+        packed_model_inputs([], load_tiny_processor("qwen2_vl"))
