@@ -30,7 +30,7 @@ from .family_default import check_modalities
 from .labels import IGNORE_INDEX
 from .media import SampleError, load_image
 
-__all__ = ["tokenize_prompt_answer"]
+__all__ = ["prompt_answer_length", "tokenize_prompt_answer"]
 
 
 def _text(content: Any) -> str:
@@ -51,6 +51,38 @@ def _images(content: Any) -> list[Any]:
         for b in content
         if isinstance(b, Mapping) and (b.get("type") == "image" or "image" in b)
     ]
+
+
+def _prompt_answer(record: Mapping[str, Any], task_prompt: str | None) -> tuple[str, str]:
+    conv = record.get("conversation") or []
+    users = [m for m in conv if isinstance(m, Mapping) and m.get("role") == "user"]
+    answers = [m for m in conv if isinstance(m, Mapping) and m.get("role") == "assistant"]
+    prompt = task_prompt if task_prompt is not None else _text(users[0]["content"] if users else "")
+    return prompt, _text(answers[0].get("content")) if answers else ""
+
+
+def prompt_answer_length(
+    record: Mapping[str, Any],
+    processor: Any,
+    *,
+    task_prompt: str | None = None,
+    chars_per_token: float | None = None,
+) -> int:
+    """Row length after the shift. ``chars_per_token=None``: exact (tokenizes prompt and answer,
+    as ``tokenize_prompt_answer`` does); a number: ``floor(chars / chars_per_token)`` for each
+    part plus the special tokens (bos when the tokenizer adds one, eos), no tokenization."""
+    tok = getattr(processor, "tokenizer", processor)
+    prompt, answer = _prompt_answer(record, task_prompt)
+    specials = len(tok("", add_special_tokens=True)["input_ids"]) if prompt else 0
+    if chars_per_token is None:
+        p = len(tok(prompt, add_special_tokens=True)["input_ids"]) if prompt else 0
+        a = len(tok(answer, add_special_tokens=False)["input_ids"])
+    else:
+        if not chars_per_token > 0:
+            raise ValueError(f"{chars_per_token=} must be > 0")
+        p = int(len(prompt) / chars_per_token) + specials if prompt else 0
+        a = int(len(answer) / chars_per_token)
+    return p + a + 1 - 1  # + eos, - the shift
 
 
 def tokenize_prompt_answer(
