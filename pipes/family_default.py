@@ -35,7 +35,13 @@ from ._conversation import forbidden_tokens, parse_conversation
 from .labels import IGNORE_INDEX, RoleMarkers, _template_text, assistant_spans, resolve_role_markers
 from .media import SampleError, load_image, load_video
 
-__all__ = ["check_modalities", "has_chat_template", "media_token_ids", "tokenize_default"]
+__all__ = [
+    "check_modalities",
+    "default_estimate",
+    "has_chat_template",
+    "media_token_ids",
+    "tokenize_default",
+]
 
 MEDIA_KINDS: Final = ("image", "video", "audio")
 
@@ -235,3 +241,23 @@ def tokenize_default(
     attention = out["attention_mask"][0].long() if "attention_mask" in out else torch.ones_like(ids)
     sample.update(labels=labels, attention_mask=attention, mm_token_type_ids=mm)
     return sample
+
+
+def default_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Processor-agnostic length after the shift: the text (``LengthEstimator`` in ``mode``;
+    the media placeholder tokens excluded) plus, per image of ``record["images_meta"]``
+    (``[height, width]``), the processor's own ``_get_num_multimodal_tokens`` count. Exact when
+    that count is the placeholder's whole expansion (InternVL, LLaVA-OneVision, Idefics3);
+    Gemma 3 adds newlines around each image: use ``family_gemma3.gemma3_estimator``."""
+    from ._template_probe import probe_overhead
+    from .estimate import LengthEstimator
+
+    kw: dict[str, Any] = {} if mode == "exact" else {"overhead": probe_overhead(processor)}
+    est = LengthEstimator(
+        mode=mode, processor=processor, media_fallback=0, on_missing_media="fallback", **kw
+    )
+    sizes = [[int(m[0]), int(m[1])] for m in record.get("images_meta") or []]
+    blocks = (
+        processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
+    )
+    return int(est.estimate(record)[0]) + sum(int(b) for b in blocks)

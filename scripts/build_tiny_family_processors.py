@@ -243,11 +243,42 @@ def build_idefics3() -> Any:
     )
 
 
+INTERNVL_EXTRA = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+INTERNVL_TEMPLATE = LLAVA_OV_TEMPLATE.replace("<image>", "<IMG_CONTEXT>")
+
+
+def build_internvl() -> Any:
+    """The Qwen2 BPE shipped in ``qwen2_vl/`` plus InternVL's named image tokens; GotOcr2 crops
+    of 28 px (up to 4 + thumbnail), 4 tokens per crop."""
+    import transformers as tf
+
+    qwen = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors" / "qwen2_vl"
+    tok = tf.Qwen2Tokenizer.from_pretrained(
+        str(qwen), local_files_only=True, extra_special_tokens=dict(INTERNVL_EXTRA)
+    )
+    size = {"height": 28, "width": 28}
+    return tf.InternVLProcessor(
+        image_processor=tf.GotOcr2ImageProcessor(
+            size=size, crop_to_patches=True, min_patches=1, max_patches=4
+        ),
+        tokenizer=tok,
+        video_processor=tf.InternVLVideoProcessor(size=size),
+        image_seq_length=4,  # (28 / 7)**2 * 0.5**2
+        chat_template=INTERNVL_TEMPLATE,
+    )
+
+
 BUILDERS = {
     "gemma3": build_gemma3,
     "gemma4": build_gemma4,
     "llava_onevision": build_llava_onevision,
     "idefics3": build_idefics3,
+    "internvl": build_internvl,
 }
 
 

@@ -430,7 +430,7 @@ def test_gemma4_packed_equals_separate(gemma4: Any, bidirectional_vision: bool) 
 
 # -- the shipped family processors -----------------------------------------------------------
 
-FAMILY_DIRS = ("gemma3", "gemma4", "idefics3", "llava_onevision")
+FAMILY_DIRS = ("gemma3", "gemma4", "idefics3", "internvl", "llava_onevision")
 
 
 def test_family_processor_assets_are_small() -> None:
@@ -540,6 +540,7 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
                         ("pixel_values", "image_sizes", "batch_num_images"), None),
     "idefics3": ("family_idefics3", "tiny_idefics3_model",
                  ("pixel_values", "pixel_attention_mask"), None),
+    "internvl": ("family_internvl", "tiny_internvl_model", ("pixel_values",), None),
 }  # fmt: skip
 
 
@@ -581,3 +582,33 @@ def test_packed_model_inputs_refuses_mrope_families() -> None:
 
     with pytest.raises(ValueError, match="'qwen_vl' needs mRoPE positions"):
         packed_model_inputs([], load_tiny_processor("qwen2_vl"))
+
+
+# -- InternVL: the processor-agnostic default, no family code ---------------------------------
+
+
+def test_internvl_through_the_default_handler() -> None:
+    """No InternVL code in neatpack: labels decoded = the assistant turns, image tokens (with
+    ``<img>``/``</img>``) == the processor's count, ``default_estimate`` exact == real length and
+    chars/3 within 25 %."""
+    from neatpack.pipes.family_default import default_estimate
+    from neatpack.pipes.family_internvl import load_tiny_internvl_processor
+
+    proc = load_tiny_internvl_processor()
+    assert get_handler(proc).name == "chat_template"
+    tok = proc.tokenizer
+    worst_rel = 0.0
+    for rec in _with_meta(_records(12, seed=14)):
+        s = tokenize_with_handler(rec, proc)
+        answers = [m["content"][0]["text"] + "<|im_end|>" for m in rec["conversation"]
+                   if m["role"] == "assistant"]  # fmt: skip
+        assert _spans(tok, s) == answers, rec["sample_id"]
+        sizes = [list(m) for m in rec["images_meta"]]
+        want = proc._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
+        assert int((s["mm_token_type_ids"] == 1).sum()) == sum(want)
+        context = int((s["input_ids"] == proc.image_token_id).sum())
+        assert context == proc.image_seq_length * (s["pixel_values"].shape[0] if sizes else 0)
+        real = len(s["input_ids"]) - 1
+        assert default_estimate(rec, proc) == real, rec["sample_id"]
+        worst_rel = max(worst_rel, abs(default_estimate(rec, proc, mode="estimate") - real) / real)
+    assert worst_rel <= 0.25, worst_rel
