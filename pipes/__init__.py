@@ -33,6 +33,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "pp_media": ("chunk_step3_media", "chunk_vlm_media", "prepare_vlm_media_for_pp",
                  "stage_vlm_media_for_pp", "wrap_vlm_collate_for_pp"),
     "testing": ("assert_exactly_once", "assert_resumable"),
+    "registry": ("Handler", "get_handler", "packed_model_inputs", "register_handler",
+                 "tokenize_with_handler"),
+    "family_default": ("default_estimate", "tokenize_default"),
+    "family_prompt": ("prompt_answer_length", "tokenize_prompt_answer"),
+    "family_gemma4": ("GEMMA4_THINKING_PREFIX", "inject_thinking_prefix"),
+    "text_pack": ("neat_pack_dataset",),
     "tiny": ("load_tiny_processor",),
     "synth": ("write_corpus",),
 }
