@@ -34,8 +34,9 @@ from neatpack.pipes.tiny import load_tiny_processor
 class PackDataset(Dataset[dict[str, Any]]):
     """The baseline: pack ``k`` of a plan, built in ``__getitem__`` (the peer's wrapper shape)."""
 
-    def __init__(self, source: Any, packs: list[list[int]], processor: Any, pack_size: int,
-                 pad: int) -> None:
+    def __init__(
+        self, source: Any, packs: list[list[int]], processor: Any, pack_size: int, pad: int
+    ) -> None:
         self.source, self.packs, self.processor = source, packs, processor
         self.config = MaterializeConfig(pack_size=pack_size, padding_idx=pad, overflow="truncate")
 
@@ -70,8 +71,13 @@ def time_neat(data: Any, processor: Any, cfg: NeatVLMConfig) -> dict[str, float]
 
 
 def time_dataloader(ds: PackDataset, workers: int, batch_size: int) -> dict[str, float]:
-    dl = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=_collate,
-                    multiprocessing_context="fork" if workers else None)
+    dl = DataLoader(
+        ds,
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=_collate,
+        multiprocessing_context="fork" if workers else None,
+    )
     t0 = time.perf_counter()
     batches = tokens = 0
     for batch in dl:
@@ -88,8 +94,12 @@ def time_bare_processor(source: Any, processor: Any, ids: list[int]) -> dict[str
     tokens = 0
     for i in ids:
         conv = source[i]["conversation"]
-        images = [load_image(b["image"], sample_id=i) for m in conv for b in m["content"]
-                  if b["type"] == "image"]
+        images = [
+            load_image(b["image"], sample_id=i)
+            for m in conv
+            for b in m["content"]
+            if b["type"] == "image"
+        ]
         text = processor.apply_chat_template(conv, tokenize=False)
         out = processor(text=[text], images=images or None, return_tensors="pt")
         tokens += int(out["input_ids"].shape[1]) - 1
@@ -128,9 +138,15 @@ def main() -> None:
     PAD = int(processor.tokenizer.pad_token_id)
 
     def cfg(workers: int) -> NeatVLMConfig:
-        return NeatVLMConfig(pack_size=args.pack_size, batch_size=args.batch_size,
-                             media_root=f"{root}/media", cache_dir=f"{root}/cache",
-                             num_workers=workers, attn_implementation="doc_ids", prefetch=2)
+        return NeatVLMConfig(
+            pack_size=args.pack_size,
+            batch_size=args.batch_size,
+            media_root=f"{root}/media",
+            cache_dir=f"{root}/cache",
+            num_workers=workers,
+            attn_implementation="doc_ids",
+            prefetch=2,
+        )
 
     plan_loader = neat_vlm_graph(data, processor, config=cfg(0))
     plan = plan_loader.source.plan_for(1)
@@ -145,24 +161,41 @@ def main() -> None:
     top = max(workers_list)
     metrics["ratio_neat_vs_dataloader"] = {
         f"workers_{w}": metrics["neat"][f"workers_{w}"]["tokens_per_s"]
-        / metrics["dataloader"][f"workers_{w}"]["tokens_per_s"] for w in workers_list
+        / metrics["dataloader"][f"workers_{w}"]["tokens_per_s"]
+        for w in workers_list
     }
     metrics[f"ratio_neat_{top}_workers_vs_bare_processor"] = (
         metrics["neat"][f"workers_{top}"]["tokens_per_s"]
         / metrics["bare_processor"]["tokens_per_s"]
     )
-    resume = {f"{int(f * 100)}%": time_resume(data, processor, cfg(top), f)
-              for f in (0.0, 0.5, 0.95)}
+    resume = {
+        f"{int(f * 100)}%": time_resume(data, processor, cfg(top), f) for f in (0.0, 0.5, 0.95)
+    }
     metrics["resume_first_batch_s"] = resume
     metrics["resume_95_vs_0"] = resume["95%"] / resume["0%"]
-    print(json.dumps({
-        "benchmark": "loader",
-        "params": {"samples": n, "pack_size": args.pack_size, "batch_size": args.batch_size,
-                   "workers": workers_list, "packs": len(packs), "quick": args.quick},
-        "metrics": metrics,
-        "env": {"python": platform.python_version(), "torch": torch.__version__,
-                "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "benchmark": "loader",
+                "params": {
+                    "samples": n,
+                    "pack_size": args.pack_size,
+                    "batch_size": args.batch_size,
+                    "workers": workers_list,
+                    "packs": len(packs),
+                    "quick": args.quick,
+                },
+                "metrics": metrics,
+                "env": {
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                    "cpus": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(),
+                },
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -29,13 +29,21 @@ from neatpack.pipes.synth import write_corpus
 from neatpack.pipes.tiny import load_tiny_processor
 
 
-def run_mode(data: Any, processor: Any, root: str, spec: str, pack_size: int,
-             workers: int) -> dict[str, Any]:
+def run_mode(
+    data: Any, processor: Any, root: str, spec: str, pack_size: int, workers: int
+) -> dict[str, Any]:
     mode, _, ratio = spec.partition("@")
-    config = NeatVLMConfig(pack_size=pack_size, media_root=f"{root}/media", estimate_mode=mode,
-                           packing_ratio=float(ratio or 1.0),
-                           cache_dir=f"{root}/cache", overflow="truncate", num_workers=workers,
-                           attn_implementation="doc_ids", shuffle=False)
+    config = NeatVLMConfig(
+        pack_size=pack_size,
+        media_root=f"{root}/media",
+        estimate_mode=mode,
+        packing_ratio=float(ratio or 1.0),
+        cache_dir=f"{root}/cache",
+        overflow="truncate",
+        num_workers=workers,
+        attn_implementation="doc_ids",
+        shuffle=False,
+    )
     t0 = time.perf_counter()
     loader = neat_vlm_graph(data, processor, config=config)
     plan = loader.source.plan_for(1)
@@ -70,23 +78,41 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--pack-size", type=int, default=8192)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--modes", default="estimate@1.0,calibrated@1.0,calibrated@0.98,exact@1.0",
-                        help="comma-separated MODE@PACKING_RATIO")
+    parser.add_argument(
+        "--modes",
+        default="estimate@1.0,calibrated@1.0,calibrated@0.98,exact@1.0",
+        help="comma-separated MODE@PACKING_RATIO",
+    )
     args = parser.parse_args()
     n, pack_size = (60, 2048) if args.quick else (args.samples, args.pack_size)
     root = tempfile.mkdtemp(prefix="neatpack-bench-util-")
     data = write_corpus(root, num_samples=n, seed=7, max_images=4)
     processor = load_tiny_processor("qwen2_vl")
-    metrics = {mode: run_mode(data, processor, root, mode, pack_size, args.workers)
-               for mode in args.modes.split(",")}
-    print(json.dumps({
-        "benchmark": "utilization",
-        "params": {"samples": n, "pack_size": pack_size, "workers": args.workers,
-                   "overflow_policy": "truncate", "quick": args.quick},
-        "metrics": metrics,
-        "env": {"python": platform.python_version(), "torch": torch.__version__,
-                "cpus": os.cpu_count()},
-    }, indent=1))
+    metrics = {
+        mode: run_mode(data, processor, root, mode, pack_size, args.workers)
+        for mode in args.modes.split(",")
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "utilization",
+                "params": {
+                    "samples": n,
+                    "pack_size": pack_size,
+                    "workers": args.workers,
+                    "overflow_policy": "truncate",
+                    "quick": args.quick,
+                },
+                "metrics": metrics,
+                "env": {
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                    "cpus": os.cpu_count(),
+                },
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -30,11 +30,15 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="neatpack-train-")
     data = write_corpus(root, num_samples=48)
     processor = load_tiny_processor("qwen2_vl")
-    config = NeatVLMConfig(pack_size=1024, batch_size=2, media_root=f"{root}/media",
-                           attn_implementation=args.attn)
+    config = NeatVLMConfig(
+        pack_size=1024, batch_size=2, media_root=f"{root}/media", attn_implementation=args.attn
+    )
     loader = neat_vlm_graph(data, processor, config=config)
-    model = tiny_model("qwen2_vl", processor=processor,
-                       attn_implementation="eager" if args.attn == "eager" else "sdpa")
+    model = tiny_model(
+        "qwen2_vl",
+        processor=processor,
+        attn_implementation="eager" if args.attn == "eager" else "sdpa",
+    )
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses: list[float] = []
@@ -52,9 +56,16 @@ def main() -> None:
                 break
     resumed = neat_vlm_graph(data, processor, config=config)
     resumed.load_state_dict(state)
-    print(json.dumps({"steps": len(losses), "losses": losses,
-                      "resumed_epoch": resumed.epoch,
-                      "utilization": round(loader.stats.utilization(), 4)}))
+    print(
+        json.dumps(
+            {
+                "steps": len(losses),
+                "losses": losses,
+                "resumed_epoch": resumed.epoch,
+                "utilization": round(loader.stats.utilization(), 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

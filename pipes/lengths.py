@@ -156,8 +156,9 @@ def _estimate_slice(
     visual = np.empty(n, np.int64)
     fallbacks: list[tuple[int, tuple[str, ...]]] = []
     k = 0
-    with tqdm(total=n, desc="length index", unit="rec", disable=not progress,
-              mininterval=0.5) as bar:
+    with tqdm(
+        total=n, desc="length index", unit="rec", disable=not progress, mininterval=0.5
+    ) as bar:
         for block in _raw_blocks(source, start, stop, 8192):
             t, v, slow = estimator.estimate_raw_batch(block)
             for j in slow:

@@ -11,8 +11,9 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _run(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=True,
-                          timeout=400)
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, check=True, timeout=400
+    )
     return json.loads(proc.stdout)
 
 
@@ -26,8 +27,14 @@ def test_bench_loader_quick() -> None:
 
 
 def test_bench_utilization_quick() -> None:
-    out = _run(str(BENCH / "bench_utilization.py"), "--quick", "--workers", "0",
-               "--modes", "estimate@1.0,exact@1.0")
+    out = _run(
+        str(BENCH / "bench_utilization.py"),
+        "--quick",
+        "--workers",
+        "0",
+        "--modes",
+        "estimate@1.0,exact@1.0",
+    )
     exact = out["metrics"]["exact@1.0"]
     assert exact["packs_overflowed"] == 0, "exact lengths never overflow a pack"
     assert exact["real_over_estimated_max"] == 1.0

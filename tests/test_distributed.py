@@ -44,19 +44,34 @@ def _digest(batch: dict[str, Any]) -> str:
 
 def _config(root: Path, workers: int) -> NeatVLMConfig:
     return NeatVLMConfig(
-        pack_size=1024, batch_size=1, media_root=str(root / "media"), num_workers=workers,
-        cache_dir=str(root / "cache"), tail="drop", prefetch=1,
+        pack_size=1024,
+        batch_size=1,
+        media_root=str(root / "media"),
+        num_workers=workers,
+        cache_dir=str(root / "cache"),
+        tail="drop",
+        prefetch=1,
     )
 
 
-def _rank_main(phase: str, rank: int, world: int, port: int, root: Path, workers: int,
-               steps: int, old_world: int) -> None:
+def _rank_main(
+    phase: str,
+    rank: int,
+    world: int,
+    port: int,
+    root: Path,
+    workers: int,
+    steps: int,
+    old_world: int,
+) -> None:
     os.setpgrp()  # so the parent can kill this rank together with its worker processes
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     try:
-        loader = neat_vlm_graph(root / "data.jsonl", _SHARED["processor"],
-                                config=_config(root, workers))
+        loader = neat_vlm_graph(
+            root / "data.jsonl", _SHARED["processor"], config=_config(root, workers)
+        )
         out: dict[str, Any] = {"batches": [], "ledgers": {}}
         if phase == "resume":
             state = torch.load(root / f"state_{rank % old_world}.pt", weights_only=True)
@@ -64,8 +79,9 @@ def _rank_main(phase: str, rank: int, world: int, port: int, root: Path, workers
         epochs = EPOCHS - loader.epoch
         for _ in range(epochs):
             for step, batch in enumerate(loader):
-                out["batches"].append((loader.epoch, [m["sample_ids"] for m in batch["packs"]],
-                                       _digest(batch)))
+                out["batches"].append(
+                    (loader.epoch, [m["sample_ids"] for m in batch["packs"]], _digest(batch))
+                )
                 if phase == "first" and step + 1 == steps:
                     torch.save(loader.state_dict(), root / f"state_{rank}.pt.tmp")
                     os.replace(root / f"state_{rank}.pt.tmp", root / f"state_{rank}.pt")
@@ -81,20 +97,25 @@ def _rank_main(phase: str, rank: int, world: int, port: int, root: Path, workers
             dist.destroy_process_group()
 
 
-def _run(phase: str, world: int, root: Path, *, workers: int = 0, steps: int = 0,
-         old_world: int = 0) -> list[dict[str, Any]]:
+def _run(
+    phase: str, world: int, root: Path, *, workers: int = 0, steps: int = 0, old_world: int = 0
+) -> list[dict[str, Any]]:
     ctx = mp.get_context("fork")
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main,
-                         args=(phase, r, world, port, root, workers, steps, old_world))
-             for r in range(world)]
+    procs = [
+        ctx.Process(
+            target=_rank_main, args=(phase, r, world, port, root, workers, steps, old_world)
+        )
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     deadline = time.time() + 300
     outputs = [root / f"{phase}_{r}.pt" for r in range(world)]
     while time.time() < deadline:
-        if all(o.exists() for o in outputs) and (phase == "first" or all(
-            not p.is_alive() for p in procs)):
+        if all(o.exists() for o in outputs) and (
+            phase == "first" or all(not p.is_alive() for p in procs)
+        ):
             break
         dead = [p for p in procs if p.exitcode not in (None, 0)]
         if dead:
@@ -140,8 +161,9 @@ def _consumed(outputs: list[dict[str, Any]], epoch: int, key: str = "consumed") 
     ("world", "new_world", "workers", "new_workers"),
     [(2, 2, 0, 1), (4, 4, 1, 2), (4, 2, 0, 0), (2, 3, 1, 0)],
 )
-def test_kill_and_resume_is_exactly_once(corpus: Path, tmp_path: Path, world: int,
-                                         new_world: int, workers: int, new_workers: int) -> None:
+def test_kill_and_resume_is_exactly_once(
+    corpus: Path, tmp_path: Path, world: int, new_world: int, workers: int, new_workers: int
+) -> None:
     root = _fresh(corpus, tmp_path)
     reference = _run("reference", world, root, workers=workers) if world == new_world else None
     first = _run("first", world, root, workers=workers, steps=2)

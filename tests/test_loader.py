@@ -159,7 +159,7 @@ def test_refuses_other_config_rank_and_version() -> None:
     loader = make_loader(rank=0, world_size=2)
     next(iter(loader))
     state = loader.state_dict()
-    with pytest.raises(StateMismatchError, match="config changed.*seed"):
+    with pytest.raises(StateMismatchError, match=r"config changed.*seed"):
         make_loader(rank=0, world_size=2, seed=1).load_state_dict(state)
     with pytest.raises(StateMismatchError, match="rank 0 loaded into rank 1"):
         make_loader(rank=1, world_size=2).load_state_dict(state)

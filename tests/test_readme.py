@@ -28,34 +28,70 @@ def test_first_screen_has_the_two_commands() -> None:
     head = README.split("## Quickstart", 1)[0]
     assert "pip install . && neatpack demo" in head
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "test-command" in ci and "<!-- test-command -->" in head
+    assert "<!-- test-command -->" in head
+    assert "test-command" in ci
 
 
 def test_demo_command_succeeds(tmp_path: Path) -> None:
     from neatpack.graphs.cli import main
 
-    code = main(["demo", "--dir", str(tmp_path), "--samples", "24", "--pack-size", "1024",
-                 "--workers", "1", "--quiet"])
+    code = main(
+        [
+            "demo",
+            "--dir",
+            str(tmp_path),
+            "--samples",
+            "24",
+            "--pack-size",
+            "1024",
+            "--workers",
+            "1",
+            "--quiet",
+        ]
+    )
     assert code == 0
 
 
 def test_demo_command_as_a_process(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "neatpack.graphs.cli", "demo", "--dir", str(tmp_path),
-         "--samples", "16", "--pack-size", "1024", "--workers", "0", "--quiet"],
-        capture_output=True, text=True, timeout=240, check=False,
+        [
+            sys.executable,
+            "-m",
+            "neatpack.graphs.cli",
+            "demo",
+            "--dir",
+            str(tmp_path),
+            "--samples",
+            "16",
+            "--pack-size",
+            "1024",
+            "--workers",
+            "0",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout[out.stdout.index("{"): out.stdout.rindex("}") + 1])
-    assert summary["checks"] == {"every sample consumed once": True,
-                                 "resume mid-epoch gives identical batches": True}
+    summary = json.loads(out.stdout[out.stdout.index("{") : out.stdout.rindex("}") + 1])
+    assert summary["checks"] == {
+        "every sample consumed once": True,
+        "resume mid-epoch gives identical batches": True,
+    }
     assert 0.5 < summary["utilization_real_tokens"] <= 1.0
 
 
 @pytest.mark.parity
 def test_training_example_reduces_the_loss() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_tiny.py"), "--steps", "6"],
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_tiny.py"), "--steps", "6"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["steps"] == 6
