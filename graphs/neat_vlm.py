@@ -37,6 +37,7 @@ from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
 from neatpack.pipes.plan import PackPlan, plan_packs
+from neatpack.pipes.pp_media import prepare_vlm_media_for_pp
 from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
 
@@ -79,6 +80,7 @@ class NeatVLMConfig:
     prefetch: int = 2
     progress: bool = False
     keep_ledger: bool = True
+    pp_microbatches: int | None = None  # split media per pipeline-parallel micro-batch
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -95,6 +97,11 @@ class NeatVLMConfig:
             raise ValueError(f"{self.worker_method=} is not one of {WORKER_METHODS}")
         if self.num_workers < 0 or self.prefetch < 0:
             raise ValueError(f"{self.num_workers=} and {self.prefetch=} must be >= 0")
+        if self.pp_microbatches is not None and not 1 <= self.pp_microbatches <= self.batch_size:
+            raise ValueError(
+                f"{self.pp_microbatches=} must be between 1 and {self.batch_size=} (one "
+                "micro-batch needs at least one pack row)"
+            )
 
     def plan_key(self) -> dict[str, Any]:
         """The fields a checkpoint must agree on (the rest may change on resume)."""
@@ -173,8 +180,11 @@ class BatchStep:
     The packs' bookkeeping goes under ``batch["packs"]``. Picklable.
     """
 
-    def __init__(self, pack_step: Any, **collate_kwargs: Any) -> None:
+    def __init__(
+        self, pack_step: Any, *, pp_microbatches: int | None = None, **collate_kwargs: Any
+    ) -> None:
         self.pack_step, self.collate_kwargs = pack_step, collate_kwargs
+        self.pp_microbatches = pp_microbatches
 
     def __call__(self, refs: list[dict[str, Any]]) -> dict[str, Any]:
         packs = [self.pack_step(ref) for ref in refs]
@@ -189,6 +199,9 @@ class BatchStep:
                 p["attention_mask"][0] = 1
         batch = dict(neat_packed_vlm_collater(packs, **self.collate_kwargs))
         batch["packs"] = metas
+        if self.pp_microbatches:
+            # Media split per pipeline micro-batch, on tensor_split boundaries like the text.
+            batch = dict(prepare_vlm_media_for_pp(batch, len(packs), self.pp_microbatches))
         return batch
 
 
@@ -261,6 +274,7 @@ def neat_vlm_graph(
 
     batch_step = BatchStep(
         step,
+        pp_microbatches=cfg.pp_microbatches,
         padding_idx=padding_idx,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
