@@ -119,7 +119,6 @@ class NeatLoader:
         self._position: dict[str, Any] = {"epoch": initial_epoch, "start": 0, "local": 0}
         self._group_size = source.world_size
         self._continue = True  # next iter() continues _position instead of a new epoch
-        self._started_any = False
 
     @property
     def epoch(self) -> int:
@@ -131,7 +130,6 @@ class NeatLoader:
             self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
             self._group_size = self.source.world_size
         self._continue = False
-        self._started_any = True
         self.source.seek(self._source_state(started=False))
         self.root.reset()
         self._record_tail()
@@ -176,7 +174,10 @@ class NeatLoader:
             failed |= {a for a, _ in replaced}
             dropped = {int(i) for i in report.get("dropped", [])} - failed
             kept = [int(i) for i in meta["sample_ids"] if int(i) not in failed | dropped]
-            (ledger.padded if meta.get("padded") else ledger.consumed).extend(kept)
+            if meta.get("padded"):  # a repeat that fills the last step: counted once, here
+                ledger.padded.extend(kept)
+                continue
+            ledger.consumed.extend(kept)
             ledger.dropped.extend(sorted(dropped))
             ledger.failed.extend(sorted(failed))
             ledger.replacements.extend(b for _, b in replaced)
@@ -189,8 +190,10 @@ class NeatLoader:
         ledger = self.ledgers.setdefault(self.epoch, EpochLedger())
         if self.source.rank == 0:
             ledger.overlong = [int(i) for i in getattr(plan, "dropped_ids", ())]
-        for pack_index in self.source.tail_dropped():
-            ledger.tail_dropped.extend(int(i) for i in plan.pack(pack_index))
+        # The layout that finishes the epoch decides its tail: replace, never accumulate.
+        ledger.tail_dropped = [
+            int(i) for pack_index in self.source.tail_dropped() for i in plan.pack(pack_index)
+        ]
 
     def _source_state(self, *, started: bool) -> dict[str, Any]:
         src = self.source
