@@ -22,6 +22,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "estimate": ("EstimateError", "LengthEstimator", "TemplateOverhead"),
     "media_tokens": ("ImageTokenConfig", "VideoTokenConfig", "smart_resize"),
     "lengths": ("LengthIndex", "build_length_index"),
+    "length_source": ("LengthSource",),
     "binpack": ("best_fit_decreasing", "greedy_knapsack", "lower_bound", "overlong_ids"),
     "plan": ("PackPlan", "greedy_knapsack_vt_balanced", "plan_packs"),
     "sampler": ("LengthGroupedSampler",),
