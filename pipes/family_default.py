@@ -32,7 +32,12 @@ import torch
 from torch import Tensor
 
 from ._conversation import forbidden_tokens, parse_conversation
-from .labels import IGNORE_INDEX, RoleMarkers, _template_text, assistant_spans, resolve_role_markers
+from .labels import (
+    RoleMarkers,
+    _template_text,
+    conversation_labels,
+    resolve_role_markers,
+)
 from .media import SampleError, load_image, load_video
 
 __all__ = [
@@ -217,19 +222,9 @@ def tokenize_default(
                 sid, "media_token_mismatch", f"{kind} tokens in the text but no {kind}s"
             )
     _check_counts(sid, processor, out, mm, images, image_token_count)
-    spans = assistant_spans(ids.tolist(), markers)
-    n_assistant = sum(m["role"] == "assistant" for m in conv)
-    if len(spans) != n_assistant:
-        raise SampleError(
-            sid,
-            "label_mismatch",
-            f"found {len(spans)} assistant turn(s) in the tokens but the "
-            f"conversation has {n_assistant}; pass markers= for this template",
-        )
-    labels = torch.full_like(ids, IGNORE_INDEX)
-    for a, b in spans[-1:] if label_policy == "last_assistant" else spans:
-        labels[a:b] = ids[a:b]
-    labels[mm != 0] = IGNORE_INDEX
+    labels = conversation_labels(
+        ids, conv, markers, sample_id=sid, mm_token_type_ids=mm, label_policy=label_policy
+    )
     sample: dict[str, Any] = {"sample_id": sid, "input_ids": ids}
     length = ids.shape[0]
     for key, value in out.items():

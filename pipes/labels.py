@@ -33,12 +33,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .media import SampleError
+
 __all__ = [
     "IGNORE_INDEX",
     "RoleMarkers",
     "assistant_spans",
     "build_labels",
     "build_labels_from_template",
+    "conversation_labels",
     "derive_role_markers",
     "qwen_role_markers",
     "resolve_role_markers",
@@ -248,6 +251,37 @@ def assistant_spans(ids: Sequence[int], markers: RoleMarkers) -> list[tuple[int,
             spans.append((begin, stop))
         pos = max(stop, begin + 1)
     return spans
+
+
+def conversation_labels(
+    ids: torch.Tensor,
+    conversation: Sequence[Mapping[str, Any]],
+    markers: RoleMarkers,
+    *,
+    sample_id: int,
+    mm_token_type_ids: torch.Tensor,
+    label_policy: str = "assistant",
+) -> torch.Tensor:
+    """Labels for one tokenized conversation: ids inside assistant spans, -100 elsewhere.
+
+    Every assistant turn of ``conversation`` must be found in ``ids`` (else a ``SampleError``
+    naming the sample: the markers do not fit the template). ``label_policy="last_assistant"``
+    labels only the final turn. Media tokens are never labelled.
+    """
+    spans = assistant_spans(ids.tolist(), markers)
+    n_assistant = sum(m["role"] == "assistant" for m in conversation)
+    if len(spans) != n_assistant:
+        raise SampleError(
+            sample_id,
+            "label_mismatch",
+            f"found {len(spans)} assistant turn(s) in the tokens but the "
+            f"conversation has {n_assistant}; pass markers= for this template",
+        )
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    for a, b in spans[-1:] if label_policy == "last_assistant" else spans:
+        labels[a:b] = ids[a:b]
+    labels[mm_token_type_ids != 0] = IGNORE_INDEX
+    return labels
 
 
 def _find(ids: list[int], pattern: list[int], start: int) -> int:

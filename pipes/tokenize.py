@@ -39,7 +39,7 @@ from PIL import Image
 from torch import Tensor
 
 from ._conversation import forbidden_tokens, parse_conversation
-from .labels import IGNORE_INDEX, RoleMarkers, assistant_spans, resolve_role_markers
+from .labels import IGNORE_INDEX, RoleMarkers, conversation_labels, resolve_role_markers
 from .media import SampleError, load_image, load_video
 
 __all__ = ["FAKE_IMAGE_SIZE", "LABEL_POLICIES", "SampleError", "tokenize_conversation"]
@@ -152,20 +152,9 @@ def tokenize_conversation(
     sample: dict[str, Any] = {"sample_id": sid, "input_ids": ids}
     _media(sample, out, sid, processor, mm, len(images), len(videos))
 
-    spans = assistant_spans(ids.tolist(), markers)
-    n_assistant = sum(m["role"] == "assistant" for m in conv)
-    if len(spans) != n_assistant:
-        raise SampleError(
-            sid,
-            "label_mismatch",
-            f"found {len(spans)} assistant turn(s) in the "
-            f"tokens but the conversation has {n_assistant}; pass markers= for this "
-            "template",
-        )
-    labels = torch.full_like(ids, IGNORE_INDEX)
-    for a, b in spans[-1:] if label_policy == "last_assistant" else spans:
-        labels[a:b] = ids[a:b]
-    labels[mm != 0] = IGNORE_INDEX
+    labels = conversation_labels(
+        ids, conv, markers, sample_id=sid, mm_token_type_ids=mm, label_policy=label_policy
+    )
     attention = out["attention_mask"][0].long() if "attention_mask" in out else torch.ones_like(ids)
     if n_fake:
         grid = sample["image_grid_thw"][0]
