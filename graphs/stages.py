@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from torchdata.nodes import BaseNode, Mapper, ParallelMapper, Prefetcher
 
+from neatpack.graphs.watchdog import quiet_forked_iterator_gc
+
 __all__ = ["map_stage", "pack_meta"]
 
 
@@ -24,6 +26,8 @@ def map_stage(
     threads), always in order (out-of-order delivery loses items on resume in torchdata 0.11),
     then an optional prefetch buffer."""
     out: BaseNode[Any]
+    if num_workers > 0 and method == "process":
+        quiet_forked_iterator_gc()
     if num_workers > 0:
         out = ParallelMapper(
             node,

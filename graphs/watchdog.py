@@ -17,12 +17,13 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 import threading
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
-__all__ = ["WorkerWatchdog", "die_with_parent", "mapper_iters"]
+__all__ = ["WorkerWatchdog", "die_with_parent", "mapper_iters", "quiet_forked_iterator_gc"]
 
 _PR_SET_PDEATHSIG = 1
 _armed_pid: int | None = None
@@ -122,3 +123,33 @@ class WorkerWatchdog:
                     except RuntimeError:
                         wrapped = StartupExceptionWrapper(where="in a neatpack worker process")  # type: ignore[no-untyped-call]
                     it._out_q.put((wrapped, -1))
+
+
+_previous_unraisablehook: Any = None
+
+
+def _filter_child_gc_noise(unraisable: Any) -> None:
+    exc, obj = unraisable.exc_value, unraisable.object
+    owner = getattr(obj, "__qualname__", "") or type(obj).__qualname__
+    if (
+        isinstance(exc, AssertionError)
+        and "can only test a child process" in str(exc)
+        and "_ParallelMapperIter" in str(owner)
+    ):
+        return  # torchdata 0.11: a forked worker garbage-collects its parent's iterator
+    _previous_unraisablehook(unraisable)
+
+
+def quiet_forked_iterator_gc() -> None:
+    """Silence one known-harmless torchdata 0.11 message in forked workers (idempotent).
+
+    A forked worker inherits its parent's ``_ParallelMapperIter`` objects; when it garbage
+    collects one, ``__del__`` asks whether the parent's workers are alive and fails with
+    ``AssertionError: can only test a child process``, printed as "Exception ignored in ...".
+    The hook is inherited through fork, drops exactly that message, and passes every other
+    unraisable exception to the previous hook.
+    """
+    global _previous_unraisablehook
+    if _previous_unraisablehook is None:
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _filter_child_gc_noise
