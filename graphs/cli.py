@@ -81,7 +81,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     loader = neat_vlm_graph(data, processor, config=config)
     t0 = time.perf_counter()
-    batches = list(tqdm(loader, desc="epoch 0", unit="batch", disable=args.quiet))
+    batches = list(
+        tqdm(loader, desc="epoch 0", unit="batch", total=len(loader), disable=args.quiet)
+    )
     elapsed = time.perf_counter() - t0
     checks: dict[str, bool] = {}
     ledger = loader.ledgers[0]

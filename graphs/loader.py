@@ -36,7 +36,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from neatpack.graphs.watchdog import WorkerWatchdog
-from neatpack.pipes.source import PackRef, PackSource, StateMismatchError
+from neatpack.pipes.source import PackRef, PackSource, StateMismatchError, epoch_slots
 
 __all__ = ["EpochLedger", "LoaderStats", "NeatLoader", "StateMismatchError"]
 
@@ -119,6 +119,12 @@ class NeatLoader:
         self._position: dict[str, Any] = {"epoch": initial_epoch, "start": 0, "local": 0}
         self._group_size = source.world_size
         self._continue = True  # next iter() continues _position instead of a new epoch
+
+    def __len__(self) -> int:
+        """Batches in a whole epoch on this rank (the same on every rank; for progress bars)."""
+        src = self.source
+        unit = src.world_size * src.batch_size
+        return epoch_slots(len(src.plan_for(src.world_size)), 0, unit, src.tail) // unit
 
     @property
     def epoch(self) -> int:

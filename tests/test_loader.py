@@ -91,6 +91,7 @@ def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
 def test_resume_at_every_batch_is_exact(workers: int) -> None:
     reference = run_epochs(make_loader(workers=workers), 3)
     assert [len(e) for e in reference] == [6, 6, 6]
+    assert len(make_loader()) == 6
     for epoch in range(2):
         for k in range(len(reference[epoch]) + 1):
             first = make_loader(workers=workers)
