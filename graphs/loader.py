@@ -250,37 +250,12 @@ class NeatLoader:
                 f"(saved {[state['config'].get(k) for k in changed]}, now "
                 f"{[_plain(self.config.get(k)) for k in changed]}). Resume with the same config."
             )
-        src_state = state["source"]
-        # Let the source validate fingerprint, rank and version now, not at the next iter().
-        probe_group = int(src_state[PackSource.GROUP_SIZE_KEY])
-        want = self.source.plan_for(probe_group).fingerprint
-        if src_state[PackSource.FINGERPRINT_KEY] != want:
-            raise StateMismatchError(
-                "the saved state was taken on a different plan (the data or the lengths "
-                f"changed): saved fingerprint {src_state[PackSource.FINGERPRINT_KEY]!r}, "
-                f"this plan {want!r}. Resume with the same data and config, or start afresh."
-            )
-        saved_world = int(src_state[PackSource.WORLD_SIZE_KEY])
-        saved_rank = int(src_state[PackSource.RANK_KEY])
-        if saved_world == self.source.world_size and saved_rank != self.source.rank:
-            raise StateMismatchError(
-                f"state of rank {saved_rank} loaded into rank {self.source.rank} (same world "
-                f"size {saved_world}): load each rank's own state"
-            )
-        same_layout = saved_world == self.source.world_size and int(
-            src_state[PackSource.BATCH_SIZE_KEY]
-        ) == (self.source.batch_size)
+        # The source checks version, plan and rank now (not at the next iter()) and resolves
+        # an elastic resume to the global cursor.
+        point = self.source.resume_point(state["source"])
         with self._lock:
-            start = int(src_state[PackSource.START_KEY])
-            local = int(src_state[PackSource.LOCAL_KEY])
-            if not same_layout:  # elastic: the rest of the epoch from the global cursor
-                start, local = int(src_state[PackSource.CURSOR_KEY]), 0
-            self._position = {
-                "epoch": int(src_state[PackSource.EPOCH_KEY]),
-                "start": start,
-                "local": local,
-            }
-            self._group_size = probe_group
+            self._position = {"epoch": point.epoch, "start": point.start, "local": point.local}
+            self._group_size = point.group_size
             self._continue = True
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from torchdata.nodes import BaseNode
@@ -34,6 +34,7 @@ __all__ = [
     "PackRef",
     "PackSource",
     "PlanLike",
+    "ResumePoint",
     "StateMismatchError",
     "epoch_slots",
 ]
@@ -54,6 +55,15 @@ class PlanLike(Protocol):
     def pack(self, index: int) -> list[int]: ...
 
     def epoch_order(self, epoch: int) -> np.ndarray: ...
+
+
+class ResumePoint(NamedTuple):
+    """Where a saved state resumes: the epoch, its plan's group size, and the position."""
+
+    epoch: int
+    group_size: int
+    start: int
+    local: int
 
 
 class StateMismatchError(ValueError):
@@ -163,6 +173,18 @@ class PackSource(BaseNode[PackRef]):
         self._limit = total // self.world_size
 
     def _restore(self, state: dict[str, Any]) -> None:
+        point = self.resume_point(state)
+        self._epoch, self._group_size = point.epoch, point.group_size
+        self._start, self._local = point.start, point.local
+        self._started = bool(state.get(self.STARTED_KEY, False))
+
+    def resume_point(self, state: dict[str, Any]) -> ResumePoint:
+        """Check ``state`` against this source and say where it resumes.
+
+        Refuses another version, another plan (data, lengths or plan config) and another rank
+        at the same world size. On the same layout the saved start and count are kept; on
+        another world size or batch size the rest of the epoch restarts at the global cursor.
+        """
         version = state.get(self.VERSION_KEY)
         if version != self.VERSION:
             raise StateMismatchError(
@@ -182,16 +204,14 @@ class PackSource(BaseNode[PackRef]):
                 f"state of rank {saved_rank} loaded into rank {self.rank} (same world size "
                 f"{self.world_size}): load each rank's own state"
             )
-        self._epoch = int(state[self.EPOCH_KEY])
-        self._group_size = group_size
         same_layout = saved_world == self.world_size and (
             int(state.get(self.BATCH_SIZE_KEY, self.batch_size)) == self.batch_size
         )
         if same_layout:
-            self._start, self._local = int(state[self.START_KEY]), int(state[self.LOCAL_KEY])
+            start, local = int(state[self.START_KEY]), int(state[self.LOCAL_KEY])
         else:  # elastic: re-stride the rest of the epoch from the global cursor
-            self._start, self._local = int(state[self.CURSOR_KEY]), 0
-        self._started = bool(state.get(self.STARTED_KEY, False))
+            start, local = int(state[self.CURSOR_KEY]), 0
+        return ResumePoint(int(state[self.EPOCH_KEY]), group_size, start, local)
 
     def next(self) -> PackRef:
         self._started = True
