@@ -36,7 +36,13 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from neatpack.graphs.watchdog import WorkerWatchdog
-from neatpack.pipes.source import PackRef, PackSource, StateMismatchError, epoch_slots
+from neatpack.pipes.source import (
+    PackRef,
+    PackSource,
+    ResumePoint,
+    StateMismatchError,
+    epoch_slots,
+)
 
 __all__ = ["EpochLedger", "LoaderStats", "NeatLoader", "StateMismatchError"]
 
@@ -202,22 +208,13 @@ class NeatLoader:
         ]
 
     def _source_state(self, *, started: bool) -> dict[str, Any]:
-        src = self.source
-        start, local = int(self._position["start"]), int(self._position["local"])
-        return {
-            src.VERSION_KEY: src.VERSION,
-            src.FINGERPRINT_KEY: src.plan_for(self._group_size).fingerprint,
-            src.EPOCH_KEY: self.epoch,
-            src.START_KEY: start,
-            src.LOCAL_KEY: local,
-            src.CURSOR_KEY: start + local * src.world_size,
-            src.RANK_KEY: src.rank,
-            src.WORLD_SIZE_KEY: src.world_size,
-            src.GROUP_SIZE_KEY: self._group_size,
-            src.BATCH_SIZE_KEY: src.batch_size,
-            src.TAIL_KEY: src.tail,
-            src.STARTED_KEY: started,
-        }
+        point = ResumePoint(
+            self.epoch,
+            self._group_size,
+            int(self._position["start"]),
+            int(self._position["local"]),
+        )
+        return self.source.state_at(point, started=started)
 
     def state_dict(self) -> dict[str, Any]:
         """A small versioned dict of plain ints and strings (safe for ``weights_only`` loads)."""

@@ -231,19 +231,24 @@ class PackSource(BaseNode[PackRef]):
         }
 
     def get_state(self) -> dict[str, Any]:
+        point = ResumePoint(self._epoch, self._group_size, self._start, self._local)
+        return self.state_at(point, started=self._started)
+
+    def state_at(self, point: ResumePoint, *, started: bool) -> dict[str, Any]:
+        """The state this source has at ``point`` (the loader saves the trainer's position)."""
         return {
             self.VERSION_KEY: self.VERSION,
-            self.FINGERPRINT_KEY: self.plan_for(self._group_size).fingerprint,
-            self.EPOCH_KEY: self._epoch,
-            self.START_KEY: self._start,
-            self.LOCAL_KEY: self._local,
-            self.CURSOR_KEY: self._start + self._local * self.world_size,
+            self.FINGERPRINT_KEY: self.plan_for(point.group_size).fingerprint,
+            self.EPOCH_KEY: point.epoch,
+            self.START_KEY: point.start,
+            self.LOCAL_KEY: point.local,
+            self.CURSOR_KEY: point.start + point.local * self.world_size,
             self.RANK_KEY: self.rank,
             self.WORLD_SIZE_KEY: self.world_size,
-            self.GROUP_SIZE_KEY: self._group_size,
+            self.GROUP_SIZE_KEY: point.group_size,
             self.BATCH_SIZE_KEY: self.batch_size,
             self.TAIL_KEY: self.tail,
-            self.STARTED_KEY: self._started,
+            self.STARTED_KEY: started,
         }
 
     def tail_dropped(self) -> list[int]:
