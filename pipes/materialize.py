@@ -16,20 +16,32 @@ A sample that fails to load (`SampleError` / `RecordError` / `OSError`) follows
 drawn with `random.Random(f"{seed}:{epoch}:{sample_id}:{attempt}")`, at most `max_retries`
 tries, in `report.replaced` as (failed id, replacement id)). Replacement lengths differ from the
 plan's, so overflow handling applies to them too.
+
+On the Qwen-VL path (`config.handler is None`) the pack's samples go through the processor in
+ONE call (`tokenize.finish_conversations`): same-size images are resized together, the
+per-call overhead is paid once per pack, and the pack's `pixel_values` is that call's tensor
+rather than a second copy. If any sample fails after loading, the whole pack is redone one
+sample at a time, so the failure policy sees each sample's own error; the result is the same
+pack either way (tests/test_tokenize_batch.py).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._record import RecordError
 from .media import SampleError
 from .mrope import MRopeConfig
 from .pack import Pack, build_pack, sample_mrope, truncate_sample
-from .tokenize import tokenize_conversation
+from .tokenize import (
+    Prepared,
+    finish_conversations,
+    prepare_conversation,
+    tokenize_conversation,
+)
 
 OVERFLOW_POLICIES: tuple[str, ...] = ("raise", "truncate", "drop")
 FAILURE_POLICIES: tuple[str, ...] = ("raise", "replace", "skip")
@@ -126,6 +138,59 @@ def _resolve_mrope(processor: Any, mrope: bool | MRopeConfig) -> MRopeConfig | N
     return MRopeConfig.from_processor(processor) if mrope else None
 
 
+class _Loaded(NamedTuple):
+    items: list[tuple[int, Any]]  # (loaded id, sample or prepared sample), in plan order
+    planned_of: list[int]  # the planned id each item stands for
+    skipped: list[int]
+    failed: list[int]
+    errors: list[str]
+
+
+def _prepare(source: Any, sample_id: int, processor: Any, config: MaterializeConfig) -> Prepared:
+    return prepare_conversation(source[sample_id], processor, fake_image=config.fake_image)
+
+
+def _collect(
+    planned: list[int],
+    load: Callable[[int], Any],
+    config: MaterializeConfig,
+    epoch: int,
+    n: int,
+) -> _Loaded:
+    """``load`` every planned id under ``config.on_failure`` (raise / skip / replace)."""
+    taken = set(planned)
+    out = _Loaded([], [], [], [], [])
+    for sid in planned:
+        current, attempt, tried = sid, 0, [sid]
+        while True:
+            try:
+                out.items.append((current, load(current)))
+                out.planned_of.append(sid)
+                break
+            except LOAD_ERRORS as exc:
+                out.failed.append(current)
+                out.errors.append(str(exc)[:300])
+                if config.on_failure == "raise":
+                    raise
+                if config.on_failure == "skip":
+                    out.skipped.append(current)
+                    break
+                if attempt >= config.max_retries:
+                    raise RuntimeError(
+                        f"sample {sid} and its replacements failed to load (tried {tried}); "
+                        f"last error: {exc}. Fix the data, "
+                        "raise max_retries, or use on_failure='skip'"
+                    ) from exc
+                attempt += 1
+                current = replacement_id(config.seed, epoch, sid, attempt, n)
+                while current in taken and len(taken) < n:
+                    attempt += 1
+                    current = replacement_id(config.seed, epoch, sid, attempt, n)
+                taken.add(current)
+                tried.append(current)
+    return out
+
+
 def materialize_pack(
     source: Any,
     sample_ids: Sequence[int],
@@ -137,47 +202,27 @@ def materialize_pack(
     """Build the pack of `sample_ids` (in plan order). See the module docstring."""
     mrope = _resolve_mrope(processor, config.mrope)
     planned = [int(i) for i in sample_ids]
-    taken = set(planned)
+    loaded: _Loaded | None = None
+    if config.handler is None:  # Qwen-VL: one processor call for the whole pack
+        try:
+            got = _collect(planned, lambda i: _prepare(source, i, processor, config), config,
+                           epoch, len(source))  # fmt: skip
+            preps = [p for _, p in got.items]
+            done = finish_conversations(preps, processor, label_policy=config.label_policy)
+            loaded = got._replace(items=[(i, s) for (i, _), s in zip(got.items, done, strict=True)])
+        except LOAD_ERRORS:  # redo one by one: the policy then sees each sample's own error
+            loaded = None
+    if loaded is None:
+        loaded = _collect(planned, lambda i: load_sample(source, i, processor, config), config,
+                          epoch, len(source))  # fmt: skip
+    replaced = [(sid, cur) for sid, (cur, _) in zip(loaded.planned_of, loaded.items, strict=True)
+                if cur != sid]  # fmt: skip
     samples: list[Pack] = []
-    replaced: list[tuple[int, int]] = []
-    skipped: list[int] = []
-    failed: list[int] = []
-    errors: list[str] = []
-    for sid in planned:
-        current, attempt, tried = sid, 0, [sid]
-        while True:
-            try:
-                s = load_sample(source, current, processor, config)
-                break
-            except LOAD_ERRORS as exc:
-                failed.append(current)
-                errors.append(str(exc)[:300])
-                if config.on_failure == "raise":
-                    raise
-                if config.on_failure == "skip":
-                    skipped.append(current)
-                    s = None
-                    break
-                if attempt >= config.max_retries:
-                    raise RuntimeError(
-                        f"sample {sid} and its replacements failed to load (tried {tried}); "
-                        f"last error: {exc}. Fix the data, "
-                        "raise max_retries, or use on_failure='skip'"
-                    ) from exc
-                attempt += 1
-                current = replacement_id(config.seed, epoch, sid, attempt, len(source))
-                while current in taken and len(taken) < len(source):
-                    attempt += 1
-                    current = replacement_id(config.seed, epoch, sid, attempt, len(source))
-                taken.add(current)
-                tried.append(current)
-        if s is None:
-            continue
-        if current != sid:
-            replaced.append((sid, current))
+    for _, s in loaded.items:
         if mrope is not None:
             s["position_ids"] = sample_mrope(s, mrope)
         samples.append(s)
+    skipped, failed, errors = loaded.skipped, loaded.failed, loaded.errors
 
     lengths = [_aligned(len(s["input_ids"]) - 1, config.alignment) for s in samples]
     dropped: list[int] = []

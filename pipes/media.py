@@ -156,8 +156,8 @@ def load_image(
     try:
         with Image.open(path) as im:
             _check_size(im, repr(path), sample_id, limit)
-            im.load()
-            return to_rgb(im).copy() if im.mode == "RGB" else to_rgb(im)
+            im.load()  # pixels now live in memory; leaving the block only closes the file
+            return to_rgb(im)
     except SampleError:
         raise
     except Image.DecompressionBombError as exc:

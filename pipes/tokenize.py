@@ -31,7 +31,8 @@ sample with no media, so every rank's vision tower runs. Its whole
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
@@ -42,7 +43,16 @@ from ._conversation import forbidden_tokens, parse_conversation
 from .labels import IGNORE_INDEX, RoleMarkers, conversation_labels, resolve_role_markers
 from .media import SampleError, load_image, load_video
 
-__all__ = ["FAKE_IMAGE_SIZE", "LABEL_POLICIES", "SampleError", "tokenize_conversation"]
+__all__ = [
+    "FAKE_IMAGE_SIZE",
+    "LABEL_POLICIES",
+    "Prepared",
+    "SampleError",
+    "finish_conversations",
+    "prepare_conversation",
+    "tokenize_conversation",
+    "tokenize_conversations",
+]
 
 LABEL_POLICIES: Final = ("assistant", "last_assistant")
 """``assistant``: every assistant turn; ``last_assistant``: only the final one."""
@@ -82,6 +92,113 @@ def _video_metadata(
     return out
 
 
+@dataclass
+class Prepared:
+    """A Record checked, its media loaded and its chat template applied: everything before the
+    processor call. ``processor_kwargs`` holds this sample's video options (none for images)."""
+
+    sample_id: Any
+    conversation: list[dict[str, Any]]
+    text: str
+    images: list[Any]
+    videos: list[Any]
+    processor_kwargs: dict[str, Any]
+    markers: RoleMarkers
+    n_fake: int
+
+
+def prepare_conversation(
+    record: Mapping[str, Any],
+    processor: Any,
+    *,
+    fake_image: bool = False,
+    max_image_pixels: int | str | None = "pil",
+    markers: RoleMarkers | None = None,
+    sample_frames: bool | None = None,
+) -> Prepared:
+    """Validate ``record``, load its media and render its template (the per-sample part that can
+    fail on bad data). See ``tokenize_conversation`` for the arguments."""
+    tok = getattr(processor, "tokenizer", processor)
+    markers = markers or resolve_role_markers(processor)
+    forbidden = forbidden_tokens(processor, tok, markers)
+    sid, conv, image_src, video_src, video_fps = parse_conversation(record, forbidden)
+    n_fake = 0
+    if fake_image and not image_src and not video_src:
+        first_user = next((m for m in conv if m["role"] == "user"), conv[0])
+        first_user["content"].insert(0, {"type": "image"})
+        image_src = [Image.new("RGB", (FAKE_IMAGE_SIZE, FAKE_IMAGE_SIZE), (255, 255, 255))]
+        n_fake = 1
+    images = [load_image(s, sample_id=sid, max_image_pixels=max_image_pixels) for s in image_src]
+    videos = [load_video(v, sample_id=sid) for v in video_src]
+    kwargs: dict[str, Any] = {}
+    if videos:
+        if sample_frames is None:
+            vp = getattr(processor, "video_processor", None)
+            sample_frames = bool(getattr(vp, "do_sample_frames", False))
+        kwargs["videos"], kwargs["do_sample_frames"] = videos, sample_frames
+        metadata = _video_metadata(record, videos, video_fps)
+        if metadata is not None:
+            kwargs["video_metadata"] = metadata
+    try:
+        text = processor.apply_chat_template(conv, tokenize=False)
+    except Exception as exc:
+        raise _processor_error(sid, bool(videos), exc) from exc
+    return Prepared(sid, conv, text, images, videos, kwargs, markers, n_fake)
+
+
+def _processor_error(sid: Any, video: bool, exc: Exception) -> SampleError:
+    return SampleError(
+        sid,
+        "video_error" if video else "processor_error",
+        f"the processor failed: {type(exc).__name__}: {exc}; "
+        "check the media files (videos need a decoder such as torchcodec or a list of frames)",
+    )
+
+
+def _call(processor: Any, batch: Sequence[Prepared]) -> list[dict[str, Any]]:
+    """One processor call for ``batch`` (at most one sample when it has videos), split back
+    into one output dict per sample. Media rows are views into the call's tensors, in order,
+    so ``build_pack`` can take a pack's pixels without copying them again."""
+    images = [im for p in batch for im in p.images]
+    kwargs: dict[str, Any] = {}
+    if len(batch) == 1:  # rows of equal length: tensors straight from the processor
+        kwargs = {"return_tensors": "pt", **batch[0].processor_kwargs}
+    if images:
+        kwargs["images"] = images
+    out = processor(text=[p.text for p in batch], **kwargs)
+    rows: list[dict[str, Any]] = [{} for _ in batch]
+    for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
+        if key in out:
+            for row, v in zip(rows, out[key], strict=True):
+                row[key] = torch.as_tensor(v).long()
+    for kind, pv_key, count in (
+        ("image", "pixel_values", [len(p.images) for p in batch]),
+        ("video", "pixel_values_videos", [len(p.videos) for p in batch]),
+    ):
+        grid = out.get(f"{kind}_grid_thw")
+        if grid is None:
+            continue
+        grid = torch.as_tensor(grid)
+        pixels = out.get(pv_key)
+        if len(batch) == 1 or pixels is None or sum(count) != grid.shape[0]:
+            if len(batch) != 1:  # cannot split by sample; the caller falls back to one by one
+                raise ValueError(f"{kind} grid {tuple(grid.shape)} vs {count} {kind}s per sample")
+            rows[0][f"{kind}_grid_thw"], rows[0][pv_key] = grid, pixels
+            continue
+        per_item = grid.long().prod(dim=-1).tolist()
+        at = 0
+        g = 0
+        for row, n in zip(rows, count, strict=True):
+            if n:
+                r = sum(per_item[g : g + n])
+                row[f"{kind}_grid_thw"] = grid[g : g + n]
+                row[pv_key] = pixels[at : at + r]
+                at, g = at + r, g + n
+    if "second_per_grid_ts" in out and len(batch) == 1:
+        rows[0]["second_per_grid_ts"] = out["second_per_grid_ts"]
+    return rows
+
+
 def tokenize_conversation(
     record: Mapping[str, Any],
     processor: Any,
@@ -99,50 +216,69 @@ def tokenize_conversation(
     ``sample_frames``: ``None`` follows the video processor's ``do_sample_frames`` (Qwen3-VL: on,
     at its ``fps``; the length estimator assumes the same), ``False`` keeps every given frame.
     """
+    _check_policy(label_policy)
+    prep = prepare_conversation(
+        record, processor, fake_image=fake_image, max_image_pixels=max_image_pixels,
+        markers=markers, sample_frames=sample_frames,
+    )  # fmt: skip
+    return finish_conversations([prep], processor, label_policy=label_policy)[0]
+
+
+def tokenize_conversations(
+    records: Sequence[Mapping[str, Any]], processor: Any, **options: Any
+) -> list[dict[str, Any]]:
+    """``tokenize_conversation`` for several Records with ONE processor call for all of those
+    without videos (the image processor resizes same-size images together, and the per-call
+    overhead is paid once). Each Sample equals ``tokenize_conversation``'s for its record, and the
+    samples' pixel rows are consecutive views of one tensor. Same keyword options."""
+    label_policy = options.pop("label_policy", "assistant")
+    _check_policy(label_policy)
+    preps = [prepare_conversation(r, processor, **options) for r in records]
+    return finish_conversations(preps, processor, label_policy=label_policy)
+
+
+def _check_policy(label_policy: str) -> None:
     if label_policy not in LABEL_POLICIES:
         raise ValueError(f"{label_policy=} is not one of {LABEL_POLICIES}")
-    tok = getattr(processor, "tokenizer", processor)
-    markers = markers or resolve_role_markers(processor)
-    forbidden = forbidden_tokens(processor, tok, markers)
-    sid, conv, image_src, video_src, video_fps = parse_conversation(record, forbidden)
-    n_fake = 0
-    if fake_image and not image_src and not video_src:
-        first_user = next((m for m in conv if m["role"] == "user"), conv[0])
-        first_user["content"].insert(0, {"type": "image"})
-        image_src = [Image.new("RGB", (FAKE_IMAGE_SIZE, FAKE_IMAGE_SIZE), (255, 255, 255))]
-        n_fake = 1
-    images = [load_image(s, sample_id=sid, max_image_pixels=max_image_pixels) for s in image_src]
-    videos = [load_video(v, sample_id=sid) for v in video_src]
-    kwargs: dict[str, Any] = {"return_tensors": "pt"}
-    if images:
-        kwargs["images"] = images
-    if videos:
-        if sample_frames is None:
-            vp = getattr(processor, "video_processor", None)
-            sample_frames = bool(getattr(vp, "do_sample_frames", False))
-        kwargs["videos"], kwargs["do_sample_frames"] = videos, sample_frames
-        metadata = _video_metadata(record, videos, video_fps)
-        if metadata is not None:
-            kwargs["video_metadata"] = metadata
-    try:
-        text = processor.apply_chat_template(conv, tokenize=False)
-        out = processor(text=[text], **kwargs)
-    except Exception as exc:
-        reason = "video_error" if videos else "processor_error"
-        raise SampleError(
-            sid,
-            reason,
-            f"the processor failed: {type(exc).__name__}: {exc}; "
-            "check the media files (videos need a decoder such as torchcodec or "
-            "a list of frames)",
-        ) from exc
-    ids = out["input_ids"][0].long()
+
+
+def finish_conversations(
+    preps: Sequence[Prepared], processor: Any, *, label_policy: str = "assistant"
+) -> list[dict[str, Any]]:
+    """Run the processor on prepared samples and check and label each one. Samples without
+    videos share one call; if that call fails, each sample is retried alone so the error names
+    its own sample id."""
+    rows: list[dict[str, Any] | None] = [None] * len(preps)
+    batch = [k for k, p in enumerate(preps) if not p.videos]
+    if len(batch) > 1:
+        try:
+            for k, row in zip(batch, _call(processor, [preps[k] for k in batch]), strict=True):
+                rows[k] = row
+        except Exception:  # retried one by one below, so the error names its sample
+            rows = [None] * len(preps)
+    out: list[dict[str, Any]] = []
+    for prep, row in zip(preps, rows, strict=True):
+        if row is None:
+            try:
+                row = _call(processor, [prep])[0]
+            except Exception as exc:
+                raise _processor_error(prep.sample_id, bool(prep.videos), exc) from exc
+        out.append(_finish(prep, row, processor, label_policy))
+    return out
+
+
+def _finish(
+    prep: Prepared, row: Mapping[str, Any], processor: Any, label_policy: str
+) -> dict[str, Any]:
+    """One sample's processor output -> a checked, labelled Sample."""
+    sid, tok = prep.sample_id, getattr(processor, "tokenizer", processor)
+    ids = row["input_ids"]
     image_id, video_id = (
         getattr(processor, f"{k}_token_id", None) or tok.convert_tokens_to_ids(f"<|{k}_pad|>")
         for k in ("image", "video")
     )
     mm = (ids == image_id).long() + 2 * (ids == video_id).long()
-    if "mm_token_type_ids" in out and not torch.equal(out["mm_token_type_ids"][0].long(), mm):
+    if "mm_token_type_ids" in row and not torch.equal(row["mm_token_type_ids"], mm):
         raise SampleError(
             sid,
             "media_token_mismatch",
@@ -150,16 +286,18 @@ def tokenize_conversation(
             "disagree with the image/video pad tokens in input_ids",
         )
     sample: dict[str, Any] = {"sample_id": sid, "input_ids": ids}
-    _media(sample, out, sid, processor, mm, len(images), len(videos))
+    _media(sample, row, sid, processor, mm, len(prep.images), len(prep.videos))
 
     labels = conversation_labels(
-        ids, conv, markers, sample_id=sid, mm_token_type_ids=mm, label_policy=label_policy
-    )
-    attention = out["attention_mask"][0].long() if "attention_mask" in out else torch.ones_like(ids)
-    if n_fake:
+        ids, prep.conversation, prep.markers, sample_id=sid, mm_token_type_ids=mm,
+        label_policy=label_policy,
+    )  # fmt: skip
+    attention = row["attention_mask"] if "attention_mask" in row else torch.ones_like(ids)
+    if prep.n_fake:
         grid = sample["image_grid_thw"][0]
         merge = int(processor.image_processor.merge_size)
         block = _fake_block(ids, mm, int(grid.prod()) // merge**2, tok)
+        attention = attention.clone()
         attention[block] = 0
         labels[block] = IGNORE_INDEX
     sample.update(labels=labels, attention_mask=attention, mm_token_type_ids=mm)
