@@ -25,7 +25,7 @@ from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.neat_vlm import open_source
 from neatpack.graphs.stages import map_stage, pack_meta
-from neatpack.graphs.watchdog import die_with_parent
+from neatpack.graphs.watchdog import init_worker
 from neatpack.pipes.collate import pad_collate_fn
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
@@ -110,7 +110,7 @@ class GroupStep:
         self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
-        die_with_parent(self.owner_pid)
+        init_worker(self.owner_pid)
         samples = [tokenize_conversation(self.source[i], self.processor) for i in ref["sample_ids"]]
         batch = dict(
             pad_collate_fn(samples, self.processor, self.cfg.max_length, truncate=self.cfg.truncate)

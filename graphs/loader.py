@@ -28,6 +28,7 @@ import copy
 import hashlib
 import json
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from neatpack.graphs.watchdog import WorkerWatchdog
+from neatpack.graphs.watchdog import WorkerWatchdog, shutdown_at_exit
 from neatpack.pipes.source import (
     PackRef,
     PackSource,
@@ -47,6 +48,7 @@ from neatpack.pipes.source import (
 __all__ = ["EpochLedger", "LoaderStats", "NeatLoader", "StateMismatchError"]
 
 Batch = dict[str, Any]
+ESTIMATE_WINDOW = 65536
 
 
 @dataclass
@@ -73,14 +75,15 @@ class LoaderStats:
     packs: int = 0
     real_tokens: int = 0
     pack_tokens: int = 0  # packs x pack size
-    estimate_ratio: list[float] = field(default_factory=list)  # real / estimated, per pack
+    # real / estimated per pack, the most recent ESTIMATE_WINDOW packs (bounded over long runs)
+    estimate_ratio: deque[float] = field(default_factory=lambda: deque(maxlen=ESTIMATE_WINDOW))
 
     def utilization(self) -> float:
         """Real tokens / (packs x pack size): the fraction of each GPU step that trains."""
         return self.real_tokens / self.pack_tokens if self.pack_tokens else 0.0
 
     def estimate_error(self) -> dict[str, float]:
-        """p50 and p99 of |real / estimated - 1| over packs."""
+        """p50 and p99 of |real / estimated - 1| over the last ``ESTIMATE_WINDOW`` packs."""
         if not self.estimate_ratio:
             return {"p50": 0.0, "p99": 0.0}
         err = np.abs(np.asarray(self.estimate_ratio) - 1.0)
@@ -112,6 +115,7 @@ class NeatLoader:
         self.source = source
         self.root = build(source)
         self._watchdog = WorkerWatchdog(self.root)
+        shutdown_at_exit(self.root)
         self.pack_size = pack_size
         self.config = dict(config or {})
         self.config_fingerprint = hashlib.sha256(

@@ -30,7 +30,7 @@ from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.neat_vlm import BatchStep
 from neatpack.graphs.stages import map_stage, pack_meta
-from neatpack.graphs.watchdog import die_with_parent
+from neatpack.graphs.watchdog import init_worker
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.read import JsonlSource
@@ -141,7 +141,7 @@ class LLMPackStep:
         self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
-        die_with_parent(self.owner_pid)
+        init_worker(self.owner_pid)
         samples = [self.source[i] for i in ref["sample_ids"]]
         pack = dict(build_pack(samples, padding_idx=self.padding_idx))
         real = int(sum(pack["seq_lens"]))

@@ -31,7 +31,7 @@ from torchdata.nodes import BaseNode, Batcher
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.stages import map_stage, pack_meta
-from neatpack.graphs.watchdog import die_with_parent
+from neatpack.graphs.watchdog import init_worker
 from neatpack.pipes.collate import neat_packed_vlm_collater
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
@@ -160,7 +160,7 @@ class PackStep:
         self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
-        die_with_parent(self.owner_pid)
+        init_worker(self.owner_pid)
         pack = self.materializer(ref)
         ids = ref["sample_ids"]
         pack["meta"] = pack_meta(

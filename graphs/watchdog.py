@@ -14,6 +14,7 @@ is handled by :func:`die_with_parent`, which each worker calls on its first item
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -23,7 +24,14 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-__all__ = ["WorkerWatchdog", "die_with_parent", "mapper_iters", "quiet_forked_iterator_gc"]
+__all__ = [
+    "WorkerWatchdog",
+    "die_with_parent",
+    "init_worker",
+    "mapper_iters",
+    "quiet_forked_iterator_gc",
+    "shutdown_at_exit",
+]
 
 _PR_SET_PDEATHSIG = 1
 _armed_pid: int | None = None
@@ -46,6 +54,66 @@ def die_with_parent(owner_pid: int) -> None:
         return
     if os.getppid() == 1:  # the parent died before we armed: go now
         os._exit(1)
+
+
+def init_worker(owner_pid: int) -> None:
+    """First thing on every item in a worker process (pid != ``owner_pid``); cheap after the first.
+
+    Arms :func:`die_with_parent` and, once per process, sets torch to one intra-op thread, as
+    ``torch.utils.data.DataLoader`` does in its workers: N workers each running torch's default
+    of one thread per core would oversubscribe the cores N times over (resize, normalize and
+    the pixel copies are all torch ops).
+    """
+    first = _armed_pid != os.getpid()
+    die_with_parent(owner_pid)
+    if first and os.getpid() != owner_pid:
+        import torch
+
+        torch.set_num_threads(1)
+
+
+_exit_roots: Any = None
+
+
+def _shutdown_all() -> None:
+    """Stop every live mapper iterator and drop the node's reference to it, so its ``__del__``
+    runs now, while ``multiprocessing`` still works, instead of during interpreter teardown."""
+    for root in list(_exit_roots or ()):
+        stack: list[Any] = [root]
+        seen: set[int] = set()
+        while stack:
+            obj = stack.pop()
+            if obj is None or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            for name in ("source", "_it", "root", "_source"):
+                child = getattr(obj, name, None)
+                if child is None:
+                    continue
+                if hasattr(child, "_workers") and hasattr(child, "_out_q"):
+                    with contextlib.suppress(Exception):  # best effort at interpreter exit
+                        child._shutdown()
+                        setattr(obj, name, None)
+                else:
+                    stack.append(child)
+
+
+def shutdown_at_exit(root: BaseNode[Any]) -> None:
+    """Stop the worker processes of ``root``'s graph at interpreter exit (held weakly).
+
+    Without this, torchdata 0.11's ``_ParallelMapperIter.__del__`` runs during interpreter
+    teardown, after ``multiprocessing``'s globals are gone, and prints "Exception ignored in
+    ... AttributeError: 'NoneType' object has no attribute 'maxsize'" at the end of every
+    script that kept a loader alive. ``atexit`` handlers run before that teardown.
+    """
+    global _exit_roots
+    if _exit_roots is None:
+        import atexit
+        import weakref
+
+        _exit_roots = weakref.WeakSet()
+        atexit.register(_shutdown_all)
+    _exit_roots.add(root)
 
 
 def mapper_iters(root: BaseNode[Any]) -> list[Any]:

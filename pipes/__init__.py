@@ -28,7 +28,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sampler": ("LengthGroupedSampler",),
     "source": ("PackSource", "StateMismatchError"),
     "media": ("SampleError", "load_image", "to_rgb"),
-    "tokenize": ("tokenize_conversation",),
+    "tokenize": ("tokenize_conversation", "tokenize_conversations"),
     "labels": ("build_labels", "build_labels_from_template", "derive_role_markers"),
     "mrope": ("MRopeConfig", "compute_mrope_position_ids", "mrope_position_ids"),
     "pack": ("build_pack", "build_packed_sample", "build_packed_vlm_sample", "shift_sample"),
