@@ -23,6 +23,8 @@ def test_bench_loader_quick() -> None:
     m = out["metrics"]
     assert set(m["neat"]) == set(m["dataloader"]) == {"workers_0", "workers_1"}
     assert all(v["tokens_per_s"] > 0 for v in m["neat"].values())
+    assert all(v["batches"] >= 2 and v["steady_tokens_per_s"] > 0 for v in m["neat"].values())
+    assert "steady_ratio_neat_vs_dataloader" in m
     assert set(m["resume_first_batch_s"]) == {"0%", "50%", "95%"}
 
 
