@@ -2,35 +2,59 @@
 
 B packs of length up to S (each 90-100% full, 2-8 documents, seeded), collated to ``[B, S]``
 (``max_length=S``) once per format with ``neat_packed_vlm_collater``, torch on one thread (as in
-loader worker processes; ``--threads`` to change). Per format: ``collate_ms`` (median and best
-of ``--repeats`` full collates: padding + mask), ``mask_ms`` (best, the mask conversion alone
-from ``[B, S]`` document ids), ``output_bytes`` (``nbytes`` of every tensor in the batch,
-BlockMask and THD params included) and ``rss_peak_delta_bytes`` (growth of the process's peak
-RSS, ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, while that format ran; formats run from the
-smallest to the largest output, so each delta is that format's excess over every earlier peak;
-tracemalloc does not see torch's allocations).
+loader worker processes; ``--threads`` to change). Per format: ``collate_ms_*`` over
+``--repeats`` full collates (padding + mask): ``best``, ``median``, ``p90`` and
+``median_unpreempted`` (the median of the calls in which the process was never switched out),
+with ``preempted_calls``, ``page_faults_per_call_median`` and ``gc_runs`` beside them (see
+below); ``mask_ms`` (best, the mask conversion alone from ``[B, S]`` document ids),
+``output_bytes`` (``nbytes`` of every tensor in the batch, BlockMask and THD params included)
+and ``rss_peak_delta_bytes`` (growth of the process's peak RSS, ``ru_maxrss``, while that
+format ran; formats run from the smallest to the largest output, so each delta is that
+format's excess over every earlier peak; tracemalloc does not see torch's allocations). For
+the compact formats, ``general_path`` times the same collate with the fast path switched off:
+the code as it was before it (key-by-key padding, ``check_doc_ids``, masks from the ids).
 
     python benchmarks/bench_collate.py            # B=4, S=16384
     python benchmarks/bench_collate.py --quick    # B=4, S=2048
+
+Why a median can sit far above the best (measured on a 2-core VM shared with other jobs,
+B=4, S=16384, 30-60 calls per format, per-call ``getrusage`` deltas):
+
+* Preemption, the main cause. A call in which the scheduler hands the core to another process
+  (``ru_nivcsw`` grows) takes 2-10x longer. With load average ~2 on 2 cores, 13/60 (thd) and
+  29/60 (position_ids) of the old 2.6-4.7 ms collates were preempted, and 1-14 of 30 of the new
+  0.6-0.9 ms ones; ``collate_ms_median_unpreempted`` stays within ~10% of ``best`` on a quiet
+  machine, and ``p90`` shows the preempted tail. A shorter call is also less likely to be hit.
+* Page faults of fresh memory, the old code's second cost. It allocated six ``[B, S]`` int64
+  tensors (512 KiB each) and ~10 temporaries per call; in a fresh process each call took
+  480-496 minor page faults (~1.9 MiB faulted in again: consistent with glibc returning the
+  freed tensors to the OS through its dynamic mmap / trim thresholds). The fast path's one
+  ``[K, B, S]`` buffer and two temporaries are reused from the heap: 0 faults per call.
+  (Run after the fast path in one process, as here, the general path is spared those faults
+  too: the heap state is shared, so its ``page_faults_per_call_median`` reads 0.)
+* Not GC: ``gc_runs`` is 0 in every compact format's timed loop.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import os
 import platform
 import resource
 import statistics
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
 
+from neatpack.pipes import collate as C
 from neatpack.pipes import mask as M
-from neatpack.pipes.collate import neat_packed_vlm_collater
 
 #: Run order: compact formats first, then the ones whose output grows with S^2.
 FORMATS = (
@@ -101,43 +125,96 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
-    times, out = [], None
-    for _ in range(repeats):
-        out = None  # free the previous output before the next run
-        t0 = time.perf_counter()
-        out = fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times, out
+class Timing:
+    """Per-call wall time plus what else happened in the call: page faults, preemption, GC.
+
+    ``ru_minflt`` (minor page faults: first touch of freshly mapped memory) and ``ru_nivcsw``
+    (involuntary context switches: the scheduler gave the core to another process) come from
+    ``getrusage`` before and after each call; ``gc.callbacks`` counts Python collections.
+    """
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+        self.faults: list[int] = []
+        self.preempted: list[bool] = []
+        self.gc_runs = 0
+
+    def summary(self) -> dict[str, Any]:
+        quiet = [t for t, p in zip(self.ms, self.preempted, strict=True) if not p]
+        return {
+            "collate_ms_median": round(statistics.median(self.ms), 3),
+            "collate_ms_best": round(min(self.ms), 3),
+            "collate_ms_p90": round(sorted(self.ms)[math.ceil(0.9 * len(self.ms)) - 1], 3),
+            "collate_ms_median_unpreempted": round(statistics.median(quiet), 3) if quiet else None,
+            "preempted_calls": sum(self.preempted),
+            "page_faults_per_call_median": statistics.median(self.faults),
+            "gc_runs": self.gc_runs,
+        }
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[Timing, Any]:
+    timing, out = Timing(), None
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        timing.gc_runs += phase == "start"
+
+    gc.callbacks.append(on_gc)
+    try:
+        for _ in range(repeats):
+            out = None  # free the previous output before the next run
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            t0 = time.perf_counter()
+            out = fn()
+            timing.ms.append((time.perf_counter() - t0) * 1e3)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            timing.faults.append(r1.ru_minflt - r0.ru_minflt)
+            timing.preempted.append(r1.ru_nivcsw > r0.ru_nivcsw)
+    finally:
+        gc.callbacks.remove(on_gc)
+    return timing, out
+
+
+@contextmanager
+def general_path() -> Iterator[None]:
+    """Collate through the general path only: the code before the fast path, as a baseline."""
+    fast = C._pad_packs_fast
+    C._pad_packs_fast = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        C._pad_packs_fast = fast
 
 
 def run(b: int, s: int, repeats: int, heavy_repeats: int, seed: int) -> dict[str, Any]:
     import torch.nn.attention.flex_attention  # noqa: F401  # import cost is not the mask's
 
     packs = make_packs(b, s, seed)
-    doc_ids = neat_packed_vlm_collater(packs, max_length=s, mask_format="doc_ids")["doc_ids"]
+    doc_ids = C.neat_packed_vlm_collater(packs, max_length=s, mask_format="doc_ids")["doc_ids"]
     metrics: dict[str, Any] = {}
     for fmt in FORMATS:
         heavy = fmt in ("sdpa", "eager", "flex_attention")
         n = heavy_repeats if heavy else repeats
         rss0 = peak_rss()
-        neat_packed_vlm_collater(packs, max_length=s, mask_format=fmt)  # warm-up
-        times, out = timed(
-            lambda f=fmt: neat_packed_vlm_collater(packs, max_length=s, mask_format=f), n
-        )
+        collate = partial(C.neat_packed_vlm_collater, packs, max_length=s, mask_format=fmt)
+        collate()  # warm-up
+        timing, out = timed(collate, n)
         out_bytes = nbytes({k: v for k, v in out.items() if k != "sample_ids"})
         mask_bytes = nbytes(out.get("attention_mask")) + nbytes(out.get("packed_seq_params"))
         del out
-        mask_times, _ = timed(lambda f=fmt: MASK_ONLY[f](doc_ids), n)
+        mask_timing, _ = timed(partial(MASK_ONLY[fmt], doc_ids), n)
         metrics[fmt] = {
-            "collate_ms_median": round(statistics.median(times), 3),
-            "collate_ms_best": round(min(times), 3),
-            "mask_ms_best": round(min(mask_times), 3),
+            **timing.summary(),
+            "mask_ms_best": round(min(mask_timing.ms), 3),
             "output_bytes": out_bytes,
             "mask_bytes": mask_bytes,
             "rss_peak_delta_bytes": peak_rss() - rss0,
             "repeats": n,
         }
+        if not heavy:  # the same collate through the general path, in the same run
+            with general_path():
+                collate()
+                general, _ = timed(collate, n)
+            metrics[fmt]["general_path"] = general.summary()
     return metrics
 
 
@@ -185,4 +262,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

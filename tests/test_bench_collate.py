@@ -23,9 +23,18 @@ def test_bench_collate_quick() -> None:
     assert set(out["metrics"]) == {
         "doc_ids", "position_ids", "flash_attention_2", "thd", "flex_attention", "sdpa", "eager",
     }  # fmt: skip
-    for row in out["metrics"].values():
-        assert {"collate_ms_median", "collate_ms_best", "mask_ms_best", "output_bytes",
-                "mask_bytes", "rss_peak_delta_bytes"} <= set(row)  # fmt: skip
+    timing = {"collate_ms_median", "collate_ms_best", "collate_ms_p90",
+              "collate_ms_median_unpreempted", "preempted_calls", "page_faults_per_call_median",
+              "gc_runs"}  # fmt: skip
+    for fmt, row in out["metrics"].items():
+        assert timing | {"mask_ms_best", "output_bytes", "mask_bytes",
+                         "rss_peak_delta_bytes"} <= set(row)  # fmt: skip
+        assert row["collate_ms_best"] <= row["collate_ms_median"] <= row["collate_ms_p90"]
+        # the general-path baseline is timed for the compact formats only
+        compact = fmt not in ("flex_attention", "sdpa", "eager")
+        assert ("general_path" in row) == compact
+        if compact:
+            assert timing == set(row["general_path"])
     # the 4D masks hold B*S*S entries: bool 1 byte, additive float32 4 bytes
     assert out["metrics"]["sdpa"]["mask_bytes"] == 4 * 512 * 512
     assert out["metrics"]["eager"]["mask_bytes"] == 4 * 4 * 512 * 512

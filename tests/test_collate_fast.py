@@ -73,11 +73,11 @@ def make_pack(
 def general_path_only() -> Iterator[None]:
     """Switch the fast path off: every batch goes through ``_pad_packs`` (the reference)."""
     fast = C._pad_packs_fast
-    C._pad_packs_fast = lambda *args, **kwargs: None  # type: ignore[assignment]
+    C._pad_packs_fast = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        C._pad_packs_fast = fast  # type: ignore[assignment]
+        C._pad_packs_fast = fast
 
 
 @contextmanager
@@ -91,11 +91,11 @@ def count_fast_hits() -> Iterator[list[bool]]:
         hits.append(out is not None)
         return out
 
-    C._pad_packs_fast = spy  # type: ignore[assignment]
+    C._pad_packs_fast = spy
     try:
         yield hits
     finally:
-        C._pad_packs_fast = fast  # type: ignore[assignment]
+        C._pad_packs_fast = fast
 
 
 def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
