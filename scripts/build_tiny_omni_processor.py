@@ -1,0 +1,122 @@
+"""Build the tiny, real, offline ``Qwen2_5OmniProcessor`` that neatpack's Omni tests use.
+
+Usage::
+
+    python scripts/build_tiny_omni_processor.py [OUT_DIR]   # default: pipes/_assets/processors
+
+Writes ``qwen2_5_omni/``, every part a real transformers class:
+
+* the byte-level BPE already shipped in ``qwen2_vl/`` (trained by
+  ``scripts/build_tiny_processors.py``; reloaded, not retrained, so the ids of the shared vocabulary
+  are the same in every tiny processor) plus Qwen2.5-Omni's named multimodal tokens
+  (``<|IMAGE|>``, ``<|AUDIO|>``, ``<|VIDEO|>``, ``<|vision_bos|>`` / ``<|vision_eos|>``,
+  ``<|audio_bos|>`` / ``<|audio_eos|>``), the attributes ``Qwen2_5OmniProcessor.__init__`` reads;
+* a Qwen2.5-Omni-style chat template (the real default system prompt, one
+  ``<|audio_bos|><|AUDIO|><|audio_eos|>`` per audio block, ``<|vision_bos|><|IMAGE|><|vision_eos|>``
+  per image block, the video equivalent, assistant turns in ``{% generation %}``);
+* ``Qwen2VLImageProcessor`` / ``Qwen2VLVideoProcessor`` with the same small pixel budget as the
+  Qwen-VL tiny processors (``MIN_PIXELS`` / ``MAX_PIXELS`` imported from that script);
+* the real ``WhisperFeatureExtractor`` with Qwen2.5-Omni's settings: 128 mel bins, 16 kHz,
+  hop 160, 30 s window, attention mask on (numpy/torch STFT only: no librosa, no torchaudio).
+
+Saved with ``save_pretrained``; reloads with ``AutoProcessor.from_pretrained(folder)`` and no
+network. Deterministic: the same inputs give the same bytes (a slow test rebuilds and compares).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_tiny_processors import MAX_PIXELS, MIN_PIXELS  # noqa: E402
+
+OMNI_TOKENS = {
+    "image_token": "<|IMAGE|>",
+    "audio_token": "<|AUDIO|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+}
+OMNI_SYSTEM = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+    "perceiving auditory and visual inputs, as well as generating text and speech."
+)
+_CONTENT = (
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'audio' or 'audio' in content %}"
+    "<|audio_bos|><|AUDIO|><|audio_eos|>"
+    "{% elif content['type'] == 'image' or 'image' in content %}"
+    "<|vision_bos|><|IMAGE|><|vision_eos|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "<|vision_bos|><|VIDEO|><|vision_eos|>"
+    "{% elif 'text' in content %}{{ content['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}"
+)
+OMNI_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\n" + OMNI_SYSTEM + "<|im_end|>\n"
+    "{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}" + _CONTENT + "<|im_end|>{% endgeneration %}"
+    "{% else %}" + _CONTENT + "<|im_end|>{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_omni() -> Any:
+    """Assemble the real ``Qwen2_5OmniProcessor`` (module docstring)."""
+    import transformers as tf
+
+    qwen = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors" / "qwen2_vl"
+    tok = tf.Qwen2Tokenizer.from_pretrained(
+        str(qwen), local_files_only=True, extra_special_tokens=dict(OMNI_TOKENS)
+    )
+    unit = (14 * 2) ** 2
+    common: dict[str, Any] = {
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "size": {"shortest_edge": unit * MIN_PIXELS, "longest_edge": unit * MAX_PIXELS},
+    }
+    return tf.Qwen2_5OmniProcessor(
+        image_processor=tf.Qwen2VLImageProcessor(**common),
+        video_processor=tf.Qwen2VLVideoProcessor(**common, cap_pixels_per_frame=False),
+        feature_extractor=tf.WhisperFeatureExtractor(
+            feature_size=128,
+            sampling_rate=16000,
+            hop_length=160,
+            chunk_length=30,
+            n_fft=400,
+            return_attention_mask=True,
+        ),
+        tokenizer=tok,
+        chat_template=OMNI_TEMPLATE,
+    )
+
+
+def main(argv: list[str]) -> int:
+    default = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
+    out = Path(argv[1]) if len(argv) > 1 else default
+    folder = out / "qwen2_5_omni"
+    folder.mkdir(parents=True, exist_ok=True)
+    build_omni().save_pretrained(str(folder))
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    print(f"qwen2_5_omni: {folder} {sorted(p.name for p in folder.iterdir())} {size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
