@@ -11,9 +11,9 @@ the pack builder shifts. Worked example with the tiny processor (ids shortened):
 
 Two ways to find the markers:
 
-* fast path, any template built on ``<|im_start|>`` / ``<|im_end|>`` (checked on the template text,
-  not on the processor's class name): ``start = [<|im_start|>] + encode("assistant\\n")``,
-  ``end = [<|im_end|>]``;
+* fast path, any template that renders an assistant turn as ``<|im_start|>assistant\\n`` content
+  ``<|im_end|>`` (checked by rendering a sentinel turn, not by the processor's class name):
+  ``start = [<|im_start|>] + encode("assistant\\n")``, ``end = [<|im_end|>]``;
 * general path, ``derive_role_markers``: render a conversation with unique sentinel contents and
   read the tokens between the user turn and the first assistant sentinel (start marker) and the
   first token after it (end marker). Works for any template with fixed turn wrappers.
@@ -109,10 +109,22 @@ def qwen_role_markers(processor_or_tokenizer: Any) -> RoleMarkers | None:
     if any(i is None or i == unk for i in ids):
         return None
     role = list(tok.encode("assistant\n", add_special_tokens=False))
-    if not role:
+    if not role or not _renders_qwen_turns(processor_or_tokenizer):
         return None
     start = (int(ids[0]), *map(int, role))
     return RoleMarkers(start, (int(ids[1]),), _tail_alternatives(tok, start[-1]))
+
+
+def _renders_qwen_turns(processor_or_tokenizer: Any) -> bool:
+    """Whether the template really opens assistant turns with ``<|im_start|>assistant\\n`` and
+    closes them with ``<|im_end|>`` (a template can use ``<|im_start|>`` with other role text,
+    e.g. ``<|im_start|>Assistant:``; the general path handles those)."""
+    u1, a1 = _SENTINELS[:2]
+    try:
+        text = _render(processor_or_tokenizer, [("user", u1), ("assistant", a1)])
+    except ValueError:
+        return False
+    return f"<|im_start|>assistant\n{a1}<|im_end|>" in text
 
 
 def _render(processor_or_tokenizer: Any, turns: Sequence[tuple[str, str]]) -> str:

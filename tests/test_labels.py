@@ -210,3 +210,31 @@ def test_labels_cover_exactly_assistant_content(turns: list[tuple[str, str]]) ->
     for text, (_, answer) in zip(got, turns, strict=True):
         assert text.endswith(answer + END)
         assert text[: len(text) - len(answer + END)] in ("", "\n")  # merged header newline only
+
+
+IM_START_CAPITALISED = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] | capitalize }}: "
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>Assistant: {% endif %}"
+)
+
+
+def test_im_start_template_with_other_role_text_takes_the_general_path(proc: Any) -> None:
+    """``<|im_start|>`` in a template is not enough for the fast path: this one renders
+    ``<|im_start|>Assistant: ``, which the fast path's ``<|im_start|>assistant\\n`` never matches
+    (every label would be -100, silently)."""
+    tok = copy.deepcopy(proc.tokenizer)
+    tok.chat_template = IM_START_CAPITALISED
+    assert qwen_role_markers(tok) is None
+    markers = resolve_role_markers(tok)
+    assert tok.decode(list(markers.start)) == "<|im_start|>Assistant: "
+    conv = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "First reply."},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "Second."},
+    ]
+    text = tok.apply_chat_template(conv, tokenize=False)
+    ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"])
+    turns = [t.strip() for t in _labelled_turns(tok, ids, build_labels(ids, tok))]
+    assert turns == [f"First reply.{END}", f"Second.{END}"]
