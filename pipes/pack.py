@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ._tensors import adjacent_view
 from .mrope import MRopeConfig, compute_mrope_position_ids, mrope_position_ids
 
 IGNORE_INDEX = -100
@@ -160,30 +161,6 @@ def _masked_last(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _adjacent_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """The one view covering ``tensors`` when they lie back to back in one storage (the pixel
-    rows of a pack that ``tokenize_conversations`` produced in one processor call), else None.
-    Taking it saves copying the pack's largest tensor again; the caller cats otherwise."""
-    first = tensors[0]
-    if not first.is_contiguous():
-        return None
-    storage, row = first.untyped_storage().data_ptr(), first[0].numel() if first.numel() else 0
-    end = first.storage_offset() + first.numel()
-    for t in tensors[1:]:
-        if (
-            not t.is_contiguous()
-            or t.dtype != first.dtype
-            or t.untyped_storage().data_ptr() != storage
-            or t.storage_offset() != end
-        ):
-            return None
-        end += t.numel()
-    rows = sum(int(t.shape[0]) for t in tensors)
-    if row * rows != end - first.storage_offset():
-        return None
-    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
-
-
 def _cat_media(docs: Sequence[dict[str, Any]], key: str) -> Any:
     vals = [d[key] for d in docs if d.get(key) is not None]
     if not vals:
@@ -192,7 +169,7 @@ def _cat_media(docs: Sequence[dict[str, Any]], key: str) -> Any:
     if len(tensors) == 1:
         return tensors[0]  # no copy: pixel rows are the bulk of a pack's bytes
     if len({tuple(t.shape[1:]) for t in tensors}) == 1:
-        joined = _adjacent_view(tensors)
+        joined = adjacent_view(tensors)
         return torch.cat(tensors, dim=0) if joined is None else joined
     return [t for v in tensors for t in v]  # seed behaviour: ragged -> one tensor per item
 

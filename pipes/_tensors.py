@@ -1,0 +1,48 @@
+"""Tensor plumbing shared by the pack builder, the collater and the loader's workers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["adjacent_view", "cat_shared"]
+
+
+def adjacent_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The one view covering ``tensors`` when they lie back to back in one storage (the pixel
+    rows of a pack that ``tokenize_conversations`` produced in one processor call), else None.
+    Taking it saves copying the pack's largest tensor again; the caller cats otherwise."""
+    first = tensors[0]
+    if not first.is_contiguous():
+        return None
+    storage, row = first.untyped_storage().data_ptr(), first[0].numel() if first.numel() else 0
+    end = first.storage_offset() + first.numel()
+    for t in tensors[1:]:
+        if (
+            not t.is_contiguous()
+            or t.dtype != first.dtype
+            or t.untyped_storage().data_ptr() != storage
+            or t.storage_offset() != end
+        ):
+            return None
+        end += t.numel()
+    rows = sum(int(t.shape[0]) for t in tensors)
+    if row * rows != end - first.storage_offset():
+        return None
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def cat_shared(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` written straight into shared memory (what DataLoader's default collate
+    does in its workers). A worker's result travels to the main process by pickling, which moves
+    every tensor not already shared into shared memory, a second full copy; for pixel rows
+    (tens of MB per batch) that copy costs as much as the cat. Parts share trailing shape/dtype.
+    """
+    first = parts[0]
+    rows = sum(int(p.shape[0]) for p in parts)
+    shape = (rows, *first.shape[1:])
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * first.element_size())
+    out = torch.empty(0, dtype=first.dtype).set_(storage, 0, shape)
+    return torch.cat(list(parts), out=out)
