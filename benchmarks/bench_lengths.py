@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neatpack.pipes import read as read_mod
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.media_tokens import ImageTokenConfig
@@ -138,7 +139,14 @@ def main() -> None:
             raise SystemExit("reloaded index differs")
     out = {
         "benchmark": "lengths",
-        "params": {"records": n, "reload_entries": m, "quick": args.quick, "mode": "estimate"},
+        "params": {
+            "records": n,
+            "reload_entries": m,
+            "quick": args.quick,
+            "mode": "estimate",
+            "processes": 1,  # one process, one thread: records_per_s is per core
+            "json_parser": "json" if read_mod._fast_loads is None else "orjson",
+        },
         "metrics": {
             "jsonl_bytes": size,
             "open_index_s": round(t_open, 4),

@@ -7,8 +7,10 @@ paths resolved against (and confined to) the media root.
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["MEDIA_TYPES", "RecordError", "raw_text_stats", "resolve_media_path", "to_record"]
@@ -174,7 +176,23 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
 
 
 RawStats = tuple[int, int, int, int, int, int, bool]
-_ROLE_SLOT = {"system": 1, "user": 2, "assistant": 3}
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (if on) for a block of record parsing/estimation.
+
+    Those make ~10 containers per record and no reference cycles, yet the allocations start a
+    collection every ~70 records: with it off the length index builds ~20-30% faster (e.g.
+    21 -> 17 us a record). Reference counting still frees everything; the collector is back
+    on when the block ends, even on error."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def raw_text_stats(raw: Any) -> RawStats | None:
@@ -182,27 +200,38 @@ def raw_text_stats(raw: Any) -> RawStats | None:
     first_is_system)`` straight from a raw record, with exactly the counting rules of
     ``to_record`` (LLaVA newline stripping included), without building blocks or touching
     media paths. ``None`` when the record is anything but plainly well formed: the caller then
-    takes the full ``to_record`` path, which raises the proper error."""
+    takes the full ``to_record`` path, which raises the proper error.
+
+    Written for speed (the length index calls it per record, ~1.5 us): counters are locals,
+    not a list, and the key lookups are spelled out."""
     if not isinstance(raw, dict):
         return None
-    key = next((k for k in _CONVERSATION_KEYS if k in raw), None)
-    if key == "conversations":
+    if "conversation" in raw:
+        turns = raw["conversation"]
+    elif "messages" in raw:
+        turns = raw["messages"]
+    elif "conversations" in raw:
         return _raw_llava_stats(raw)
-    turns = raw.get(key)  # type: ignore[arg-type,unused-ignore]
+    else:
+        return None
     if type(turns) is not list or not turns:
         return None
-    counts = [0, 0, 0, 0, 0, 0]  # chars, system, user, assistant, images, videos
+    chars = n_sys = n_user = n_asst = n_img = n_vid = 0
     for msg in turns:
         if type(msg) is not dict:
             return None
         role = msg.get("role")
-        slot = _ROLE_SLOT.get(role) if type(role) is str else None  # a list role: unhashable
-        if slot is None:
+        if role == "user" and type(role) is str:
+            n_user += 1
+        elif role == "assistant" and type(role) is str:
+            n_asst += 1
+        elif role == "system" and type(role) is str:
+            n_sys += 1
+        else:
             return None
-        counts[slot] += 1
         content = msg.get("content")
         if type(content) is str:
-            counts[0] += len(content)
+            chars += len(content)
             continue
         if content is None:
             continue
@@ -210,53 +239,58 @@ def raw_text_stats(raw: Any) -> RawStats | None:
             return None
         for item in content:
             if type(item) is str:
-                counts[0] += len(item)
+                chars += len(item)
                 continue
             if type(item) is not dict:
                 return None
             kind = item.get("type")
-            if kind == "text" and type(item.get("text")) is str:
-                counts[0] += len(item["text"])
+            if kind == "text":
+                text = item.get("text")
+                if type(text) is not str:
+                    return None
+                chars += len(text)
             elif kind == "image" and item.get("image") is not None:
-                counts[4] += 1
+                n_img += 1
             elif kind == "video" and item.get("video") is not None:
-                counts[5] += 1
+                n_vid += 1
             else:
                 return None  # implicit types, path/url keys, bad blocks: the full path decides
-    c, sy, us, asst, im, vi = counts
-    return c, sy, us, asst, im, vi, turns[0].get("role") == "system"
+    return chars, n_sys, n_user, n_asst, n_img, n_vid, turns[0].get("role") == "system"
 
 
 def _raw_llava_stats(raw: dict[str, Any]) -> RawStats | None:
     turns = raw.get("conversations")
     if type(turns) is not list or not turns:
         return None
-    counts = [0, 0, 0, 0, 0, 0]
+    chars = n_img = n_vid = 0
+    roles = {"system": 0, "user": 0, "assistant": 0}
     first = None
     for turn in turns:
         if type(turn) is not dict:
             return None
-        role = _LLAVA_ROLES.get(str(turn.get("from")))
+        who = turn.get("from")
+        role = _LLAVA_ROLES.get(who if type(who) is str else str(who))
         value = turn.get("value")
         if role is None or type(value) is not str:
             return None
         first = first or role
-        counts[_ROLE_SLOT[role]] += 1
+        roles[role] += 1
         if "<" in value:
-            value = value.replace("<video>", "\x00").replace("<image>", "\x00")
-            counts[4] += turn["value"].count("<image>")
-            counts[5] += turn["value"].count("<video>")
-            counts[0] += sum(len(p.strip("\n")) for p in value.split("\x00"))
+            n_img += value.count("<image>")
+            n_vid += value.count("<video>")
+            pieces = value.replace("<video>", "\x00").replace("<image>", "\x00").split("\x00")
+            chars += sum([len(p.strip("\n")) for p in pieces])
         else:
-            counts[0] += len(value.strip("\n"))
-    for slot, key in ((4, "image"), (5, "video")):
+            chars += len(value.strip("\n"))
+    counted = [n_img, n_vid]
+    for slot, key in ((0, "image"), (1, "video")):
         given = raw.get(key + "s", raw.get(key))
         n = 0 if given is None else len(given) if isinstance(given, list | tuple) else 1
-        if counts[slot] == 0:
-            if n and "user" not in {_LLAVA_ROLES[t["from"]] for t in turns}:
+        if counted[slot] == 0:
+            if n and not roles["user"]:
                 return None
-            counts[slot] = n
-        elif counts[slot] != n:
+            counted[slot] = n
+        elif counted[slot] != n:
             return None
-    c, sy, us, asst, im, vi = counts
-    return c, sy, us, asst, im, vi, first == "system"
+    return (chars, roles["system"], roles["user"], roles["assistant"], counted[0], counted[1],
+            first == "system")  # fmt: skip

@@ -128,8 +128,13 @@ def length_index_fingerprint(source: Any, estimator: LengthEstimator) -> str:
 
 
 def _raw_blocks(source: Any, start: int, stop: int, size: int) -> Iterator[list[Any]]:
-    """Raw records in blocks; sources without ``iter_raw`` give Records (the fast path then
-    reads them as ``conversation``-form raw records, which they are)."""
+    """Raw records in blocks of at most ``size``; sources without ``iter_raw`` give Records
+    (the fast path then reads them as ``conversation``-form raw records, which they are)."""
+    if hasattr(source, "iter_raw_blocks"):  # whole parsed blocks: no per-record generator
+        for parsed in source.iter_raw_blocks(start, stop):
+            for i in range(0, len(parsed), size):
+                yield parsed[i : i + size]
+        return
     it = source.iter_raw(start, stop) if hasattr(source, "iter_raw") else (
         source[i] for i in range(start, stop))  # fmt: skip
     while block := list(islice(it, size)):

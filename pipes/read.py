@@ -22,14 +22,14 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from ._record import RecordError, to_record
+from ._record import RecordError, paused_gc, to_record
 
 __all__ = [
     "HFDatasetSource",
@@ -44,6 +44,41 @@ __all__ = [
 Record = dict[str, Any]
 _CHUNK = 1 << 20  # 1 MiB: read and hash granularity
 _BLOCK = 8 << 20  # 8 MiB: sequential read block of iter_raw
+
+_fast_loads: Callable[[bytes | memoryview], Any] | None
+try:  # optional: ~3x faster than json.loads on typical records (3.4 vs 11 us for 440 bytes)
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - the json fallback is tested by patching this to None
+    _fast_loads = None
+
+
+def _long_digit_runs(block: bytes) -> npt.NDArray[np.intp]:
+    """Byte offsets near every run of 19+ digits in ``block`` (a superset: may hold others).
+
+    orjson turns integers past 64 bits into floats (``-9999999999999999999`` -> ``-1e19``),
+    where ``json`` keeps them exact; lines with such runs are parsed with ``json``. A run of
+    19 digits covers three consecutive multiples of 6, so looking at every sixth byte finds
+    each one; a false hit (three digits 6 apart, ~0.1% of lines of typical records) only
+    costs a ``json.loads``.
+    """
+    b = np.frombuffer(block, dtype=np.uint8)[::6]
+    digit = (b >= 48) & (b <= 57)
+    return np.flatnonzero(digit[:-2] & digit[1:-1] & digit[2:]) * 6
+
+
+def loads_exact(data: bytes | memoryview) -> Any:
+    """``json.loads(data)``, through orjson when it gives the same object.
+
+    orjson refuses NaN/Infinity, lone surrogates, a BOM and other inputs ``json`` accepts:
+    those fall back to ``json``, which also raises the usual errors. Integers past 64 bits,
+    which orjson would make floats, go to ``json`` first (``_long_digit_runs``).
+    """
+    if _fast_loads is not None and not _long_digit_runs(bytes(data)).size:
+        try:
+            return _fast_loads(data)
+        except ValueError:
+            pass
+    return json.loads(bytes(data))
 
 
 @runtime_checkable
@@ -119,7 +154,7 @@ class JsonlSource:
         """The parsed JSON object of ``sample_id`` (no conversion)."""
         data = self.read_bytes(sample_id)
         try:
-            obj = json.loads(data)
+            obj = loads_exact(data)
         except ValueError as e:
             raise RecordError(
                 f"malformed JSON in {self.path} line {self.line_number(sample_id)} "
@@ -139,6 +174,11 @@ class JsonlSource:
         """Parsed JSON of ids ``start..stop-1`` in order, read in ~8 MiB blocks (the length
         index's fast path); a line that does not parse yields ``None`` (reading that id through
         ``source[id]`` raises the error with its line number)."""
+        for block in self.iter_raw_blocks(start, stop):
+            yield from block
+
+    def iter_raw_blocks(self, start: int, stop: int) -> Iterator[list[Any]]:
+        """``iter_raw`` as one list per ~8 MiB block read (no per-record generator step)."""
         i = start
         with self.path.open("rb") as f:
             while i < stop:
@@ -147,18 +187,35 @@ class JsonlSource:
                 j = max(j, i + 1)
                 f.seek(base)
                 block = f.read(int(self.ends[j - 1]) - base)
-                yield from self._parse_block(block, i, j, base)
+                yield self._parse_block(block, i, j, base)
                 i = j
 
     def _parse_block(self, block: bytes, i: int, j: int, base: int) -> list[Any]:
+        """Parse lines ``i..j-1`` of ``block`` (read from file offset ``base``), as
+        ``loads_exact`` would line by line, with the garbage collector paused."""
+        starts = self.starts[i:j] - base
+        lo, hi = starts.tolist(), (self.ends[i:j] - base).tolist()
+        slow = [_fast_loads is None] * (j - i)
+        if _fast_loads is not None:  # lines holding long digit runs go to json
+            hits = _long_digit_runs(block)
+            if hits.size:
+                for k in np.unique(np.searchsorted(starts, hits, side="right") - 1).tolist():
+                    slow[k] = True  # digits lie inside lines, never between them
+        fast = _fast_loads
+        view = memoryview(block)
         out: list[Any] = []
-        lo = (self.starts[i:j] - base).tolist()
-        hi = (self.ends[i:j] - base).tolist()
-        for a, b in zip(lo, hi, strict=True):
-            try:
-                out.append(json.loads(block[a:b]))
-            except ValueError:
-                out.append(None)
+        with paused_gc():
+            for a, b, use_json in zip(lo, hi, slow, strict=True):
+                if fast is not None and not use_json:
+                    try:
+                        out.append(fast(view[a:b]))
+                        continue
+                    except ValueError:
+                        pass
+                try:
+                    out.append(json.loads(block[a:b]))
+                except ValueError:
+                    out.append(None)
         return out
 
     def content_fingerprint(self) -> str:
