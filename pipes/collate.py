@@ -21,6 +21,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -469,11 +470,16 @@ def _pad_packs(
 
 
 def _media_token_counts(mm: Tensor) -> list[tuple[int, int]]:
-    """Per row of ``[B, S]`` mm_token_type_ids: (image tokens, video tokens); one pass if none."""
-    if not int(mm.count_nonzero()):  # text-only: no per-row counts (and 4x faster than any())
+    """Per row of a CPU ``[B, S]`` mm_token_type_ids: (image tokens, video tokens).
+
+    numpy on a zero-copy view: a text-only batch costs one ``count_nonzero`` pass (~15 us at
+    B=4, S=16384, about half of torch's on one thread).
+    """
+    types = mm.numpy()
+    if not np.count_nonzero(types):
         return [(0, 0)] * mm.shape[0]
-    images = (mm == 1).sum(1).tolist()
-    videos = (mm == 2).sum(1).tolist()
+    images = np.count_nonzero(types == 1, axis=1).tolist()
+    videos = np.count_nonzero(types == 2, axis=1).tolist()
     return list(zip(images, videos, strict=True))
 
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from itertools import accumulate, pairwise
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -89,16 +90,19 @@ def doc_ids_match_lengths(doc_ids: Tensor, doc_lengths: Sequence[Sequence[int]])
     This is the form every pack's ``attention_mask`` has by the data contract, with
     ``doc_lengths`` its ``seq_lens_padded``. A match implies :func:`check_doc_ids` passes and
     that ``doc_lengths`` is what :func:`_doc_lengths` would count, so masks can be built from
-    the lengths alone. False (never an error) for any mismatch, a length < 1, or a row whose
-    lengths sum past ``S`` (a row with no lengths must be all padding).
+    the lengths alone. False (never an error) for any mismatch, a non-integer tensor, a length
+    < 1, or a row whose lengths sum past ``S`` (a row with no lengths must be all padding).
 
-    Cost: one subtraction and one ``count_nonzero`` over ``B*S`` and a gather at the O(docs)
-    boundaries (~0.1 ms at B=4, S=16384; :func:`check_doc_ids` takes ~1 ms in ~10 passes).
-    Why it is exact: with ``d[p] = flat[p] - flat[p-1]`` over the flattened rows, the canonical
-    ids are fixed by ``flat[0] == 1`` and ``d`` being 0 everywhere except at the segment starts
-    (each document, each row's padding, each row start), where it has a known value. Checking
-    the values at those starts and that ``d`` has no other nonzero pins down every token, and
-    wrap-around cannot fool it: ``a - b == c`` in int64 means ``a == b + c`` modulo 2**64.
+    Why it is exact: over the flattened rows, the canonical ids change value exactly at the
+    segment starts (a document, a row's padding, a row start) whose id differs from the
+    previous segment's. So: the positions where ``flat[p] != flat[p - 1]`` must be exactly those
+    (their count, and the flag at every segment start), which makes ``flat`` constant on each
+    segment; then the id at every segment start must be that segment's id.
+
+    Cost: one ``!=`` pass and one ``count_nonzero`` over ``B*S`` plus two gathers of O(docs)
+    values, in numpy on a zero-copy view: ~0.04 ms at B=4, S=16384, where the same passes in
+    torch on one thread take ~0.12 ms (per-op dispatch and slower integer kernels there) and
+    :func:`check_doc_ids` ~1 ms. A tensor on another device is copied to the CPU first.
 
     >>> doc_ids_match_lengths(torch.tensor([[1, 1, 2, 0], [1, 1, 1, 1]]), [[2, 1], [4]])
     True
@@ -106,6 +110,8 @@ def doc_ids_match_lengths(doc_ids: Tensor, doc_lengths: Sequence[Sequence[int]])
     False
     """
     if doc_ids.dim() != 2 or doc_ids.shape[0] != len(doc_lengths) or doc_ids.numel() == 0:
+        return False
+    if doc_ids.dtype.is_floating_point or doc_ids.dtype.is_complex or doc_ids.dtype == torch.bool:
         return False
     s = doc_ids.shape[1]
     starts: list[int] = []  # flat positions where a segment starts
@@ -123,15 +129,14 @@ def doc_ids_match_lengths(doc_ids: Tensor, doc_lengths: Sequence[Sequence[int]])
         if a < (row + 1) * s:
             starts.append(a)
             values.append(0)
-    flat = doc_ids.reshape(-1)
-    if int(flat[0]) != values[0]:  # starts[0] == 0: row 0 starts a document or its padding
+    flat = doc_ids.detach().cpu().reshape(-1).numpy()
+    changes = flat[1:] != flat[:-1]  # changes[p - 1]: flat[p] differs from flat[p - 1]
+    expected = np.array([v != u for u, v in pairwise(values)], dtype=bool)  # at starts[1:]
+    if np.count_nonzero(changes) != np.count_nonzero(expected):
         return False
-    steps = [v - u for u, v in pairwise(values)]  # expected d at starts[1:]
-    d = flat[1:] - flat[:-1]  # d[p - 1] is the step into flat position p
-    at = torch.tensor([a - 1 for a in starts[1:]], dtype=torch.long, device=doc_ids.device)
-    if not torch.equal(d[at], torch.tensor(steps, dtype=d.dtype, device=doc_ids.device)):
+    if not np.array_equal(changes[np.array(starts[1:], dtype=np.int64) - 1], expected):
         return False
-    return int(d.count_nonzero()) == sum(1 for x in steps if x)
+    return bool(np.array_equal(flat[starts], values))
 
 
 def _doc_lengths(doc_ids: Tensor) -> list[list[int]]:

@@ -409,8 +409,18 @@ def test_doc_ids_match_lengths_rejects() -> None:
     assert not M.doc_ids_match_lengths(ids, [[3, 2]])  # past S
     assert not M.doc_ids_match_lengths(ids, [[2, 1], [1]])  # wrong row count
     assert not M.doc_ids_match_lengths(ids[0], [[2, 1]])  # not 2-D
-    # Segment ends are checked by the steps, not only the starts (the case a != test misses).
+    # A change inside a segment is caught though every segment start holds the right id ...
+    assert not M.doc_ids_match_lengths(torch.tensor([[1, 5, 1, 2, 2]]), [[3, 2]])
+    # ... and so is a missing change at a segment start.
     assert not M.doc_ids_match_lengths(torch.tensor([[1, 2, 2, 2, 2]]), [[3, 2]])
+    # Any integer dtype is compared by value; floats and bools are never document ids.
+    assert M.doc_ids_match_lengths(ids.int(), [[2, 1]])
+    assert M.doc_ids_match_lengths(ids.to(torch.uint8), [[2, 1]])
+    assert not M.doc_ids_match_lengths(ids.float(), [[2, 1]])
+    assert not M.doc_ids_match_lengths(torch.tensor([[True, False]]), [[1]])
+    # A non-contiguous view is read by value too.
+    wide = torch.tensor([[1, 9, 1, 9, 2, 9, 0, 9]])
+    assert M.doc_ids_match_lengths(wide[:, ::2], [[2, 1]])
 
 
 @given(rows_and_s, st.integers(0, 3))
