@@ -17,8 +17,9 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 >>> from neatpack.pipes.tiny import load_tiny_processor
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
->>> sorted(HANDLERS)
-['chat_template', 'gemma3', 'gemma4', 'idefics3', 'llava_onevision', 'prompt_answer', 'qwen_vl']
+>>> sorted(HANDLERS)  # doctest: +NORMALIZE_WHITESPACE
+['chat_template', 'gemma3', 'gemma4', 'idefics3', 'llava_onevision', 'prompt_answer', 'qwen_omni',
+ 'qwen_vl']
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .family_gemma4 import gemma4_pack_media, gemma4_packed_masks, tokenize_gemm
 from .family_idefics3 import idefics3_pack_media, tokenize_idefics3
 from .family_llava_onevision import llava_onevision_pack_media, tokenize_llava_onevision
 from .family_prompt import tokenize_prompt_answer
+from .family_qwen_omni import OMNI_MODALITIES, qwen_omni_pack_media, tokenize_qwen_omni
 from .tokenize import tokenize_conversation
 
 __all__ = [
@@ -263,4 +265,16 @@ register_handler(
         description="no chat template: prompt masked, answer + eos labelled "
         "(Nemotron-Parse style, pipes/family_prompt.py)",
     )
+)
+register_handler(
+    Handler(
+        "qwen_omni",
+        tokenize_qwen_omni,
+        modalities=OMNI_MODALITIES,
+        pack_media=qwen_omni_pack_media,
+        mrope=True,
+        description="Qwen2.5-Omni: images + audio (WhisperFeatureExtractor features, 16 kHz "
+        "checked), mRoPE from the model's get_rope_index (pipes/family_qwen_omni.py)",
+    ),
+    ("Qwen2_5OmniProcessor",),
 )

@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_tiny_processors import MAX_PIXELS, MIN_PIXELS  # noqa: E402
+from build_tiny_processors import MAX_PIXELS, MIN_PIXELS
 
 OMNI_TOKENS = {
     "image_token": "<|IMAGE|>",
@@ -91,10 +91,10 @@ def build_omni() -> Any:
         "merge_size": 2,
         "size": {"shortest_edge": unit * MIN_PIXELS, "longest_edge": unit * MAX_PIXELS},
     }
-    return tf.Qwen2_5OmniProcessor(
+    return tf.Qwen2_5OmniProcessor(  # type: ignore[no-untyped-call]
         image_processor=tf.Qwen2VLImageProcessor(**common),
         video_processor=tf.Qwen2VLVideoProcessor(**common, cap_pixels_per_frame=False),
-        feature_extractor=tf.WhisperFeatureExtractor(
+        feature_extractor=tf.WhisperFeatureExtractor(  # type: ignore[no-untyped-call]
             feature_size=128,
             sampling_rate=16000,
             hop_length=160,

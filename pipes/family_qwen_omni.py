@@ -1,0 +1,468 @@
+"""Qwen2.5-Omni (``Qwen2_5OmniProcessor`` / ``Qwen2_5OmniThinkerForConditionalGeneration``):
+text, images and AUDIO in one conversation.
+
+An audio block is ``{"type": "audio", "audio": <path to a .wav file | 1-D float numpy array>}``,
+optionally with ``"sampling_rate"``. The rate must equal the feature extractor's
+(``WhisperFeatureExtractor``, 16000 Hz): a WAV file's header rate, or the block's
+``sampling_rate`` (an array without one is taken to be at the extractor's rate, the convention of
+the processor's ``audio=`` argument). Any other rate is a ``SampleError``: neatpack never
+resamples, because a silent resample (or none) changes what the model hears; resample the data
+beforehand. WAV files: mono PCM, 8/16/32-bit (read with the stdlib ``wave`` module, scaled to
+[-1, 1]). Also refused, naming the sample: a missing or empty file, an empty or non-finite
+array, audio too short to give one token (< 3 mel frames, about 30 ms), and audio longer than
+the extractor's window (30 s), which the processor would cut without a word.
+
+What differs from the default path:
+
+* the processor takes ``audio=[...]`` beside ``images``; each ``<|AUDIO|>`` placeholder becomes
+  ``conv(ceil(samples / hop))`` tokens (two stride-2 convolutions: ``(n - 1) // 2 + 1`` then
+  ``(n - 2) // 2 + 1``), checked per audio against both the processor's duration rule
+  (``_get_num_audio_tokens``) and ``feature_attention_mask`` (what the encoder will produce);
+* ``mm_token_type_ids`` is 0 text, 1 image, 2 video, 3 audio; media tokens are never labelled;
+* the Sample carries the processor's ``input_features`` ``[n_audio, 128, 3000]`` and
+  ``feature_attention_mask`` ``[n_audio, 3000]`` as returned (padded to the 30 s window), plus
+  ``pixel_values`` / ``image_grid_thw``;
+* positions are 3-D mRoPE with audio in time: ``qwen_omni_position_ids`` takes them from the
+  model's own ``get_rope_index`` per document (``[3, L]``); a packed row concatenates them and
+  needs the block-causal 4D mask (``mask.to_4d_additive_mask``); ``qwen_omni_pack_media``
+  concatenates the media in document order.
+
+Images and audio only: video (and audio taken from a video) is not handled here yet.
+
+>>> proc = load_tiny_qwen_omni_processor()
+>>> qwen_omni_audio_tokens(proc, 16000)  # 1 s: 100 mel frames -> 50 -> 25 tokens
+25
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import wave
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._conversation import parse_conversation
+from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
+from .labels import RoleMarkers, conversation_labels, resolve_role_markers
+from .media import SampleError, load_image
+
+__all__ = [
+    "OMNI_MODALITIES",
+    "load_audio",
+    "load_tiny_qwen_omni_processor",
+    "qwen_omni_audio_tokens",
+    "qwen_omni_estimate",
+    "qwen_omni_pack_media",
+    "qwen_omni_position_ids",
+    "tiny_qwen_omni_model",
+    "tokenize_qwen_omni",
+]
+
+OMNI_MODALITIES: Final = frozenset({"image", "audio"})
+_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "qwen2_5_omni"
+_AUDIO_TEXT: Final = "audio"  # stands in for an audio block while parse_conversation validates
+_STRUCTURAL: Final = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+_MEDIA_ATTRS: Final = (
+    "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token",
+)  # fmt: skip
+
+
+def load_tiny_qwen_omni_processor() -> Any:
+    """The shipped tiny ``Qwen2_5OmniProcessor`` (``scripts/build_tiny_omni_processor.py``)."""
+    if not (_FOLDER / "processor_config.json").is_file():
+        raise FileNotFoundError(
+            f"tiny Qwen2.5-Omni processor missing in {_FOLDER}; rebuild it with "
+            "`python scripts/build_tiny_omni_processor.py`"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
+
+
+def _conv_out(frames: int) -> int:
+    """Tokens from mel frames: the audio encoder's two stride-2 convolutions."""
+    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
+def qwen_omni_audio_tokens(processor: Any, n_samples: int) -> int:
+    """Audio tokens for ``n_samples`` samples at the extractor's rate (the processor's rule)."""
+    fe = processor.feature_extractor
+    return _conv_out(min(math.ceil(n_samples / fe.hop_length), fe.nb_max_frames))
+
+
+def _read_wav(path: str, sample_id: Any) -> tuple[np.ndarray, int]:
+    try:
+        with wave.open(path, "rb") as w:
+            channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+            raw = w.readframes(w.getnframes())
+    except (wave.Error, EOFError, OSError) as exc:
+        raise SampleError(
+            sample_id, "bad_media", f"audio file {path!r} is not a readable PCM WAV: {exc}"
+        ) from exc
+    if channels != 1:
+        raise SampleError(
+            sample_id,
+            "bad_media",
+            f"audio file {path!r} has {channels} channels; convert it to mono first",
+        )
+    dtypes = {1: np.uint8, 2: np.int16, 4: np.int32}
+    if width not in dtypes:
+        raise SampleError(
+            sample_id,
+            "bad_media",
+            f"audio file {path!r} has {8 * width}-bit samples; valid: 8, 16 or 32-bit PCM",
+        )
+    ints = np.frombuffer(raw, dtype=dtypes[width]).astype(np.float64)
+    if width == 1:
+        ints -= 128.0
+    scale = float(2 ** (8 * width - 1))
+    return (ints / scale).astype(np.float32), rate
+
+
+def load_audio(
+    src: Any, *, sample_id: Any, sampling_rate: int, block_rate: Any = None, max_samples: int
+) -> np.ndarray:
+    """One audio block's waveform (float32 ``[n]`` at ``sampling_rate``), checked (module
+    docstring). ``block_rate``: the block's ``sampling_rate`` key (None when absent)."""
+    if block_rate is not None and (
+        isinstance(block_rate, bool) or not isinstance(block_rate, int) or block_rate <= 0
+    ):
+        raise SampleError(
+            sample_id, "bad_media", f"audio sampling_rate={block_rate!r}; expected a positive int"
+        )
+    if isinstance(src, str | os.PathLike):
+        path = os.fspath(src)
+        if not os.path.isfile(path):
+            raise SampleError(
+                sample_id,
+                "missing_file",
+                f"audio file {path!r} does not exist; fix the path or the media root",
+            )
+        if os.path.getsize(path) == 0:
+            raise SampleError(sample_id, "empty_file", f"audio file {path!r} is 0 bytes")
+        wav, rate = _read_wav(path, sample_id)
+        what = f"audio file {path!r}"
+        if block_rate is not None and block_rate != rate:
+            raise SampleError(
+                sample_id,
+                "bad_media",
+                f"{what} is {rate} Hz but its block says sampling_rate={block_rate}",
+            )
+    elif isinstance(src, np.ndarray):
+        if src.ndim != 1 or not np.issubdtype(src.dtype, np.floating):
+            raise SampleError(
+                sample_id,
+                "bad_media",
+                f"audio array has shape {src.shape} and dtype {src.dtype}; expected a 1-D float "
+                "array (mono, values in [-1, 1])",
+            )
+        wav, rate = src.astype(np.float32, copy=False), block_rate or sampling_rate
+        what = f"audio array of {src.shape[0]} samples"
+    else:
+        raise SampleError(
+            sample_id,
+            "bad_media",
+            f"audio value {src!r:.80} is a {type(src).__name__}; expected a .wav path or a 1-D "
+            "float numpy array",
+        )
+    if rate != sampling_rate:
+        raise SampleError(
+            sample_id,
+            "bad_media",
+            f"{what} is sampled at {rate} Hz but the feature extractor needs {sampling_rate} Hz; "
+            "resample it beforehand (neatpack never resamples silently)",
+        )
+    if wav.shape[0] == 0:
+        raise SampleError(sample_id, "empty_file", f"{what} has no samples")
+    if not bool(np.isfinite(wav).all()):
+        raise SampleError(sample_id, "bad_media", f"{what} contains NaN or infinite values")
+    if wav.shape[0] > max_samples:
+        raise SampleError(
+            sample_id,
+            "bad_media",
+            f"{what} lasts {wav.shape[0] / rate:.2f} s, longer than the feature extractor's "
+            f"{max_samples / rate:.0f} s window, which would drop the rest silently; split it",
+        )
+    return wav
+
+
+def _split_audio(
+    record: Mapping[str, Any],
+) -> tuple[dict[str, Any], list[tuple[int, int]], list[Mapping[str, Any]]]:
+    """The record with each audio block replaced by a text stand-in, where they were, and the
+    audio blocks themselves (in conversation order)."""
+    conv = record.get("conversation")
+    if not isinstance(conv, list):
+        return dict(record), [], []
+    where: list[tuple[int, int]] = []
+    blocks: list[Mapping[str, Any]] = []
+    out_conv: list[Any] = []
+    for k, msg in enumerate(conv):
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        if not isinstance(content, list):
+            out_conv.append(msg)
+            continue
+        new = []
+        for j, b in enumerate(content):
+            is_audio = isinstance(b, Mapping) and (
+                b.get("type") == "audio" or (b.get("type") is None and "audio" in b)
+            )
+            if is_audio:
+                where.append((k, j))
+                blocks.append(b)
+                new.append({"type": "text", "text": _AUDIO_TEXT})
+            else:
+                new.append(b)
+        out_conv.append({**msg, "content": new})
+    return {**record, "conversation": out_conv}, where, blocks
+
+
+def _audio_runs(ids: Tensor, mm: Tensor, bos: int) -> list[int]:
+    """Lengths of the audio-token runs, in order (each run follows an ``<|audio_bos|>``)."""
+    runs: list[int] = []
+    ids_l, mm_l = ids.tolist(), mm.tolist()
+    for i, t in enumerate(ids_l):
+        if t == bos:
+            n = 0
+            while i + 1 + n < len(mm_l) and mm_l[i + 1 + n] == 3:
+                n += 1
+            runs.append(n)
+    return runs
+
+
+def tokenize_qwen_omni(
+    record: Mapping[str, Any],
+    processor: Any,
+    *,
+    label_policy: str = "assistant",
+    markers: RoleMarkers | None = None,
+    max_image_pixels: int | str | None = "pil",
+) -> dict[str, Any]:
+    """One Record with text, image and audio blocks -> one Sample (module docstring)."""
+    if label_policy not in ("assistant", "last_assistant"):
+        raise ValueError(f"{label_policy=} is not one of ('assistant', 'last_assistant')")
+    check_modalities(record, processor, OMNI_MODALITIES)
+    tok = processor.tokenizer
+    markers = markers or resolve_role_markers(processor)
+    forbidden = set(_forbidden(processor, tok, markers)) | set(_STRUCTURAL)
+    forbidden.update(
+        str(getattr(processor, a)) for a in _MEDIA_ATTRS if getattr(processor, a, None)
+    )
+    stand_in, where, audio_blocks = _split_audio(record)
+    sid, conv, image_src, _videos, _fps = parse_conversation(stand_in, tuple(sorted(forbidden)))
+    for k, j in where:
+        conv[k]["content"][j] = {"type": "audio"}
+    fe = processor.feature_extractor
+    audio = [
+        load_audio(
+            b.get("audio", b.get("path")),
+            sample_id=sid,
+            sampling_rate=int(fe.sampling_rate),
+            block_rate=b.get("sampling_rate"),
+            max_samples=int(fe.n_samples),
+        )
+        for b in audio_blocks
+    ]
+    want_audio = [qwen_omni_audio_tokens(processor, a.shape[0]) for a in audio]
+    for n, (a, want) in enumerate(zip(audio, want_audio, strict=True)):
+        if want < 1:
+            raise SampleError(
+                sid,
+                "bad_media",
+                f"audio {n} has {a.shape[0]} samples ({a.shape[0] / fe.sampling_rate * 1000:.1f} "
+                "ms), too short for one audio token; drop it or pad it",
+            )
+    images = [load_image(s, sample_id=sid, max_image_pixels=max_image_pixels) for s in image_src]
+    kwargs: dict[str, Any] = {"return_tensors": "pt"}
+    if images:
+        kwargs["images"] = images
+    if audio:
+        kwargs["audio"] = audio
+    try:
+        text = processor.apply_chat_template(conv, tokenize=False)
+        out = processor(text=[text], **kwargs)
+    except Exception as exc:
+        raise SampleError(
+            sid, "processor_error", f"the processor failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    ids = out["input_ids"][0].long()
+    mm = _mm_types(ids, processor)
+    _check_counts(sid, processor, out, mm, images)
+    runs = _audio_runs(ids, mm, int(tok.convert_tokens_to_ids(processor.audio_bos_token)))
+    fam = out.get("feature_attention_mask")
+    from_features = [] if fam is None else [_conv_out(int(f)) for f in fam.sum(-1).tolist()]
+    if runs != want_audio or (audio and from_features != want_audio):
+        raise SampleError(
+            sid,
+            "media_token_mismatch",
+            f"audio tokens per audio {runs} in the text, {from_features} from "
+            f"feature_attention_mask, but the durations give {want_audio}",
+        )
+    labels = conversation_labels(
+        ids, conv, markers, sample_id=sid, mm_token_type_ids=mm, label_policy=label_policy
+    )
+    sample: dict[str, Any] = {"sample_id": sid, "input_ids": ids}
+    for key in ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask"):
+        if out.get(key) is not None:
+            sample[key] = torch.as_tensor(out[key])
+    if "feature_attention_mask" in sample:
+        sample["feature_attention_mask"] = sample["feature_attention_mask"].long()
+    sample.update(
+        labels=labels, attention_mask=out["attention_mask"][0].long(), mm_token_type_ids=mm
+    )
+    return sample
+
+
+def _audio_samples(value: Any, meta: Any, rate: int, sid: Any) -> int:
+    """Sample count of one audio block: ``audios_meta`` seconds, a WAV header, or an array."""
+    if meta is not None:
+        return round(float(meta) * rate)
+    if isinstance(value, np.ndarray):
+        return int(value.shape[0])
+    try:
+        with wave.open(os.fspath(value), "rb") as w:
+            return round(w.getnframes() * rate / w.getframerate())
+    except (wave.Error, EOFError, OSError, TypeError) as exc:
+        raise ValueError(
+            f"sample_id={sid}: cannot read the duration of audio {value!r:.80} ({exc}); "
+            "give audios_meta (seconds per audio block)"
+        ) from exc
+
+
+def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Length after the shift without running the feature extractor or the image processor.
+
+    Text: ``mode="exact"`` tokenizes the templated text (media reduced to their placeholders);
+    ``mode="estimate"`` is ``LengthEstimator``'s chars-per-token rule with the template overhead
+    probed from the processor. Images: ``images_meta`` ``[height, width]`` through the image
+    processor's config (``_get_num_multimodal_tokens``). Audio: ``record["audios_meta"]``, one
+    duration in seconds per audio block (None: the WAV header or the array length), through the
+    extractor's hop and the two stride-2 convolutions. Exact mode equals the real length when the
+    durations are exact (a test checks it).
+    """
+    if mode not in ("exact", "estimate"):
+        raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
+    sid = record.get("sample_id")
+    stand_in, where, blocks = _split_audio(record)
+    conv = [
+        dict(m, content=[{"type": "text", "text": c}] if isinstance(c, str) else list(c))
+        for m in stand_in["conversation"]
+        for c in (m["content"],)
+    ]
+    for k, j in where:
+        conv[k]["content"][j] = {"type": "audio"}
+    meta = record.get("audios_meta") or [None] * len(blocks)
+    if len(meta) != len(blocks):
+        raise ValueError(
+            f"sample_id={sid}: audios_meta has {len(meta)} entries for {len(blocks)} audio blocks"
+        )
+    rate = int(processor.feature_extractor.sampling_rate)
+    audio = [
+        qwen_omni_audio_tokens(processor, _audio_samples(b.get("audio"), m, rate, sid))
+        for b, m in zip(blocks, meta, strict=True)
+    ]
+    sizes = [[int(h), int(w)] for h, w in record.get("images_meta") or []]
+    image = (
+        processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
+    )
+    if mode == "exact":
+        text = processor.apply_chat_template(conv, tokenize=False)
+        n_text = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # each placeholder (<|IMAGE|> / <|AUDIO|>) is one token of n_text and expands to its count
+        return int(n_text - len(image) - len(audio) + sum(image) + sum(audio) - 1)
+    from ._template_probe import probe_overhead
+    from .estimate import LengthEstimator
+
+    text_only = {**record, "conversation": [
+        {**m, "content": [b for j, b in enumerate(m["content"]) if (k, j) not in where]}
+        for k, m in enumerate(conv)
+    ]}  # fmt: skip
+    est = LengthEstimator(
+        mode="estimate",
+        processor=processor,
+        media_fallback=0,
+        on_missing_media="fallback",
+        overhead=probe_overhead(processor),
+    )
+    # + <|audio_bos|> / <|audio_eos|> per audio (the estimator sees no audio blocks)
+    return int(est.estimate(text_only)[0] + sum(image) + sum(audio) + 2 * len(audio))
+
+
+def qwen_omni_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The model's media inputs for the documents of one pack, concatenated in document order:
+    ``pixel_values`` / ``image_grid_thw`` and ``input_features`` / ``feature_attention_mask``
+    (each present only when some document has that medium)."""
+    out: dict[str, Any] = {}
+    for key in ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask"):
+        parts = [s[key] for s in samples if s.get(key) is not None]
+        if parts:
+            out[key] = torch.cat(parts, dim=0)
+    return out
+
+
+def qwen_omni_position_ids(sample: Mapping[str, Any], model: Any) -> Tensor:
+    """``[3, L]`` mRoPE ids of ONE unshifted sample from the model's own ``get_rope_index``
+    (images in 3-D, audio in time; plain ``0..L-1`` on all rows when there is no image)."""
+    ids = torch.as_tensor(sample["input_ids"]).reshape(1, -1)
+    fam = sample.get("feature_attention_mask")
+    with torch.no_grad():
+        pos, _ = model.model.get_rope_index(
+            ids,
+            image_grid_thw=sample.get("image_grid_thw"),
+            attention_mask=torch.as_tensor(sample["attention_mask"]).reshape(1, -1),
+            audio_seqlens=None if fam is None else fam.sum(-1),
+        )
+    out: Tensor = pos[:, 0, :]
+    return out
+
+
+def tiny_qwen_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
+    """A tiny random fp32 ``Qwen2_5OmniThinkerForConditionalGeneration`` for the tiny processor
+    (text: hidden 64, 2 layers, mrope_section [2, 3, 3]; vision: depth 2, width 32; audio:
+    2 layers, d_model 32, 128 mel bins); about 0.7 M parameters."""
+    from transformers import (
+        Qwen2_5OmniThinkerConfig,
+        Qwen2_5OmniThinkerForConditionalGeneration,
+    )
+
+    tok = processor.tokenizer
+    cfg = Qwen2_5OmniThinkerConfig(
+        text_config={
+            "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 4096, "bos_token_id": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                "mrope_section": [2, 3, 3]},
+            "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
+        },
+        vision_config={
+            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+            "out_hidden_size": 64, "fullatt_block_indexes": [1], "window_size": 56,
+        },
+        audio_config={
+            "num_mel_bins": int(processor.feature_extractor.feature_size), "encoder_layers": 2,
+            "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
+            "output_dim": 64,
+        },
+        audio_token_index=int(processor.audio_token_id),
+        image_token_index=int(processor.image_token_id),
+        video_token_index=int(processor.video_token_id),
+        audio_start_token_id=int(tok.convert_tokens_to_ids(processor.audio_bos_token)),
+        audio_end_token_id=int(tok.convert_tokens_to_ids(processor.audio_eos_token)),
+        # not a declared field, but get_rope_index reads config.vision_start_token_id
+        vision_start_token_id=int(tok.convert_tokens_to_ids(processor.vision_bos_token)),  # type: ignore[call-arg]
+    )  # fmt: skip
+    for c in (cfg, cfg.text_config, cfg.vision_config, cfg.audio_config):
+        c._attn_implementation = attn  # type: ignore[union-attr]
+    torch.manual_seed(seed)  # init only: tests own the process
+    model = Qwen2_5OmniThinkerForConditionalGeneration(cfg)
+    model.config.use_cache = False
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
