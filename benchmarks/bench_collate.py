@@ -16,6 +16,7 @@ the code as it was before it (key-by-key padding, ``check_doc_ids``, masks from 
 
     python benchmarks/bench_collate.py            # B=4, S=16384
     python benchmarks/bench_collate.py --quick    # B=4, S=2048
+    python benchmarks/bench_collate.py --cold-malloc   # as a fresh process (see below)
 
 Why a median can sit far above the best (measured on a 2-core VM shared with other jobs,
 B=4, S=16384, 30-60 calls per format, per-call ``getrusage`` deltas):
@@ -25,13 +26,16 @@ B=4, S=16384, 30-60 calls per format, per-call ``getrusage`` deltas):
   29/60 (position_ids) of the old 2.6-4.7 ms collates were preempted, and 1-14 of 30 of the new
   0.6-0.9 ms ones; ``collate_ms_median_unpreempted`` stays within ~10% of ``best`` on a quiet
   machine, and ``p90`` shows the preempted tail. A shorter call is also less likely to be hit.
-* Page faults of fresh memory, the old code's second cost. It allocated six ``[B, S]`` int64
-  tensors (512 KiB each) and ~10 temporaries per call; in a fresh process each call took
-  480-496 minor page faults (~1.9 MiB faulted in again: consistent with glibc returning the
-  freed tensors to the OS through its dynamic mmap / trim thresholds). The fast path's one
-  ``[K, B, S]`` buffer and two temporaries are reused from the heap: 0 faults per call.
-  (Run after the fast path in one process, as here, the general path is spared those faults
-  too: the heap state is shared, so its ``page_faults_per_call_median`` reads 0.)
+* Page faults of fresh memory, in a process whose allocator is still cold. glibc hands
+  memory at the top of its heap back to the OS once more than its trim threshold is free;
+  that threshold is twice the dynamic mmap threshold, which grows to the largest mmapped block
+  freed so far. While both are small (a fresh process), every call's freed ``[B, S]`` tensors
+  go back to the OS and are faulted in again by the next call, ~1.7 us per 4 KiB page: the old
+  code took 480-496 minor faults per call in a fresh process (~0.8 ms), and the fast path did
+  in 1 of 12 cold runs (thd: 480 faults, median 1.68 ms against 0.85 ms). After one 16 MiB
+  block has been freed, as in any loader worker that decoded an image, both paths take 0
+  faults per call (measured). So the benchmark frees such a block first (``--cold-malloc``
+  to skip it) and reports ``page_faults_per_call_median`` for every format.
 * Not GC: ``gc_runs`` is 0 in every compact format's timed loop.
 """
 
@@ -185,6 +189,17 @@ def general_path() -> Iterator[None]:
         C._pad_packs_fast = fast
 
 
+#: Freed once before timing unless ``--cold-malloc``: a loader worker has freed blocks this big
+#: (decoded images, pixel tensors), which lifts glibc's dynamic mmap / trim thresholds past a
+#: batch's tensors (see the module docstring).
+WARM_MALLOC_BYTES = 16 << 20
+
+
+def warm_malloc() -> None:
+    block = torch.empty(WARM_MALLOC_BYTES // 8, dtype=torch.long)
+    del block
+
+
 def run(b: int, s: int, repeats: int, heavy_repeats: int, seed: int) -> dict[str, Any]:
     import torch.nn.attention.flex_attention  # noqa: F401  # import cost is not the mask's
 
@@ -229,9 +244,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (1, as in loader workers)"
     )
+    ap.add_argument(
+        "--cold-malloc",
+        action="store_true",
+        help="skip freeing one 16 MiB block first (a fresh process, not a loader worker)",
+    )
     args = ap.parse_args(argv)
     s = args.seq or (2048 if args.quick else 16384)
     torch.set_num_threads(args.threads)
+    if not args.cold_malloc:
+        warm_malloc()
     metrics = run(args.batch, s, args.repeats, args.heavy_repeats, args.seed)
     print(
         json.dumps(
@@ -245,6 +267,7 @@ def main(argv: list[str] | None = None) -> None:
                     "repeats": args.repeats,
                     "heavy_repeats": args.heavy_repeats,
                     "seed": args.seed,
+                    "malloc_warmup_bytes": 0 if args.cold_malloc else WARM_MALLOC_BYTES,
                     "memory": "output_bytes = tensor nbytes of the batch; rss_peak_delta_bytes = "
                     "ru_maxrss growth while the format ran (formats in increasing size order)",
                 },

@@ -210,13 +210,12 @@ def neat_packed_vlm_collater(
     dtype unless ``pixel_dtype`` is given (the seed casts to bf16).
 
     Packs in the data contract's form (int64 CPU tensors, ``seq_lens_padded`` or ``seq_lens``
-    matching the document ids) take a fast path: the integer keys are padded by one
-    ``torch.cat`` into one ``[K, B, S]`` buffer (so ``input_ids``, ``labels``, ... are views of
-    one storage), the document ids are checked against the packs' lengths in O(B*S) with three
-    vectorized passes, and ``cu_seqlens`` / THD params come from those lengths, not from a scan
-    of ``[B, S]``. That is ~4x faster at B=4, S=16384 (benchmarks/bench_collate.py). Any other
-    pack (int32 tensors, lists, lengths that disagree with the ids, bad input) goes through the
-    general path, which gives the same outputs and the errors quoted above.
+    matching the document ids) take a fast path: each integer output is padded by one
+    ``torch.cat``, the document ids are checked against the packs' lengths exactly in two
+    O(B*S) passes, and ``cu_seqlens`` / THD params come from those lengths, not from a scan of
+    ``[B, S]``: 3-5x faster at B=4, S=16384 (``general_path`` in benchmarks/bench_collate.py).
+    Any other pack (int32 tensors, lists, lengths that disagree with the ids, bad input) goes
+    through the general path, which gives the same outputs and the errors quoted above.
     """
     fmt = resolve_mask_format(attn_implementation, mask_format, materialize_4d_mask)
     if len(batch) == 0:
@@ -286,6 +285,10 @@ class _Padded(NamedTuple):
     doc_lengths: list[list[int]] | None
 
 
+#: One ``[B, S]`` plane of a padded output: each pack's row (None: zeros) and its pad constant.
+_Plane = tuple[list[Tensor | None], Tensor]
+
+
 def _is_long_cpu(value: Any, shape: tuple[int, ...]) -> bool:
     """``value`` is an int64 CPU tensor of exactly ``shape``, with no autograd history."""
     return (
@@ -304,20 +307,22 @@ def _pad_packs_fast(
     multiple: int | None,
     fmt: str,
 ) -> _Padded | None:
-    """Pad packs in the data contract's form with one ``torch.cat``; None for any other pack.
+    """Pad packs in the data contract's form, one ``torch.cat`` per output; None for others.
 
     Eligible: every key an int64 CPU tensor of the pack's length (mRoPE positions ``[3, T]``),
     and ``seq_lens_padded`` (else ``seq_lens``) a non-empty list of positive ints summing to at
-    most ``T``. The integer planes (input_ids, labels, mm_token_type_ids, doc ids, text
-    positions when the format outputs them, position rows) are laid out as ``[K, B, S]`` and
-    written by a single ``torch.cat`` of the pack tensors and slices of pad constants: one
-    allocation and one pass instead of a ``torch.full`` / ``torch.zeros`` per key and a copy per
-    (key, row), ~40 tensor ops that cost ~10 us each in dispatch alone. The ``[4, B, S]``
-    positions of mRoPE mask-free formats are then a view, not a ``torch.cat``. The doc ids are
-    accepted only if they equal the canonical ids of the lengths (``1..k`` then ``0``), checked
-    by :func:`mask.doc_ids_match_lengths`; when they do not, None sends the batch to
-    :func:`_pad_packs`, whose checks raise the error that names the pack. Errors of the
-    arguments (``max_length``) are left to that path too, so the first error is the same.
+    most ``T``. Each output (input_ids, labels, mm_token_type_ids, doc ids, positions) is
+    written by one ``torch.cat`` of the pack tensors and slices of pad constants: one
+    allocation and one pass per output instead of a ``torch.full`` / ``torch.zeros`` per key and
+    a copy per (key, row), ~40 tensor ops that cost ~10 us each in dispatch alone. The
+    ``[4, B, S]`` positions of mRoPE mask-free formats (text row + 3 mRoPE rows) come out of
+    their own cat directly. Every output owns its storage, as before: views of one shared
+    buffer would measure the same but plain ``pickle`` writes a view's whole storage (5x the
+    bytes for 5 views). The doc ids are accepted only if they equal the canonical ids of the
+    lengths (``1..k`` then ``0``), checked by :func:`mask.doc_ids_match_lengths`; when they do
+    not, None sends the batch to :func:`_pad_packs`, whose checks raise the error that names
+    the pack. Errors of the arguments (``max_length``) are left to that path too, so the first
+    error is the same.
     """
     first_pos = batch[0].get("position_ids")
     has_pos = "position_ids" in batch[0]
@@ -363,42 +368,42 @@ def _pad_packs_fast(
     zeros = torch.zeros(s if mm_missing else n_pad, dtype=torch.long)
     pad_ids = zeros if padding_idx == 0 else torch.full((n_pad,), padding_idx, dtype=torch.long)
     pad_labels = torch.full((n_pad,), IGNORE_INDEX, dtype=torch.long)
-    planes: list[tuple[list[Tensor | None], Tensor]] = [
-        ([p["input_ids"] for p in batch], pad_ids),
-        ([p["labels"] for p in batch], pad_labels),
-        ([p.get("mm_token_type_ids") for p in batch], zeros),
-        ([p["attention_mask"] for p in batch], zeros),
+    # One list of planes per output tensor; a plane is (the packs' rows, their pad constant).
+    outputs: list[list[_Plane]] = [
+        [([p["input_ids"] for p in batch], pad_ids)],
+        [([p["labels"] for p in batch], pad_labels)],
+        [([p.get("mm_token_type_ids") for p in batch], zeros)],
+        [([p["attention_mask"] for p in batch], zeros)],
     ]
+    positions: list[_Plane] = []
     if need_text:
-        planes.append(([p["text_position_ids"] for p in batch], zeros))
+        positions.append(([p["text_position_ids"] for p in batch], zeros))
     if mrope:
         rows = [p["position_ids"].unbind(0) for p in batch]
-        planes.extend(([r[j] for r in rows], zeros) for j in range(3))
+        positions.extend(([r[j] for r in rows], zeros) for j in range(3))
     elif has_pos:
-        planes.append(([p["position_ids"] for p in batch], zeros))
+        positions.append(([p["position_ids"] for p in batch], zeros))
+    outputs.append(positions)
     # Each row's tail of each distinct pad constant, sliced once for all planes (~2 us a slice).
-    distinct = {id(pad): pad for _, pad in planes}
+    distinct = {id(pad): pad for planes in outputs for _, pad in planes}
     tails = {
         key: [pad[: s - t] if t < s else None for t in lengths] for key, pad in distinct.items()
     }
-    pieces: list[Tensor] = []
-    for values, pad in planes:
-        for value, t, tail in zip(values, lengths, tails[id(pad)], strict=True):
-            pieces.append(zeros[:t] if value is None else value)
-            if tail is not None:
-                pieces.append(tail)
-    buf = torch.cat(pieces).view(len(planes), b, s)
-    if not M.doc_ids_match_lengths(buf[3], doc_lengths):
+    tensors: list[Tensor] = []
+    for planes in outputs:
+        pieces: list[Tensor] = []
+        for values, pad in planes:
+            for value, t, tail in zip(values, lengths, tails[id(pad)], strict=True):
+                pieces.append(zeros[:t] if value is None else value)
+                if tail is not None:
+                    pieces.append(tail)
+        size = (len(planes), b, s) if mrope and planes is positions else (b, s)
+        tensors.append(torch.cat(pieces).view(size))
+    input_ids, labels, mm_types, doc_ids, position_ids = tensors
+    if not M.doc_ids_match_lengths(doc_ids, doc_lengths):
         return None
-    return _Padded(
-        input_ids=buf[0],
-        labels=buf[1],
-        mm_token_type_ids=buf[2],
-        doc_ids=buf[3],
-        # [4, B, S] (text row + mRoPE), [3, B, S], or [B, S] (text positions or the packs')
-        position_ids=buf[4:] if mrope else buf[4],
-        doc_lengths=doc_lengths,
-    )
+    # position_ids: [4, B, S] (text row + mRoPE), [3, B, S], or [B, S] (the packs' or text)
+    return _Padded(input_ids, labels, mm_types, doc_ids, position_ids, doc_lengths)
 
 
 def _pad_packs(
