@@ -368,13 +368,31 @@ def _pad_packs_fast(
     zeros = torch.zeros(s if mm_missing else n_pad, dtype=torch.long)
     pad_ids = zeros if padding_idx == 0 else torch.full((n_pad,), padding_idx, dtype=torch.long)
     pad_labels = torch.full((n_pad,), IGNORE_INDEX, dtype=torch.long)
-    # One list of planes per output tensor; a plane is (the packs' rows, their pad constant).
-    outputs: list[list[_Plane]] = [
-        [([p["input_ids"] for p in batch], pad_ids)],
-        [([p["labels"] for p in batch], pad_labels)],
-        [([p.get("mm_token_type_ids") for p in batch], zeros)],
-        [([p["attention_mask"] for p in batch], zeros)],
-    ]
+    # Each row's tail of each pad constant, sliced once for all outputs (~2 us a slice).
+    tails = {
+        id(pad): [pad[: s - t] if t < s else None for t in lengths]
+        for pad in {id(p): p for p in (pad_ids, pad_labels, zeros)}.values()
+    }
+
+    def padded(planes: list[_Plane], size: tuple[int, ...]) -> Tensor:
+        """One output: its planes' rows and pad tails, in a single ``torch.cat``.
+
+        Written through a flat view into a tensor allocated with its final shape, so the result
+        is a plain tensor (not a view, owning exactly its bytes), like the general path's.
+        """
+        pieces: list[Tensor] = []
+        for values, pad in planes:
+            for value, t, tail in zip(values, lengths, tails[id(pad)], strict=True):
+                pieces.append(zeros[:t] if value is None else value)
+                if tail is not None:
+                    pieces.append(tail)
+        out = torch.empty(size, dtype=torch.long)
+        torch.cat(pieces, out=out.view(-1))
+        return out
+
+    doc_ids = padded([([p["attention_mask"] for p in batch], zeros)], (b, s))
+    if not M.doc_ids_match_lengths(doc_ids, doc_lengths):
+        return None  # checked first: an off-contract batch costs one cat before _pad_packs
     positions: list[_Plane] = []
     if need_text:
         positions.append(([p["text_position_ids"] for p in batch], zeros))
@@ -383,27 +401,15 @@ def _pad_packs_fast(
         positions.extend(([r[j] for r in rows], zeros) for j in range(3))
     elif has_pos:
         positions.append(([p["position_ids"] for p in batch], zeros))
-    outputs.append(positions)
-    # Each row's tail of each distinct pad constant, sliced once for all planes (~2 us a slice).
-    distinct = {id(pad): pad for planes in outputs for _, pad in planes}
-    tails = {
-        key: [pad[: s - t] if t < s else None for t in lengths] for key, pad in distinct.items()
-    }
-    tensors: list[Tensor] = []
-    for planes in outputs:
-        pieces: list[Tensor] = []
-        for values, pad in planes:
-            for value, t, tail in zip(values, lengths, tails[id(pad)], strict=True):
-                pieces.append(zeros[:t] if value is None else value)
-                if tail is not None:
-                    pieces.append(tail)
-        size = (len(planes), b, s) if mrope and planes is positions else (b, s)
-        tensors.append(torch.cat(pieces).view(size))
-    input_ids, labels, mm_types, doc_ids, position_ids = tensors
-    if not M.doc_ids_match_lengths(doc_ids, doc_lengths):
-        return None
-    # position_ids: [4, B, S] (text row + mRoPE), [3, B, S], or [B, S] (the packs' or text)
-    return _Padded(input_ids, labels, mm_types, doc_ids, position_ids, doc_lengths)
+    return _Padded(
+        input_ids=padded([([p["input_ids"] for p in batch], pad_ids)], (b, s)),
+        labels=padded([([p["labels"] for p in batch], pad_labels)], (b, s)),
+        mm_token_type_ids=padded([([p.get("mm_token_type_ids") for p in batch], zeros)], (b, s)),
+        doc_ids=doc_ids,
+        # [4, B, S] (text row + mRoPE), [3, B, S], or [B, S] (the packs' or text positions)
+        position_ids=padded(positions, (len(positions), b, s) if mrope else (b, s)),
+        doc_lengths=doc_lengths,
+    )
 
 
 def _pad_packs(

@@ -455,6 +455,7 @@ def test_every_batch_tensor_owns_its_storage(mrope: bool) -> None:
         keys = ("input_ids", "labels", "mm_token_type_ids", "doc_ids", "position_ids")
         for key in keys:
             t = out[key]
+            assert not t._is_view(), key
             assert t.storage_offset() == 0, key
             assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), key
         ptrs = {out[k].untyped_storage().data_ptr() for k in keys}
