@@ -246,10 +246,13 @@ def _counts(arr: IntArray, capacity: int) -> IntArray:
     return np.bincount(np.minimum(arr, capacity + 1), minlength=capacity + 2)[: capacity + 1]
 
 
-def _layout(cnt: IntArray, capacity: int) -> tuple[IntArray, IntArray, IntArray, IntArray, int]:
+def _layout(
+    cnt: IntArray, capacity: int, sizes_too: bool = True
+) -> tuple[IntArray, IntArray, IntArray, IntArray, int]:
     """Run the planner on the length counts; per (bin, record) pair: bin id, items, prior
-    items; and bin sizes. Pairs come in slot order (see ``_slot_chunks``): a record's ``k``
-    items per bin are the next ``k`` slots of its length."""
+    items; and bin sizes (the last two empty unless ``sizes_too``; bin ids do not need them).
+    Pairs come in slot order (see ``_slot_chunks``): a record's ``k`` items per bin are the
+    next ``k`` slots of its length."""
     nodes = _bfd_records(cnt.tolist(), capacity)
     n_nodes = len(nodes.count)
     lo = [0] * n_nodes
@@ -272,6 +275,9 @@ def _layout(cnt: IntArray, capacity: int) -> tuple[IntArray, IntArray, IntArray,
     pair_bin = np.repeat(np.asarray(lo, dtype=np.int64)[rn] - start, rcount)
     pair_bin += np.arange(int(rcount.sum()), dtype=np.int64)
     pair_k = np.repeat(np.asarray(nodes.rec_k, dtype=np.int64), rcount)
+    if not sizes_too:
+        empty = np.zeros(0, dtype=np.int64)
+        return pair_bin, pair_k, empty, empty, nxt
     pair_prior = np.repeat(np.asarray(nodes.rec_prior, dtype=np.int64), rcount)
     bin_size = np.repeat(np.asarray(sizes, dtype=np.int64), np.asarray(counts, dtype=np.int64))
     return pair_bin, pair_k, pair_prior, bin_size, nxt
@@ -309,8 +315,11 @@ def _slot_chunks(
     size = max(1, min(n, 1 << bits))
     local = np.arange(size, dtype=dtype)
     step = np.arange(size, dtype=np.int64)
-    key_buf = np.empty(size, dtype=dtype)
-    clip_buf = np.empty(size, dtype=np.int64)
+    key_buf = np.empty(size, dtype=dtype)  # buffers reused by every chunk (no page faults)
+    cls_buf = np.empty(size, dtype=dtype)
+    new_buf = np.empty(size, dtype=np.bool_)
+    ids_buf = np.empty(size, dtype=np.intp)
+    clip_buf = np.empty(size if clip else 0, dtype=np.int64)
     mask = dtype((1 << bits) - 1)
     first = np.zeros(1, dtype=np.intp)
     for c0 in range(0, n, size):
@@ -322,17 +331,18 @@ def _slot_chunks(
         np.left_shift(a, bits, out=key, casting="unsafe")
         key |= local[:m]
         key.sort()
-        cls = key >> bits
-        starts = np.flatnonzero(cls[1:] != cls[:-1])
+        cls = np.right_shift(key, bits, out=cls_buf[:m])
+        starts = np.flatnonzero(np.not_equal(cls[1:], cls[:-1], out=new_buf[: m - 1]))
         starts += 1
         starts = np.concatenate((first, starts))  # first position of each length in the chunk
         runs = np.diff(starts, append=m)
-        cls = cls[starts]
-        delta = base[cls] - starts
-        base[cls] += runs
+        lens = cls[starts]
+        delta = base[lens] - starts
+        base[lens] += runs
         slots = np.repeat(delta, runs)
         slots += step[:m]
-        yield c0, (key & mask).astype(np.intp), slots
+        # the caller uses (ids, slots) before asking for the next chunk: ids is a buffer
+        yield c0, np.bitwise_and(key, mask, out=ids_buf[:m], casting="unsafe"), slots
 
 
 def bfd_bin_ids(lengths: npt.ArrayLike, capacity: int, *, on_overlong: str = "raise") -> IntArray:
@@ -349,15 +359,15 @@ def bfd_bin_ids(lengths: npt.ArrayLike, capacity: int, *, on_overlong: str = "ra
     n_kept = int(cnt.sum())
     if n_kept == 0:
         return np.full(n, -1, dtype=np.int64)
-    pair_bin, pair_k, _, _, n_bins = _layout(cnt, capacity)
+    pair_bin, pair_k, _, _, n_bins = _layout(cnt, capacity, sizes_too=False)
     small = np.int32 if n_bins < 2**31 else np.int64  # half the memory traffic of int64
     slot_bin = np.empty(n, dtype=small)  # the pack of each slot; -1 for the overlong slots
     slot_bin[:n_kept] = np.repeat(pair_bin.astype(small), pair_k)
     slot_bin[n_kept:] = -1
-    out = np.empty(n, dtype=np.int64)
+    out = np.empty(n, dtype=small)  # scattering 4-byte values: ~0.07 s less at 10M
     for c0, local, slots in _slot_chunks(arr, capacity, cnt):
         out[c0 : c0 + local.shape[0]][local] = slot_bin[slots]
-    return out
+    return out.astype(np.int64, copy=False)
 
 
 def best_fit_decreasing(
