@@ -337,17 +337,38 @@ def _audio_samples(value: Any, meta: Any, rate: int, sid: Any) -> int:
         ) from exc
 
 
+def _image_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
+    """``[height, width]`` per image block: ``images_meta`` entries, else the PIL image or the
+    file header (``_media_meta._image_size``); an unreadable image is a ValueError."""
+    from ._media_meta import _image_size
+
+    values = [b.get("image", b.get("path")) for m in conv for b in m["content"]
+              if b.get("type") == "image" or (b.get("type") is None and "image" in b)]  # fmt: skip
+    meta = list(meta) if meta else [None] * len(values)
+    if len(meta) != len(values):
+        raise ValueError(
+            f"sample_id={sid}: images_meta has {len(meta)} entries for {len(values)} image blocks"
+        )
+    sizes = []
+    for value, m in zip(values, meta, strict=True):
+        size = (int(m[0]), int(m[1])) if m is not None else _image_size(value, sid)
+        if isinstance(size, str):
+            raise ValueError(f"sample_id={sid}: {size.replace('_', ' ')}: {value!r:.80}")
+        sizes.append([size[0], size[1]])
+    return sizes
+
+
 def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
     """Length after the shift without running the feature extractor or the image processor.
 
     Text: ``mode="exact"`` tokenizes the templated text (media reduced to their placeholders);
     ``mode="estimate"`` is ``LengthEstimator``'s chars-per-token rule with the template overhead
-    probed from the processor. Images: ``images_meta`` ``[height, width]`` through the image
-    processor's config (``_get_num_multimodal_tokens``). Audio: ``record["audios_meta"]``, one
-    duration in seconds per audio block (None: the WAV header or the array length), through the
-    extractor's hop and the two stride-2 convolutions. Exact mode equals the real length when the
-    durations are exact (a test checks it).
-    """
+    probed from the processor. Images: ``images_meta`` ``[height, width]`` (None: the PIL image
+    or the file header) through the image processor's config (``_get_num_multimodal_tokens``).
+    Audio: ``record["audios_meta"]``, one duration in seconds per audio block (None: the WAV
+    header or the array length), through the extractor's hop and the two stride-2 convolutions.
+    Exact mode equals the real length when the durations are exact (a test checks it); a
+    duration off by ``d`` samples moves an audio's count by at most ``ceil(d / 640) + 1``."""
     if mode not in ("exact", "estimate"):
         raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
     sid = record.get("sample_id")
@@ -369,7 +390,7 @@ def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str =
         qwen_omni_audio_tokens(processor, _audio_samples(b.get("audio"), m, rate, sid))
         for b, m in zip(blocks, meta, strict=True)
     ]
-    sizes = [[int(h), int(w)] for h, w in record.get("images_meta") or []]
+    sizes = _image_sizes(conv, record.get("images_meta"), sid)
     image = (
         processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
     )

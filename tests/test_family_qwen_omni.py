@@ -228,15 +228,15 @@ def test_a_wav_file_and_its_array_give_the_same_sample(omni: Any, tmp_path: Path
 
 
 def test_length_estimate_against_the_real_length(omni: Any, tmp_path: Path) -> None:
-    """exact mode == real length (after the shift), with ``audios_meta`` durations and without
-    them (WAV header / array length); estimate mode (text chars / 3 on this Python-trained
-    vocabulary, media exact) within 30 % of the real length (observed -3 % to +25 % over 60
-    samples)."""
+    """exact mode == real length (after the shift), with ``audios_meta`` / ``images_meta`` and
+    without them (WAV header / array length, image size); estimate mode (text chars / 3 on this
+    Python-trained vocabulary, media exact) within 30 % of the real length (observed -3 % to
+    +25 % over 60 samples)."""
     worst = 0.0
     for rec in _records(20, seed=4, tmp=tmp_path):
         real = len(tokenize_with_handler(rec, omni)["input_ids"]) - 1
         assert qwen_omni_estimate(rec, omni) == real, rec["sample_id"]
-        bare = {k: v for k, v in rec.items() if k != "audios_meta"}
+        bare = {k: v for k, v in rec.items() if k not in ("audios_meta", "images_meta")}
         assert qwen_omni_estimate(bare, omni) == real, rec["sample_id"]
         rough = qwen_omni_estimate(rec, omni, mode="estimate")
         worst = max(worst, abs(rough - real) / real)
