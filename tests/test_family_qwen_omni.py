@@ -227,6 +227,26 @@ def test_a_wav_file_and_its_array_give_the_same_sample(omni: Any, tmp_path: Path
     assert torch.equal(a["input_features"], direct["input_features"])
 
 
+@pytest.mark.parametrize(
+    ("width", "dtype", "offset"), [(1, "u1", 128), (2, "<i2", 0), (4, "<i4", 0)]
+)
+def test_wav_reader_scales_every_pcm_width(
+    tmp_path: Path, width: int, dtype: str, offset: int
+) -> None:
+    from neatpack.pipes.family_qwen_omni import load_audio
+
+    full = 2 ** (8 * width - 1)
+    ints = np.array([-full, -full // 2, 0, 1, full // 2, full - 1], dtype=np.int64)
+    with wave.open(str(tmp_path / "w.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(width)
+        w.setframerate(RATE)
+        w.writeframes((ints + offset).astype(dtype).tobytes())
+    got = load_audio(str(tmp_path / "w.wav"), sample_id=0, sampling_rate=RATE, max_samples=RATE)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ints / full, rtol=0, atol=1e-7)
+
+
 def test_length_estimate_against_the_real_length(omni: Any, tmp_path: Path) -> None:
     """exact mode == real length (after the shift), with ``audios_meta`` / ``images_meta`` and
     without them (WAV header / array length, image size); estimate mode (text chars / 3 on this
