@@ -21,6 +21,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -66,9 +67,9 @@ def run(
             lengths = make_lengths(kind, n, capacity, seed)
             bound = lower_bound(lengths, capacity)
             t_csr, (offsets, ids), cpu_csr = best_time(
-                lambda x=lengths: best_fit_decreasing(x, capacity), repeats
+                partial(best_fit_decreasing, lengths, capacity), repeats
             )
-            t_bins, _, cpu_bins = best_time(lambda x=lengths: bfd_bin_ids(x, capacity), repeats)
+            t_bins, _, cpu_bins = best_time(partial(bfd_bin_ids, lengths, capacity), repeats)
             fills = np.add.reduceat(lengths[ids], offsets[:-1])
             packs = int(offsets.size - 1)
             row: dict[str, Any] = {
