@@ -11,11 +11,13 @@ __all__ = ["adjacent_view", "cat_shared"]
 
 
 def adjacent_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """The one view covering ``tensors`` when they lie back to back in one storage (the pixel
+    """The whole storage as one tensor when ``tensors`` tile it back to back, in order (the pixel
     rows of a pack that ``tokenize_conversations`` produced in one processor call), else None.
-    Taking it saves copying the pack's largest tensor again; the caller cats otherwise."""
+    Taking it saves copying the pack's largest tensor again; the caller cats otherwise. Parts
+    that cover only some of their storage (a sample dropped or cut on overflow) give None: a
+    view of part of a storage would carry the rest along whenever it is pickled."""
     first = tensors[0]
-    if not first.is_contiguous():
+    if not first.is_contiguous() or first.storage_offset() != 0:
         return None
     storage, row = first.untyped_storage().data_ptr(), first[0].numel() if first.numel() else 0
     end = first.storage_offset() + first.numel()
@@ -29,7 +31,7 @@ def adjacent_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
             return None
         end += t.numel()
     rows = sum(int(t.shape[0]) for t in tensors)
-    if row * rows != end - first.storage_offset():
+    if row * rows != end or end * first.element_size() != first.untyped_storage().nbytes():
         return None
     return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 

@@ -118,10 +118,13 @@ def test_pack_takes_the_batched_pixels_without_a_copy(corpus: JsonlSource) -> No
 
 def test_cat_media_joins_adjacent_views_and_copies_otherwise() -> None:
     base = torch.arange(24.0).reshape(6, 4)
-    parts = [{"pixel_values": base[0:2]}, {"pixel_values": base[2:5]}]
+    parts = [{"pixel_values": base[0:2]}, {"pixel_values": base[2:6]}]
     joined = _cat_media(parts, "pixel_values")
-    assert torch.equal(joined, base[0:5])
+    assert torch.equal(joined, base)
     assert joined.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    part = _cat_media([*parts[:1], {"pixel_values": base[2:5]}], "pixel_values")  # not all rows
+    assert torch.equal(part, base[0:5])
+    assert part.untyped_storage().nbytes() == part.numel() * 4  # a copy of just those rows
     gap = [{"pixel_values": base[0:2]}, {"pixel_values": base[3:5]}]
     swapped = [{"pixel_values": base[2:4]}, {"pixel_values": base[0:2]}]
     other = [{"pixel_values": base[0:2]}, {"pixel_values": base[2:4].clone()}]
