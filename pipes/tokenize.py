@@ -230,7 +230,9 @@ def tokenize_conversations(
     """``tokenize_conversation`` for several Records with ONE processor call for all of those
     without videos (the image processor resizes same-size images together, and the per-call
     overhead is paid once). Each Sample equals ``tokenize_conversation``'s for its record, and the
-    samples' pixel rows are consecutive views of one tensor. Same keyword options."""
+    samples' pixel rows are consecutive views of one tensor (``clone()`` a sample's
+    ``pixel_values`` before keeping it alone: a view pickles with the whole tensor). Same
+    keyword options."""
     label_policy = options.pop("label_policy", "assistant")
     _check_policy(label_policy)
     preps = [prepare_conversation(r, processor, **options) for r in records]
