@@ -262,8 +262,7 @@ def _raw_llava_stats(raw: dict[str, Any]) -> RawStats | None:
     turns = raw.get("conversations")
     if type(turns) is not list or not turns:
         return None
-    chars = n_img = n_vid = 0
-    roles = {"system": 0, "user": 0, "assistant": 0}
+    chars = n_img = n_vid = n_sys = n_user = n_asst = 0
     first = None
     for turn in turns:
         if type(turn) is not dict:
@@ -273,8 +272,14 @@ def _raw_llava_stats(raw: dict[str, Any]) -> RawStats | None:
         value = turn.get("value")
         if role is None or type(value) is not str:
             return None
-        first = first or role
-        roles[role] += 1
+        if first is None:
+            first = role
+        if role == "user":
+            n_user += 1
+        elif role == "assistant":
+            n_asst += 1
+        else:
+            n_sys += 1
         if "<" in value:
             n_img += value.count("<image>")
             n_vid += value.count("<video>")
@@ -282,15 +287,21 @@ def _raw_llava_stats(raw: dict[str, Any]) -> RawStats | None:
             chars += sum([len(p.strip("\n")) for p in pieces])
         else:
             chars += len(value.strip("\n"))
-    counted = [n_img, n_vid]
-    for slot, key in ((0, "image"), (1, "video")):
-        given = raw.get(key + "s", raw.get(key))
-        n = 0 if given is None else len(given) if isinstance(given, list | tuple) else 1
-        if counted[slot] == 0:
-            if n and not roles["user"]:
-                return None
-            counted[slot] = n
-        elif counted[slot] != n:
+    # media given without placeholders go to the first user turn; with them, counts must match
+    given = raw["images"] if "images" in raw else raw.get("image")
+    n = 0 if given is None else len(given) if isinstance(given, (list, tuple)) else 1
+    if n_img == 0:
+        if n and not n_user:
             return None
-    return (chars, roles["system"], roles["user"], roles["assistant"], counted[0], counted[1],
-            first == "system")  # fmt: skip
+        n_img = n
+    elif n_img != n:
+        return None
+    given = raw["videos"] if "videos" in raw else raw.get("video")
+    n = 0 if given is None else len(given) if isinstance(given, (list, tuple)) else 1
+    if n_vid == 0:
+        if n and not n_user:
+            return None
+        n_vid = n
+    elif n_vid != n:
+        return None
+    return chars, n_sys, n_user, n_asst, n_img, n_vid, first == "system"
