@@ -185,6 +185,7 @@ class BatchStep:
     ) -> None:
         self.pack_step, self.collate_kwargs = pack_step, collate_kwargs
         self.pp_microbatches = pp_microbatches
+        self.owner_pid = os.getpid()
 
     def __call__(self, refs: list[dict[str, Any]]) -> dict[str, Any]:
         packs = [self.pack_step(ref) for ref in refs]
@@ -197,7 +198,10 @@ class BatchStep:
                 # every rank: make the first pad token a one-token document with no labels.
                 p["attention_mask"] = mask.clone()
                 p["attention_mask"][0] = 1
-        batch = dict(neat_packed_vlm_collater(packs, **self.collate_kwargs))
+        # In a worker process the pixels are concatenated straight into shared memory: the
+        # batch then reaches the trainer without a second copy of its largest tensor.
+        shared = os.getpid() != self.owner_pid
+        batch = dict(neat_packed_vlm_collater(packs, shared_memory=shared, **self.collate_kwargs))
         batch["packs"] = metas
         if self.pp_microbatches:
             # Media split per pipeline micro-batch, on tensor_split boundaries like the text.

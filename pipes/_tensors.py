@@ -36,15 +36,26 @@ def adjacent_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
-def cat_shared(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+def _contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return strides[::-1]
+
+
+def cat_shared(parts: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
     """``torch.cat(parts)`` written straight into shared memory (what DataLoader's default collate
     does in its workers). A worker's result travels to the main process by pickling, which moves
     every tensor not already shared into shared memory, a second full copy; for pixel rows
-    (tens of MB per batch) that copy costs as much as the cat. Parts share trailing shape/dtype.
+    (tens of MB per batch) that copy costs as much as the cat. Parts share trailing shape and
+    dtype; ``dtype`` casts on the way (one pass, as ``torch.cat(parts).to(dtype)`` gives).
     """
     first = parts[0]
+    dtype = dtype or first.dtype
     rows = sum(int(p.shape[0]) for p in parts)
     shape = (rows, *first.shape[1:])
-    storage = torch.UntypedStorage._new_shared(math.prod(shape) * first.element_size())
-    out = torch.empty(0, dtype=first.dtype).set_(storage, 0, shape)
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    out = torch.empty(0, dtype=dtype).set_(storage, 0, shape, _contiguous_strides(shape))
     return torch.cat(list(parts), out=out)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from . import mask as M
+from ._tensors import cat_shared
 
 __all__ = [
     "FLASH_FORMATS",
@@ -72,11 +73,14 @@ def resolve_mask_format(
     return name
 
 
-def merge_media(values: Sequence[Any], dtype: torch.dtype | None = None) -> Tensor | list[Tensor]:
+def merge_media(
+    values: Sequence[Any], dtype: torch.dtype | None = None, *, shared: bool = False
+) -> Tensor | list[Tensor]:
     """Concatenate pixel tensors on dim 0, or a flat list when their trailing shapes differ.
 
     A value may be a tensor or a list of per-image tensors (variable resolution). ``dtype``
-    casts (the seed always casts to bf16; here float32 is kept unless asked).
+    casts (the seed always casts to bf16; here float32 is kept unless asked). ``shared`` writes
+    the concatenation straight into shared memory (for a loader worker: see ``cat_shared``).
     """
     parts: list[Tensor] = []
     as_list = False
@@ -88,6 +92,8 @@ def merge_media(values: Sequence[Any], dtype: torch.dtype | None = None) -> Tens
             parts.extend(v)
     if parts and not as_list and all(p.shape[1:] == parts[0].shape[1:] for p in parts):
         # One part: no copy (pixel rows are most of a batch's bytes).
+        if len(parts) > 1 and shared:
+            return cat_shared(parts, dtype)
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out if dtype is None else out.to(dtype)
     return [p if dtype is None else p.to(dtype) for p in parts]
@@ -185,6 +191,7 @@ def neat_packed_vlm_collater(
     pixel_dtype: torch.dtype | None = None,
     spatial_merge_size: int = 2,
     check_media: bool = True,
+    shared_memory: bool = False,
 ) -> dict[str, Any]:
     """Pad a list of packs to ``[B, S]`` and build the attention inputs for one backend.
 
@@ -207,7 +214,9 @@ def neat_packed_vlm_collater(
     ``doc_ids``, ``sample_ids`` (list per row) and ``mm_token_type_ids``. Padding rows attend to
     themselves only, so no mask row is fully masked. An empty batch or a zero-length pack is a
     ``ValueError`` (the seed returns ``{}`` / an all-padding row, bug B3). Pixels keep their
-    dtype unless ``pixel_dtype`` is given (the seed casts to bf16).
+    dtype unless ``pixel_dtype`` is given (the seed casts to bf16). ``shared_memory=True`` (set by
+    the prebuilt graphs in their worker processes) concatenates the packs' pixels straight into
+    shared memory, so handing the batch to the main process copies them no second time.
 
     Packs in the data contract's form (int64 CPU tensors, ``seq_lens_padded`` or ``seq_lens``
     matching the document ids) take a fast path: each integer output is padded by one
@@ -265,7 +274,11 @@ def neat_packed_vlm_collater(
         if check_media and doc_lengths is not None
         else None
     )
-    out.update(_collate_media(batch, pixel_dtype, spatial_merge_size, check_media, tokens))
+    out.update(
+        _collate_media(
+            batch, pixel_dtype, spatial_merge_size, check_media, tokens, shared=shared_memory
+        )
+    )
     return out
 
 
@@ -500,6 +513,8 @@ def _collate_media(
     merge: int,
     check: bool,
     tokens: Sequence[tuple[int, int]] | None = None,
+    *,
+    shared: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     n_img, n_vid = [], []
@@ -514,7 +529,7 @@ def _collate_media(
     for key in PIXEL_KEYS:
         vals = [p[key] for p in batch if p.get(key) is not None]
         if vals:
-            out[key] = merge_media(vals, pixel_dtype)
+            out[key] = merge_media(vals, pixel_dtype, shared=shared)
     for key in MEDIA_CAT_KEYS:
         vals = [p[key] for p in batch if p.get(key) is not None]
         if vals:

@@ -254,8 +254,8 @@ def finish_conversations(
     batch = [k for k, p in enumerate(preps) if not p.videos]
     if len(batch) > 1:
         try:
-            for k, row in zip(batch, _call(processor, [preps[k] for k in batch]), strict=True):
-                rows[k] = row
+            for k, got in zip(batch, _call(processor, [preps[k] for k in batch]), strict=True):
+                rows[k] = got
         except Exception:  # retried one by one below, so the error names its sample
             rows = [None] * len(preps)
     out: list[dict[str, Any]] = []

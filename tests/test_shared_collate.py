@@ -1,0 +1,87 @@
+"""Worker batches carry their pixels in shared memory from the start, so handing a batch to the
+main process does not copy its largest tensor a second time."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing  # registers the tensor reductions ForkingPickler uses
+
+from neatpack.graphs.neat_vlm import BatchStep, PackStep
+from neatpack.pipes._tensors import cat_shared
+from neatpack.pipes.collate import neat_packed_vlm_collater
+from neatpack.pipes.materialize import MaterializeConfig, Materializer, materialize_pack
+from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.tiny import load_tiny_processor
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[JsonlSource, Any, list[list[int]]]:
+    d = tmp_path_factory.mktemp("corpus")
+    src = JsonlSource(write_corpus(d, num_samples=12, seed=5), media_root=d / "media")
+    with_images = [i for i in range(len(src)) if src[i].get("images_meta")]
+    return src, load_tiny_processor("qwen2_vl"), [with_images[:2], with_images[2:4]]
+
+
+def test_cat_shared_equals_cat_and_pickles_without_the_bytes() -> None:
+    parts = [torch.randn(300, 64), torch.randn(200, 64)]
+    out = cat_shared(parts)
+    assert out.is_shared()
+    assert torch.equal(out, torch.cat(parts))
+    assert out.is_contiguous()
+    assert out.untyped_storage().nbytes() == out.numel() * 4
+    half = cat_shared(parts, torch.bfloat16)
+    assert half.dtype == torch.bfloat16
+    assert torch.equal(half, torch.cat(parts).to(torch.bfloat16))
+    assert len(ForkingPickler.dumps(out)) < 10_000  # a handle, not 128 KB of floats
+
+
+def test_shared_collate_equals_plain_collate(setup: tuple[JsonlSource, Any, Any]) -> None:
+    src, proc, groups = setup
+    cfg = MaterializeConfig(pack_size=4096)
+    packs = [materialize_pack(src, ids, proc, cfg)[0] for ids in groups]
+    plain = neat_packed_vlm_collater(packs, attn_implementation="doc_ids")
+    shared = neat_packed_vlm_collater(packs, attn_implementation="doc_ids", shared_memory=True)
+    assert sorted(plain) == sorted(shared)
+    for key, value in plain.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, shared[key]), key
+    assert shared["pixel_values"].is_shared()
+    assert not plain["pixel_values"].is_shared()
+
+
+def _run_in_child(step: BatchStep, refs: list[dict[str, Any]], q: Any) -> None:
+    batch = step(refs)
+    q.put((bool(batch["pixel_values"].is_shared()), int(batch["pixel_values"].shape[0])))
+
+
+def test_batch_step_shares_pixels_only_in_worker_processes(
+    setup: tuple[JsonlSource, Any, list[list[int]]], tmp_path: Path
+) -> None:
+    src, proc, groups = setup
+    cfg = MaterializeConfig(pack_size=4096)
+    estimated = torch.zeros(len(src), dtype=torch.long).numpy()
+    step = BatchStep(PackStep(Materializer(src, proc, cfg), estimated), attn_implementation="sdpa")
+    refs = [
+        {"epoch": 0, "slot": k, "pack_index": k, "padded": False, "sample_ids": ids}
+        for k, ids in enumerate(groups)
+    ]
+    inline = step([dict(r) for r in refs])
+    assert not inline["pixel_values"].is_shared()  # the owner process: no shared memory
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_run_in_child, args=(step, refs, q))
+    p.start()
+    shared, rows = q.get(timeout=120)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+    assert os.getpid() == step.owner_pid
+    assert shared
+    assert rows == inline["pixel_values"].shape[0]
