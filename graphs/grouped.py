@@ -31,7 +31,7 @@ from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.plan import PackPlan
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.tokenize import tokenize_conversations
 
 __all__ = ["GroupedConfig", "grouped_plan", "grouped_vlm_graph"]
 
@@ -111,10 +111,14 @@ class GroupStep:
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
         init_worker(self.owner_pid)
-        samples = [tokenize_conversation(self.source[i], self.processor) for i in ref["sample_ids"]]
+        records = [self.source[i] for i in ref["sample_ids"]]
+        samples = tokenize_conversations(records, self.processor)  # one processor call
         batch = dict(
-            pad_collate_fn(samples, self.processor, self.cfg.max_length, truncate=self.cfg.truncate)
-        )
+            pad_collate_fn(
+                samples, self.processor, self.cfg.max_length, truncate=self.cfg.truncate,
+                shared_memory=os.getpid() != self.owner_pid,
+            )
+        )  # fmt: skip
         real = int(sum(int(s["input_ids"].numel()) - 1 for s in samples))
         batch["packs"] = [pack_meta(ref, real_tokens=real)]
         return batch

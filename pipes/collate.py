@@ -610,6 +610,7 @@ def pad_collate_fn(
     truncate: bool = False,
     pixel_dtype: torch.dtype | None = None,
     spatial_merge_size: int = 2,
+    shared_memory: bool = False,
 ) -> dict[str, Any]:
     """Collate pre-tokenized, *unshifted* samples (docs/data_contracts.md section 4), unpacked.
 
@@ -617,13 +618,15 @@ def pad_collate_fn(
     and a 0 mask, then shifts: outputs are ``[B, pad_to - 1]``. A sample longer than
     ``max_length`` is a ``ValueError`` naming it unless ``truncate=True`` (the seed truncates
     silently, even through image tokens; here a cut into media is always an error). Media are
-    concatenated with ``n_images_per_sample`` / ``n_videos_per_sample``; ``sample_ids`` is
-    ``[[id], ...]``.
+    concatenated with ``n_images_per_sample`` / ``n_videos_per_sample`` (into shared memory with
+    ``shared_memory=True``, as ``neat_packed_vlm_collater``); ``sample_ids`` is ``[[id], ...]``.
     """
     batch = _pad_samples(examples, max_length, _pad_id(processor), truncate)
     batch = _shift(batch)
     batch["sample_ids"] = [[int(ex["sample_id"])] if "sample_id" in ex else [] for ex in examples]
-    batch.update(_collate_media(examples, pixel_dtype, spatial_merge_size, True))
+    batch.update(
+        _collate_media(examples, pixel_dtype, spatial_merge_size, True, shared=shared_memory)
+    )
     return batch
 
 
