@@ -35,6 +35,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "materialize": ("MaterializeConfig", "MaterializeReport", "Materializer", "materialize_pack"),
     "packed_dataset": ("PackedDatasetWrapper", "neat_pack_dataset_vlm"),
     "mask": (
+        "cu_seqlens_from_doc_lengths",
+        "doc_ids_match_lengths",
+        "thd_params_from_doc_lengths",
         "to_4d_additive_mask",
         "to_4d_bool_mask",
         "to_4d_mask",
