@@ -28,6 +28,7 @@ __all__ = [
     "WorkerWatchdog",
     "die_with_parent",
     "init_worker",
+    "keep_freed_memory",
     "mapper_iters",
     "quiet_forked_iterator_gc",
     "shutdown_at_exit",
@@ -59,10 +60,12 @@ def die_with_parent(owner_pid: int) -> None:
 def init_worker(owner_pid: int) -> None:
     """First thing on every item in a worker process (pid != ``owner_pid``); cheap after the first.
 
-    Arms :func:`die_with_parent` and, once per process, sets torch to one intra-op thread, as
-    ``torch.utils.data.DataLoader`` does in its workers: N workers each running torch's default
-    of one thread per core would oversubscribe the cores N times over (resize, normalize and
-    the pixel copies are all torch ops).
+    Arms :func:`die_with_parent` and, once per process:
+
+    * sets torch to one intra-op thread, as ``torch.utils.data.DataLoader`` does in its workers:
+      N workers each running torch's default of one thread per core would oversubscribe the
+      cores N times over (resize, normalize and the pixel copies are all torch ops);
+    * keeps freed memory for reuse (:func:`keep_freed_memory`).
     """
     first = _armed_pid != os.getpid()
     die_with_parent(owner_pid)
@@ -70,6 +73,34 @@ def init_worker(owner_pid: int) -> None:
         import torch
 
         torch.set_num_threads(1)
+        keep_freed_memory()
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+KEEP_FREED_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """In a loader worker: serve large allocations from the heap and keep what is freed.
+
+    Every pack allocates tens of MB of pixel tensors (decode, resize, patches, the batch), and
+    glibc gives each allocation over its mmap threshold fresh pages from the kernel and hands
+    them back on free, so the next pack faults every page in again, zeroed. Measured here with
+    2 workers (``neat_vlm_graph``, pack 4096, B=2): a third of the workers' CPU was page-fault
+    system time, and turning mmap off (``M_MMAP_MAX=0``) with a 1 GiB trim threshold raised
+    real tokens/s by about 1.6x. The cost is that a worker holds up to its peak heap plus
+    ``KEEP_FREED_BYTES`` instead of returning memory between packs. Only worker processes call
+    this (never the trainer's); set ``NEATPACK_WORKER_MALLOC=default`` to leave malloc alone.
+    Returns whether the settings were applied (glibc only).
+    """
+    if os.environ.get("NEATPACK_WORKER_MALLOC", "").lower() == "default":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(_M_MMAP_MAX, 0) == 1
+        return bool(ok and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES) == 1)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        return False
 
 
 _exit_roots: Any = None
