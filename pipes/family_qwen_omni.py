@@ -50,7 +50,7 @@ from torch import Tensor
 from ._conversation import parse_conversation
 from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
 from .labels import RoleMarkers, conversation_labels, resolve_role_markers
-from .media import SampleError, load_image
+from .media import SampleError, existing_media_file, load_image
 
 __all__ = [
     "OMNI_MODALITIES",
@@ -139,15 +139,7 @@ def load_audio(
             sample_id, "bad_media", f"audio sampling_rate={block_rate!r}; expected a positive int"
         )
     if isinstance(src, str | os.PathLike):
-        path = os.fspath(src)
-        if not os.path.isfile(path):
-            raise SampleError(
-                sample_id,
-                "missing_file",
-                f"audio file {path!r} does not exist; fix the path or the media root",
-            )
-        if os.path.getsize(path) == 0:
-            raise SampleError(sample_id, "empty_file", f"audio file {path!r} is 0 bytes")
+        path = existing_media_file(src, "audio", sample_id)
         wav, rate = _read_wav(path, sample_id)
         what = f"audio file {path!r}"
         if block_rate is not None and block_rate != rate:

@@ -14,7 +14,7 @@ from typing import Any, Final
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-__all__ = ["REASONS", "SampleError", "load_image", "load_video", "to_rgb"]
+__all__ = ["REASONS", "SampleError", "existing_media_file", "load_image", "load_video", "to_rgb"]
 
 REASONS: Final = (
     "bad_record",
@@ -120,6 +120,23 @@ def _check_size(img: Image.Image, where: str, sample_id: Any, limit: int | None)
         )
 
 
+def existing_media_file(src: str | os.PathLike[str], kind: str, sample_id: Any) -> str:
+    """``src`` as a path string if it names a non-empty file, else a ``SampleError``
+    (``missing_file`` / ``empty_file``) naming the sample, the ``kind`` of media and the fix."""
+    path = os.fspath(src)
+    if not os.path.isfile(path):
+        raise SampleError(
+            sample_id,
+            "missing_file",
+            f"{kind} file {path!r} does not exist; fix the path or the media root",
+        )
+    if os.path.getsize(path) == 0:
+        raise SampleError(
+            sample_id, "empty_file", f"{kind} file {path!r} is 0 bytes; re-export or drop it"
+        )
+    return path
+
+
 def load_image(
     src: Any, *, sample_id: Any, max_image_pixels: int | str | None = "pil"
 ) -> Image.Image:
@@ -142,17 +159,7 @@ def load_image(
             "bad_media",
             f"image value {src!r} is a {type(src).__name__}; expected a file path or a PIL.Image",
         )
-    path = os.fspath(src)
-    if not os.path.isfile(path):
-        raise SampleError(
-            sample_id,
-            "missing_file",
-            f"image file {path!r} does not exist; fix the path or the media root",
-        )
-    if os.path.getsize(path) == 0:
-        raise SampleError(
-            sample_id, "empty_file", f"image file {path!r} is 0 bytes; re-export or drop it"
-        )
+    path = existing_media_file(src, "image", sample_id)
     try:
         with Image.open(path) as im:
             _check_size(im, repr(path), sample_id, limit)
@@ -181,16 +188,7 @@ def load_video(src: Any, *, sample_id: Any) -> Any:
     """A video is a list of frames (PIL images -> RGB, arrays as given) or an existing file path
     (decoded later by the processor's video backend)."""
     if isinstance(src, str | os.PathLike):
-        path = os.fspath(src)
-        if not os.path.isfile(path):
-            raise SampleError(
-                sample_id,
-                "missing_file",
-                f"video file {path!r} does not exist; fix the path or the media root",
-            )
-        if os.path.getsize(path) == 0:
-            raise SampleError(sample_id, "empty_file", f"video file {path!r} is 0 bytes")
-        return path
+        return existing_media_file(src, "video", sample_id)
     if isinstance(src, Sequence) and len(src) > 0:
         frames: list[Any] = []
         for k, f in enumerate(src):
