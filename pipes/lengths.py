@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._record import RecordError
+from ._record import RecordError, paused_gc
 from .estimate import LengthEstimator
 
 __all__ = [
@@ -161,9 +161,14 @@ def _estimate_slice(
     visual = np.empty(n, np.int64)
     fallbacks: list[tuple[int, tuple[str, ...]]] = []
     k = 0
-    with tqdm(
-        total=n, desc="length index", unit="rec", disable=not progress, mininterval=0.5
-    ) as bar:
+    # One pause for the whole slice: re-enabling the collector after each block started a
+    # full collection over the block's parsed records each time (~9 % of the build).
+    with (
+        paused_gc(),
+        tqdm(
+            total=n, desc="length index", unit="rec", disable=not progress, mininterval=0.5
+        ) as bar,
+    ):
         for block in _raw_blocks(source, start, stop, 8192):
             t, v, slow = estimator.estimate_raw_batch(block)
             for j in slow:
