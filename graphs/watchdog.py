@@ -110,23 +110,10 @@ def _shutdown_all() -> None:
     """Stop every live mapper iterator and drop the node's reference to it, so its ``__del__``
     runs now, while ``multiprocessing`` still works, instead of during interpreter teardown."""
     for root in list(_exit_roots or ()):
-        stack: list[Any] = [root]
-        seen: set[int] = set()
-        while stack:
-            obj = stack.pop()
-            if obj is None or id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            for name in ("source", "_it", "root", "_source"):
-                child = getattr(obj, name, None)
-                if child is None:
-                    continue
-                if hasattr(child, "_workers") and hasattr(child, "_out_q"):
-                    with contextlib.suppress(Exception):  # best effort at interpreter exit
-                        child._shutdown()
-                        setattr(obj, name, None)
-                else:
-                    stack.append(child)
+        for owner, name, it in _mapper_slots(root):
+            with contextlib.suppress(Exception):  # best effort at interpreter exit
+                it._shutdown()
+                setattr(owner, name, None)
 
 
 def shutdown_at_exit(root: BaseNode[Any]) -> None:
@@ -147,23 +134,32 @@ def shutdown_at_exit(root: BaseNode[Any]) -> None:
     _exit_roots.add(root)
 
 
-def mapper_iters(root: BaseNode[Any]) -> list[Any]:
-    """The live ``_ParallelMapperIter`` objects in the graph under ``root``."""
-    found: list[Any] = []
+_CHILD_ATTRS = ("source", "_it", "root", "_source")
+
+
+def _mapper_slots(root: BaseNode[Any]) -> list[tuple[Any, str, Any]]:
+    """``(owner, attribute, iterator)`` for each live ``_ParallelMapperIter`` under ``root``."""
+    found: list[tuple[Any, str, Any]] = []
     seen: set[int] = set()
     stack: list[Any] = [root]
     while stack:
         obj = stack.pop()
-        if obj is None or id(obj) in seen:
+        if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if hasattr(obj, "_workers") and hasattr(obj, "_out_q"):
-            found.append(obj)
-        for name in ("source", "_it", "root", "_source"):
+        for name in _CHILD_ATTRS:
             child = getattr(obj, name, None)
-            if child is not None:
-                stack.append(child)
+            if child is None:
+                continue
+            if hasattr(child, "_workers") and hasattr(child, "_out_q") and id(child) not in seen:
+                found.append((obj, name, child))
+            stack.append(child)
     return found
+
+
+def mapper_iters(root: BaseNode[Any]) -> list[Any]:
+    """The live ``_ParallelMapperIter`` objects in the graph under ``root``."""
+    return list({id(it): it for _, _, it in _mapper_slots(root)}.values())
 
 
 def _describe(code: int) -> str:
