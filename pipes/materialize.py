@@ -204,14 +204,16 @@ def materialize_pack(
     planned = [int(i) for i in sample_ids]
     loaded: _Loaded | None = None
     if config.handler is None:  # Qwen-VL: one processor call for the whole pack
+        # Loading applies the failure policy per sample already (and raises naming it).
+        got = _collect(planned, lambda i: _prepare(source, i, processor, config), config,
+                       epoch, len(source))  # fmt: skip
         try:
-            got = _collect(planned, lambda i: _prepare(source, i, processor, config), config,
-                           epoch, len(source))  # fmt: skip
-            preps = [p for _, p in got.items]
-            done = finish_conversations(preps, processor, label_policy=config.label_policy)
+            done = finish_conversations(
+                [p for _, p in got.items], processor, label_policy=config.label_policy
+            )
             loaded = got._replace(items=[(i, s) for (i, _), s in zip(got.items, done, strict=True)])
-        except LOAD_ERRORS:  # redo one by one: the policy then sees each sample's own error
-            loaded = None
+        except LOAD_ERRORS:  # a check after the processor call: redo one by one, so the
+            loaded = None  # policy sees that sample's own error
     if loaded is None:
         loaded = _collect(planned, lambda i: load_sample(source, i, processor, config), config,
                           epoch, len(source))  # fmt: skip
