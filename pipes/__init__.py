@@ -28,6 +28,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sampler": ("LengthGroupedSampler",),
     "source": ("PackSource", "StateMismatchError"),
     "media": ("SampleError", "load_image", "to_rgb"),
+    "audio": ("load_audio", "split_audio_blocks"),
     "tokenize": ("tokenize_conversation", "tokenize_conversations"),
     "labels": ("build_labels", "build_labels_from_template", "derive_role_markers"),
     "mrope": ("MRopeConfig", "compute_mrope_position_ids", "mrope_position_ids"),

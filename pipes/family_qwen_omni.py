@@ -1,16 +1,11 @@
 """Qwen2.5-Omni (``Qwen2_5OmniProcessor`` / ``Qwen2_5OmniThinkerForConditionalGeneration``):
 text, images and AUDIO in one conversation.
 
-An audio block is ``{"type": "audio", "audio": <path to a .wav file | 1-D float numpy array>}``,
-optionally with ``"sampling_rate"``. The rate must equal the feature extractor's
-(``WhisperFeatureExtractor``, 16000 Hz): a WAV file's header rate, or the block's
-``sampling_rate`` (an array without one is taken to be at the extractor's rate, the convention of
-the processor's ``audio=`` argument). Any other rate is a ``SampleError``: neatpack never
-resamples, because a silent resample (or none) changes what the model hears; resample the data
-beforehand. WAV files: mono PCM, 8/16/32-bit (read with the stdlib ``wave`` module, scaled to
-[-1, 1]). Also refused, naming the sample: a missing or empty file, an empty or non-finite
-array, audio too short to give one token (< 3 mel frames, about 30 ms), and audio longer than
-the extractor's window (30 s), which the processor would cut without a word.
+Audio blocks (``{"type": "audio", "audio": <.wav path | 1-D float array>}``, optional
+``"sampling_rate"``) are found and read by ``neatpack.pipes.audio`` (rate must equal the
+extractor's 16000 Hz, never resampled; mono PCM WAV; missing / empty / non-finite / longer than
+the extractor's 30 s window refused naming the sample). This family adds one refusal: audio too
+short to give one token (< 3 mel frames, about 30 ms).
 
 What differs from the default path:
 
@@ -38,19 +33,18 @@ from __future__ import annotations
 
 import math
 import os
-import wave
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ._conversation import parse_conversation
+from .audio import audio_num_samples, load_audio, load_audio_block, split_audio_blocks
 from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
 from .labels import RoleMarkers, conversation_labels, resolve_role_markers
-from .media import SampleError, existing_media_file, load_image
+from .media import SampleError, load_image
 
 __all__ = [
     "OMNI_MODALITIES",
@@ -67,7 +61,6 @@ __all__ = [
 
 OMNI_MODALITIES: Final = frozenset({"image", "audio"})
 _FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "qwen2_5_omni"
-_AUDIO_TEXT: Final = "audio"  # stands in for an audio block while parse_conversation validates
 _STRUCTURAL: Final = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 _MEDIA_ATTRS: Final = (
     "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token",
@@ -96,125 +89,6 @@ def qwen_omni_audio_tokens(processor: Any, n_samples: int) -> int:
     """Audio tokens for ``n_samples`` samples at the extractor's rate (the processor's rule)."""
     fe = processor.feature_extractor
     return _conv_out(min(math.ceil(n_samples / fe.hop_length), fe.nb_max_frames))
-
-
-def _read_wav(path: str, sample_id: Any) -> tuple[np.ndarray, int]:
-    try:
-        with wave.open(path, "rb") as w:
-            channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
-            raw = w.readframes(w.getnframes())
-    except (wave.Error, EOFError, OSError) as exc:
-        raise SampleError(
-            sample_id, "bad_media", f"audio file {path!r} is not a readable PCM WAV: {exc}"
-        ) from exc
-    if channels != 1:
-        raise SampleError(
-            sample_id,
-            "bad_media",
-            f"audio file {path!r} has {channels} channels; convert it to mono first",
-        )
-    dtypes = {1: np.uint8, 2: np.int16, 4: np.int32}
-    if width not in dtypes:
-        raise SampleError(
-            sample_id,
-            "bad_media",
-            f"audio file {path!r} has {8 * width}-bit samples; valid: 8, 16 or 32-bit PCM",
-        )
-    ints = np.frombuffer(raw, dtype=dtypes[width]).astype(np.float64)
-    if width == 1:
-        ints -= 128.0
-    scale = float(2 ** (8 * width - 1))
-    return (ints / scale).astype(np.float32), rate
-
-
-def load_audio(
-    src: Any, *, sample_id: Any, sampling_rate: int, block_rate: Any = None, max_samples: int
-) -> np.ndarray:
-    """One audio block's waveform (float32 ``[n]`` at ``sampling_rate``), checked (module
-    docstring). ``block_rate``: the block's ``sampling_rate`` key (None when absent)."""
-    if block_rate is not None and (
-        isinstance(block_rate, bool) or not isinstance(block_rate, int) or block_rate <= 0
-    ):
-        raise SampleError(
-            sample_id, "bad_media", f"audio sampling_rate={block_rate!r}; expected a positive int"
-        )
-    if isinstance(src, str | os.PathLike):
-        path = existing_media_file(src, "audio", sample_id)
-        wav, rate = _read_wav(path, sample_id)
-        what = f"audio file {path!r}"
-        if block_rate is not None and block_rate != rate:
-            raise SampleError(
-                sample_id,
-                "bad_media",
-                f"{what} is {rate} Hz but its block says sampling_rate={block_rate}",
-            )
-    elif isinstance(src, np.ndarray):
-        if src.ndim != 1 or not np.issubdtype(src.dtype, np.floating):
-            raise SampleError(
-                sample_id,
-                "bad_media",
-                f"audio array has shape {src.shape} and dtype {src.dtype}; expected a 1-D float "
-                "array (mono, values in [-1, 1])",
-            )
-        wav, rate = src.astype(np.float32, copy=False), block_rate or sampling_rate
-        what = f"audio array of {src.shape[0]} samples"
-    else:
-        raise SampleError(
-            sample_id,
-            "bad_media",
-            f"audio value {src!r:.80} is a {type(src).__name__}; expected a .wav path or a 1-D "
-            "float numpy array",
-        )
-    if rate != sampling_rate:
-        raise SampleError(
-            sample_id,
-            "bad_media",
-            f"{what} is sampled at {rate} Hz but the feature extractor needs {sampling_rate} Hz; "
-            "resample it beforehand (neatpack never resamples silently)",
-        )
-    if wav.shape[0] == 0:
-        raise SampleError(sample_id, "empty_file", f"{what} has no samples")
-    if not bool(np.isfinite(wav).all()):
-        raise SampleError(sample_id, "bad_media", f"{what} contains NaN or infinite values")
-    if wav.shape[0] > max_samples:
-        raise SampleError(
-            sample_id,
-            "bad_media",
-            f"{what} lasts {wav.shape[0] / rate:.2f} s, longer than the feature extractor's "
-            f"{max_samples / rate:.0f} s window, which would drop the rest silently; split it",
-        )
-    return wav
-
-
-def _split_audio(
-    record: Mapping[str, Any],
-) -> tuple[dict[str, Any], list[tuple[int, int]], list[Mapping[str, Any]]]:
-    """The record with each audio block replaced by a text stand-in, where they were, and the
-    audio blocks themselves (in conversation order)."""
-    conv = record.get("conversation")
-    if not isinstance(conv, list):
-        return dict(record), [], []
-    where: list[tuple[int, int]] = []
-    blocks: list[Mapping[str, Any]] = []
-    out_conv: list[Any] = []
-    for k, msg in enumerate(conv):
-        content = msg.get("content") if isinstance(msg, Mapping) else None
-        if not isinstance(content, list):
-            out_conv.append(msg)
-            continue
-        new = []
-        for j, b in enumerate(content):
-            is_audio = isinstance(b, Mapping) and (
-                b.get("type") == "audio" or (b.get("type") is None and "audio" in b)
-            )
-            if is_audio:
-                where.append((k, j))
-                blocks.append(b)
-                new.append({"type": "text", "text": _AUDIO_TEXT})
-            else:
-                new.append(b)
-        out_conv.append({**msg, "content": new})
-    return {**record, "conversation": out_conv}, where, blocks
 
 
 def _audio_runs(ids: Tensor, mm: Tensor, bos: int) -> list[int]:
@@ -248,18 +122,14 @@ def tokenize_qwen_omni(
     forbidden.update(
         str(getattr(processor, a)) for a in _MEDIA_ATTRS if getattr(processor, a, None)
     )
-    stand_in, where, audio_blocks = _split_audio(record)
+    stand_in, where, audio_blocks = split_audio_blocks(record)
     sid, conv, image_src, _videos, _fps = parse_conversation(stand_in, tuple(sorted(forbidden)))
     for k, j in where:
         conv[k]["content"][j] = {"type": "audio"}
     fe = processor.feature_extractor
     audio = [
-        load_audio(
-            b.get("audio", b.get("path")),
-            sample_id=sid,
-            sampling_rate=int(fe.sampling_rate),
-            block_rate=b.get("sampling_rate"),
-            max_samples=int(fe.n_samples),
+        load_audio_block(
+            b, sample_id=sid, sampling_rate=int(fe.sampling_rate), max_samples=int(fe.n_samples)
         )
         for b in audio_blocks
     ]
@@ -313,22 +183,6 @@ def tokenize_qwen_omni(
     return sample
 
 
-def _audio_samples(value: Any, meta: Any, rate: int, sid: Any) -> int:
-    """Sample count of one audio block: ``audios_meta`` seconds, a WAV header, or an array."""
-    if meta is not None:
-        return round(float(meta) * rate)
-    if isinstance(value, np.ndarray):
-        return int(value.shape[0])
-    try:
-        with wave.open(os.fspath(value), "rb") as w:
-            return round(w.getnframes() * rate / w.getframerate())
-    except (wave.Error, EOFError, OSError, TypeError) as exc:
-        raise ValueError(
-            f"sample_id={sid}: cannot read the duration of audio {value!r:.80} ({exc}); "
-            "give audios_meta (seconds per audio block)"
-        ) from exc
-
-
 def _image_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
     """``[height, width]`` per image block: ``images_meta`` entries, else the PIL image or the
     file header (``_media_meta._image_size``); an unreadable image is a ValueError."""
@@ -364,7 +218,7 @@ def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str =
     if mode not in ("exact", "estimate"):
         raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
     sid = record.get("sample_id")
-    stand_in, where, blocks = _split_audio(record)
+    stand_in, where, blocks = split_audio_blocks(record)
     conv = [
         dict(m, content=[{"type": "text", "text": c}] if isinstance(c, str) else list(c))
         for m in stand_in["conversation"]
@@ -379,7 +233,9 @@ def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str =
         )
     rate = int(processor.feature_extractor.sampling_rate)
     audio = [
-        qwen_omni_audio_tokens(processor, _audio_samples(b.get("audio"), m, rate, sid))
+        qwen_omni_audio_tokens(
+            processor, audio_num_samples(b.get("audio", b.get("path")), m, rate, sid)
+        )
         for b, m in zip(blocks, meta, strict=True)
     ]
     sizes = _image_sizes(conv, record.get("images_meta"), sid)
