@@ -72,6 +72,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "family_default": ("default_estimate", "tokenize_default"),
     "family_prompt": ("prompt_answer_length", "tokenize_prompt_answer"),
+    "family_gemma3": ("gemma3_estimator", "gemma3_pan_and_scan"),
     "family_gemma4": ("GEMMA4_THINKING_PREFIX", "inject_thinking_prefix"),
     "text_pack": ("neat_pack_dataset",),
     "tiny": ("load_tiny_processor",),
