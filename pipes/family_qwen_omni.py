@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,8 +49,12 @@ from .media import SampleError, load_image
 
 __all__ = [
     "OMNI_MODALITIES",
+    "QWEN2_5_OMNI",
+    "OmniRule",
     "load_audio",
     "load_tiny_qwen_omni_processor",
+    "omni_estimate",
+    "omni_tokenize",
     "qwen_omni_audio_tokens",
     "qwen_omni_estimate",
     "qwen_omni_mrope",
@@ -85,10 +90,43 @@ def _conv_out(frames: int) -> int:
     return ((frames - 1) // 2 + 1 - 2) // 2 + 1
 
 
+@dataclass(frozen=True)
+class OmniRule:
+    """What one Qwen-Omni generation does differently with audio; everything else (template,
+    labels, images, token types, positions for images and audio) is shared.
+
+    ``frames(processor, n_samples)``: mel frames the processor keeps for ``n_samples`` samples
+    (the ``feature_attention_mask`` sum); ``tokens(processor, frames)``: audio tokens for those
+    frames; ``max_samples(processor)``: the longest audio accepted (None: no limit, because the
+    processor does not cut it)."""
+
+    name: str
+    frames: Callable[[Any, int], int]
+    tokens: Callable[[Any, int], int]
+    max_samples: Callable[[Any], int | None]
+
+    def audio_tokens(self, processor: Any, n_samples: int) -> int:
+        """Audio tokens for ``n_samples`` samples at the extractor's rate."""
+        return self.tokens(processor, self.frames(processor, n_samples))
+
+
+def _frames_2_5(processor: Any, n_samples: int) -> int:
+    fe = processor.feature_extractor
+    return min(math.ceil(n_samples / int(fe.hop_length)), int(fe.nb_max_frames))
+
+
+def _window(processor: Any) -> int:
+    return int(processor.feature_extractor.n_samples)
+
+
+QWEN2_5_OMNI: Final = OmniRule("Qwen2.5-Omni", _frames_2_5, lambda _p, f: _conv_out(f), _window)
+"""Qwen2.5-Omni: ``ceil(samples / hop)`` frames (padded to the 30 s window, longer refused),
+two stride-2 convolutions."""
+
+
 def qwen_omni_audio_tokens(processor: Any, n_samples: int) -> int:
     """Audio tokens for ``n_samples`` samples at the extractor's rate (the processor's rule)."""
-    fe = processor.feature_extractor
-    return _conv_out(min(math.ceil(n_samples / fe.hop_length), fe.nb_max_frames))
+    return QWEN2_5_OMNI.audio_tokens(processor, n_samples)
 
 
 def _audio_runs(ids: Tensor, mm: Tensor, bos: int) -> list[int]:
@@ -113,6 +151,26 @@ def tokenize_qwen_omni(
     max_image_pixels: int | str | None = "pil",
 ) -> dict[str, Any]:
     """One Record with text, image and audio blocks -> one Sample (module docstring)."""
+    return omni_tokenize(
+        record,
+        processor,
+        QWEN2_5_OMNI,
+        label_policy=label_policy,
+        markers=markers,
+        max_image_pixels=max_image_pixels,
+    )
+
+
+def omni_tokenize(
+    record: Mapping[str, Any],
+    processor: Any,
+    rule: OmniRule,
+    *,
+    label_policy: str = "assistant",
+    markers: RoleMarkers | None = None,
+    max_image_pixels: int | str | None = "pil",
+) -> dict[str, Any]:
+    """``tokenize_qwen_omni`` for any Qwen-Omni generation, its audio rule given."""
     if label_policy not in ("assistant", "last_assistant"):
         raise ValueError(f"{label_policy=} is not one of ('assistant', 'last_assistant')")
     check_modalities(record, processor, OMNI_MODALITIES)
@@ -129,11 +187,14 @@ def tokenize_qwen_omni(
     fe = processor.feature_extractor
     audio = [
         load_audio_block(
-            b, sample_id=sid, sampling_rate=int(fe.sampling_rate), max_samples=int(fe.n_samples)
+            b,
+            sample_id=sid,
+            sampling_rate=int(fe.sampling_rate),
+            max_samples=rule.max_samples(processor),
         )
         for b in audio_blocks
     ]
-    want_audio = [qwen_omni_audio_tokens(processor, a.shape[0]) for a in audio]
+    want_audio = [rule.audio_tokens(processor, a.shape[0]) for a in audio]
     for n, (a, want) in enumerate(zip(audio, want_audio, strict=True)):
         if want < 1:
             raise SampleError(
@@ -160,7 +221,9 @@ def tokenize_qwen_omni(
     _check_counts(sid, processor, out, mm, images)
     runs = _audio_runs(ids, mm, int(tok.convert_tokens_to_ids(processor.audio_bos_token)))
     fam = out.get("feature_attention_mask")
-    from_features = [] if fam is None else [_conv_out(int(f)) for f in fam.sum(-1).tolist()]
+    from_features = (
+        [] if fam is None else [rule.tokens(processor, int(f)) for f in fam.sum(-1).tolist()]
+    )
     if runs != want_audio or (audio and from_features != want_audio):
         raise SampleError(
             sid,
@@ -205,6 +268,13 @@ def _image_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[i
 
 
 def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Qwen2.5-Omni's ``omni_estimate`` (below)."""
+    return omni_estimate(record, processor, QWEN2_5_OMNI, mode=mode)
+
+
+def omni_estimate(
+    record: Mapping[str, Any], processor: Any, rule: OmniRule, *, mode: str = "exact"
+) -> int:
     """Length after the shift without running the feature extractor or the image processor.
 
     Text: ``mode="exact"`` tokenizes the templated text (media reduced to their placeholders);
@@ -233,9 +303,7 @@ def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str =
         )
     rate = int(processor.feature_extractor.sampling_rate)
     audio = [
-        qwen_omni_audio_tokens(
-            processor, audio_num_samples(b.get("audio", b.get("path")), m, rate, sid)
-        )
+        rule.audio_tokens(processor, audio_num_samples(b.get("audio", b.get("path")), m, rate, sid))
         for b, m in zip(blocks, meta, strict=True)
     ]
     sizes = _image_sizes(conv, record.get("images_meta"), sid)
@@ -268,10 +336,16 @@ def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str =
 def qwen_omni_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The model's media inputs for the documents of one pack, concatenated in document order:
     ``pixel_values`` / ``image_grid_thw`` and ``input_features`` / ``feature_attention_mask``
-    (each present only when some document has that medium)."""
+    (each present only when some document has that medium). Audio features narrower than the
+    widest are right-padded with zeros and mask 0 (Qwen3-Omni pads each call to its longest
+    audio; Qwen2.5-Omni's are all 3000 frames): the encoders read only the masked-in frames."""
     out: dict[str, Any] = {}
+    width = max((int(s["input_features"].shape[-1]) for s in samples
+                 if s.get("input_features") is not None), default=0)  # fmt: skip
     for key in ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask"):
         parts = [s[key] for s in samples if s.get(key) is not None]
+        if key in ("input_features", "feature_attention_mask"):
+            parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts]
         if parts:
             out[key] = torch.cat(parts, dim=0)
     return out
