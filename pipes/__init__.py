@@ -74,6 +74,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "family_prompt": ("prompt_answer_length", "tokenize_prompt_answer"),
     "family_gemma3": ("gemma3_estimator", "gemma3_pan_and_scan"),
     "family_gemma4": ("GEMMA4_THINKING_PREFIX", "inject_thinking_prefix"),
+    "family_phi4": ("phi4_estimate", "phi4_pack_media", "tokenize_phi4"),
     "text_pack": ("neat_pack_dataset",),
     "tiny": ("load_tiny_processor",),
     "synth": ("write_corpus",),

@@ -1,0 +1,372 @@
+"""Phi-4-multimodal (``Phi4MultimodalProcessor`` / ``Phi4MultimodalForCausalLM``): text, images
+and audio in one conversation (the seed's ``phi4_mm_collate_fn``).
+
+An audio block is ``{"type": "audio", "audio": <.wav path | 1-D float array>}``, read and checked
+by ``neatpack.pipes.audio`` (16 kHz, never resampled; missing / empty / non-finite refused
+naming the sample). What differs from the default path:
+
+* the processor takes ``audio=[...]``; each ``<|audio|>`` becomes
+  ``ceil(frames / 8)`` tokens, ``frames = (samples - 400) // 160 + 1`` (``phi4_audio_tokens``:
+  the feature extractor's rule, checked against its ``audio_embed_sizes``); a clip shorter than
+  one 25 ms window (400 samples) gives no frame and is refused;
+* each ``<|image|>`` becomes ``256 + 1 + R * C + R + 16`` tokens (global 16x16 grid with a
+  separator column, one separator, the ``R x C`` HD sub-grid with one separator per row):
+  ``phi4_image_tokens`` computes R and C from the image size without pixels (448-pixel crops,
+  at most ``dynamic_hd``), checked against the text;
+* the Sample keeps the model's own media names: ``image_pixel_values``
+  ``[n_img, crops, 3, 448, 448]``, ``image_sizes``, ``image_attention_mask``,
+  ``audio_input_features`` ``[n_audio, frames, 80]``, ``audio_embed_sizes`` and
+  ``audio_attention_mask`` (built from the frame counts when the extractor omits it for one clip);
+* positions are 1-D and the text model takes a 4D mask as it is, so a packed row is the
+  block-causal ``mask.to_4d_additive_mask`` with ``phi4_pack_media`` (crops padded to the
+  row's maximum as the image processor pads them, audio frames padded with a False mask).
+
+Two model facts a packed row must respect (both measured, ``tests/test_family_phi4.py``):
+
+1. the audio projection is chosen per FORWARD: ``"vision"`` when ``image_pixel_values`` is given,
+   else ``"speech"``. An image-less audio document packed beside an image document is projected
+   differently than alone, so ``phi4_pack_media`` refuses that mix (group such samples apart);
+2. the audio encoder adds its boolean padding mask to the scores (+1 / +0) instead of masking, so
+   a clip padded to a longer one in the same forward sees the padding (as in an ordinary padded
+   batch). Clips of equal frame count, or one clip per row, are exact.
+
+The chat template is rendered from the processor or, when ``Phi4MultimodalProcessor`` lost it on
+load (its ``__init__`` does not name ``chat_template``, so 5.23's ``from_pretrained`` drops it),
+from its tokenizer.
+
+>>> phi4_audio_tokens(16000)  # 1 s: 98 frames -> ceil(98 / 8)
+13
+>>> phi4_image_tokens(64, 96)  # one crop, padded to 448x298: 11 of 16 rows hold the image
+460
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from torch import Tensor
+
+from ._conversation import parse_conversation
+from ._media_meta import _image_size
+from .audio import audio_num_samples, load_audio_block, split_audio_blocks
+from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
+from .labels import RoleMarkers, _template_text, conversation_labels
+from .media import SampleError, load_image
+
+__all__ = [
+    "PHI4_MODALITIES",
+    "load_tiny_phi4_processor",
+    "phi4_audio_tokens",
+    "phi4_estimate",
+    "phi4_handler",
+    "phi4_image_tokens",
+    "phi4_pack_media",
+    "phi4_role_markers",
+    "tokenize_phi4",
+]
+
+PHI4_MODALITIES: Final = frozenset({"image", "audio"})
+_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "phi4_multimodal"
+_IMAGE_KEYS: Final = ("image_pixel_values", "image_sizes", "image_attention_mask")
+_AUDIO_KEYS: Final = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
+
+
+def phi4_handler() -> Any:
+    """The ``phi4`` registry Handler. Its call leaves the modality check to ``tokenize_phi4``:
+    ``family_default.processor_modalities`` looks for ``feature_extractor`` and Phi-4 names its
+    audio sub-processor ``audio_processor``, so the generic check would refuse every audio.
+    Built on call (the registry imports this module before it defines ``Handler``)."""
+    from .registry import Handler
+
+    @dataclass(frozen=True)
+    class Phi4Handler(Handler):
+        def __call__(
+            self, record: Mapping[str, Any], processor: Any, **options: Any
+        ) -> dict[str, Any]:
+            return self.tokenize(record, processor, **options)
+
+    return Phi4Handler(
+        "phi4",
+        tokenize_phi4,
+        modalities=PHI4_MODALITIES,
+        pack_media=phi4_pack_media,
+        description="Phi-4-multimodal: images (448 HD crops) + audio "
+        "(Phi4MultimodalFeatureExtractor, 16 kHz checked); packs need "
+        "family_phi4.phi4_pack_media (pipes/family_phi4.py)",
+    )
+
+
+def load_tiny_phi4_processor() -> Any:
+    """The shipped tiny ``Phi4MultimodalProcessor``
+    (``scripts/build_tiny_audio_family_processors.py``), its chat template restored."""
+    if not (_FOLDER / "processor_config.json").is_file():
+        raise FileNotFoundError(
+            f"tiny Phi-4-multimodal processor missing in {_FOLDER}; rebuild it with "
+            "`python scripts/build_tiny_audio_family_processors.py`"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
+    if proc.chat_template is None:
+        proc.chat_template = proc.tokenizer.chat_template
+    return proc
+
+
+def phi4_audio_tokens(
+    n_samples: int, *, win: int = 400, hop: int = 160, compression: int = 8, downsample: int = 1
+) -> int:
+    """Audio tokens for ``n_samples`` samples (the feature extractor's rule; 0 when too short)."""
+    frames = max((n_samples - win) // hop + 1, 0)
+    return math.ceil(math.ceil(frames / compression) / downsample)
+
+
+def _extractor_rule(processor: Any) -> dict[str, int]:
+    fe = processor.audio_processor
+    return {
+        "win": int(fe.win_length),
+        "hop": int(fe.hop_length),
+        "compression": int(fe.audio_compression_rate),
+        "downsample": int(fe.audio_downsample_rate),
+    }
+
+
+def phi4_image_tokens(height: int, width: int, *, crop: int = 448, max_crops: int = 4) -> int:
+    """``<|image|>`` tokens of one ``height x width`` image (the image processor's
+    ``dynamic_preprocess`` arithmetic, no pixels): ``256 + 1 + R * C + R + 16``."""
+    patch, grid = 14, crop // 14
+    w_n, h_n = math.ceil(width / crop), math.ceil(height / crop)
+    if w_n * h_n > max_crops:
+        ratios = sorted(
+            {(i, j) for n in range(1, max_crops + 1) for i in range(1, n + 1)
+             for j in range(1, n + 1) if i * j <= max_crops},
+            key=lambda r: r[0] * r[1],
+        )  # fmt: skip
+        best, best_diff = (1, 1), float("inf")
+        for ratio in ratios:  # the processor's find_closest_aspect_ratio, tie rule included
+            diff = abs(width / height - ratio[0] / ratio[1])
+            if diff < best_diff:
+                best, best_diff = ratio, diff
+            elif diff == best_diff and width * height > 0.5 * crop * crop * ratio[0] * ratio[1]:
+                best = ratio
+        w_n, h_n = best
+    tw, th = crop * w_n, crop * h_n
+    if tw / width < th / height:
+        pad_w, pad_h = 0, th - int(height * tw / width)
+    else:
+        pad_w, pad_h = tw - int(width * th / height), 0
+    cols = grid * w_n - (pad_w // patch if pad_w >= patch else 0)
+    rows = grid * h_n - (pad_h // patch if pad_h >= patch else 0)
+    r, c = math.ceil(rows / 2), math.ceil(cols / 2)  # the 2x2 downsampled mask keeps even cells
+    return (grid // 2) ** 2 + 1 + r * c + r + 16
+
+
+def _image_rule(processor: Any) -> dict[str, int]:
+    ip = processor.image_processor
+    return {"crop": int(ip.size["height"]), "max_crops": int(ip.dynamic_hd)}
+
+
+def phi4_role_markers(processor: Any) -> RoleMarkers:
+    """``<|assistant|>`` ... ``<|end|>``, given rather than derived: Phi-4's template ends a
+    conversation with eos (``<|endoftext|>``), so the rendered user-only probe and the full one
+    share the characters ``<|`` past ``<|end|>`` and ``labels.derive_role_markers`` finds its
+    boundary inside the ``<|assistant|>`` token."""
+    tok = processor.tokenizer
+    return RoleMarkers(
+        (int(tok.convert_tokens_to_ids("<|assistant|>")),),
+        (int(tok.convert_tokens_to_ids("<|end|>")),),
+    )
+
+
+def _render(processor: Any, conv: list[dict[str, Any]]) -> str:
+    text: str = processor.apply_chat_template(
+        conv, tokenize=False, chat_template=_template_text(processor)
+    )
+    return text
+
+
+def tokenize_phi4(
+    record: Mapping[str, Any],
+    processor: Any,
+    *,
+    label_policy: str = "assistant",
+    markers: RoleMarkers | None = None,
+    max_image_pixels: int | str | None = "pil",
+) -> dict[str, Any]:
+    """One Record with text, image and audio blocks -> one Sample (module docstring)."""
+    if label_policy not in ("assistant", "last_assistant"):
+        raise ValueError(f"{label_policy=} is not one of ('assistant', 'last_assistant')")
+    stand_in, where, audio_blocks = split_audio_blocks(record)
+    # audio is Phi-4's by construction; the rest (a video block) is checked as any family's
+    check_modalities(stand_in, processor, PHI4_MODALITIES)
+    tok = processor.tokenizer
+    markers = markers or phi4_role_markers(processor)
+    sid, conv, image_src, _videos, _fps = parse_conversation(
+        stand_in, _forbidden(processor, tok, markers)
+    )
+    for k, j in where:
+        conv[k]["content"][j] = {"type": "audio"}
+    rate = int(processor.audio_processor.sampling_rate)
+    audio = [load_audio_block(b, sample_id=sid, sampling_rate=rate) for b in audio_blocks]
+    want_audio = [phi4_audio_tokens(a.shape[0], **_extractor_rule(processor)) for a in audio]
+    for n, (a, want) in enumerate(zip(audio, want_audio, strict=True)):
+        if want < 1:
+            raise SampleError(
+                sid,
+                "bad_media",
+                f"audio {n} has {a.shape[0]} samples ({a.shape[0] / rate * 1000:.1f} ms), shorter "
+                f"than one {processor.audio_processor.win_length}-sample window; drop or pad it",
+            )
+    images = [load_image(s, sample_id=sid, max_image_pixels=max_image_pixels) for s in image_src]
+    kwargs: dict[str, Any] = {"return_tensors": "pt"}
+    if images:
+        kwargs["images"] = images
+    if audio:
+        kwargs.update(audio=audio, sampling_rate=rate)
+    try:
+        out = processor(text=[_render(processor, conv)], **kwargs)
+    except Exception as exc:
+        raise SampleError(
+            sid, "processor_error", f"the processor failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    ids = out["input_ids"][0].long()
+    mm = _mm_types(ids, processor)
+    rule = _image_rule(processor)
+    _check_counts(
+        sid, processor, out, mm, images,
+        lambda _p, ims: sum(phi4_image_tokens(i.height, i.width, **rule) for i in ims),
+    )  # fmt: skip
+    got = int((mm == 3).sum())
+    sizes = [] if not audio else [int(x) for x in out["audio_embed_sizes"].tolist()]
+    if got != sum(want_audio) or sizes != want_audio:
+        raise SampleError(
+            sid,
+            "media_token_mismatch",
+            f"{got} audio token(s) in the text, audio_embed_sizes {sizes}, but the durations "
+            f"give {want_audio}",
+        )
+    labels = conversation_labels(
+        ids, conv, markers, sample_id=sid, mm_token_type_ids=mm, label_policy=label_policy
+    )
+    sample: dict[str, Any] = {"sample_id": sid, "input_ids": ids}
+    for key in _IMAGE_KEYS + _AUDIO_KEYS:
+        if out.get(key) is not None:
+            sample[key] = torch.as_tensor(out[key])
+    if audio and "audio_attention_mask" not in sample:  # the extractor omits it for one clip
+        frames = sample["audio_input_features"].shape[1]
+        sample["audio_attention_mask"] = torch.ones(len(audio), frames, dtype=torch.bool)
+    sample.update(
+        labels=labels, attention_mask=out["attention_mask"][0].long(), mm_token_type_ids=mm
+    )
+    return sample
+
+
+def phi4_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Length after the shift without running the feature extractor or the image processor.
+
+    Text: ``mode="exact"`` tokenizes the templated text (media reduced to their placeholders);
+    ``mode="estimate"`` is ``LengthEstimator``'s chars-per-token rule with the template overhead
+    probed from the processor. Images: ``images_meta`` ``[height, width]`` (else the PIL image or
+    the file header) through ``phi4_image_tokens``; audio: ``audios_meta`` seconds (else the WAV
+    header or the array length) through ``phi4_audio_tokens``. Exact mode equals the real length
+    (a test checks it)."""
+    if mode not in ("exact", "estimate"):
+        raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
+    sid: Any = record.get("sample_id")
+    stand_in, where, blocks = split_audio_blocks(record)
+    conv = [
+        dict(m, content=[{"type": "text", "text": c}] if isinstance(c, str) else list(c))
+        for m in stand_in["conversation"]
+        for c in (m["content"],)
+    ]
+    for k, j in where:
+        conv[k]["content"][j] = {"type": "audio"}
+    a_meta = record.get("audios_meta") or [None] * len(blocks)
+    values = [b.get("image", b.get("path")) for m in conv for b in m["content"]
+              if b.get("type") == "image" or (b.get("type") is None and "image" in b)]  # fmt: skip
+    i_meta = record.get("images_meta") or [None] * len(values)
+    if len(a_meta) != len(blocks) or len(i_meta) != len(values):
+        raise ValueError(
+            f"sample_id={sid}: audios_meta / images_meta have {len(a_meta)} / {len(i_meta)} "
+            f"entries for {len(blocks)} audio and {len(values)} image blocks"
+        )
+    rate = int(processor.audio_processor.sampling_rate)
+    audio = [
+        phi4_audio_tokens(
+            audio_num_samples(b.get("audio", b.get("path")), m, rate, sid),
+            **_extractor_rule(processor),
+        )
+        for b, m in zip(blocks, a_meta, strict=True)
+    ]
+    image = []
+    for value, m in zip(values, i_meta, strict=True):
+        size = (int(m[0]), int(m[1])) if m is not None else _image_size(value, sid)
+        if isinstance(size, str):
+            raise ValueError(f"sample_id={sid}: {size.replace('_', ' ')}: {value!r:.80}")
+        image.append(phi4_image_tokens(size[0], size[1], **_image_rule(processor)))
+    media = sum(image) + sum(audio)
+    if mode == "exact":
+        n_text = len(processor.tokenizer(_render(processor, conv), add_special_tokens=False)[
+            "input_ids"
+        ])  # fmt: skip
+        # each placeholder (<|image|> / <|audio|>) is one token of n_text and expands to its count
+        return int(n_text - len(image) - len(audio) + media - 1)
+    from ._template_probe import probe_overhead
+    from .estimate import LengthEstimator
+
+    text_only = {**record, "conversation": [
+        {**m, "content": [b for j, b in enumerate(m["content"]) if (k, j) not in where]}
+        for k, m in enumerate(conv)
+    ]}  # fmt: skip
+    est = LengthEstimator(
+        mode="estimate",
+        processor=processor,
+        media_fallback=0,
+        on_missing_media="fallback",
+        overhead=probe_overhead(processor),
+    )
+    return int(est.estimate(text_only)[0] + media)
+
+
+def _pad_dim1(parts: Sequence[Tensor], value: float | bool) -> Tensor:
+    width = max(int(p.shape[1]) for p in parts)
+    out = []
+    for p in parts:
+        pad = p.new_full((p.shape[0], width - p.shape[1], *p.shape[2:]), value)
+        out.append(torch.cat([p, pad], dim=1))
+    return torch.cat(out, dim=0)
+
+
+def phi4_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The model's media inputs for the documents of one pack, in document order: image crops
+    padded to the pack's most (zero pixels, mask ones: what the image processor does within a
+    batch), audio frames padded (zero features, mask False). Refuses a pack that mixes an
+    image-less audio document with an image document (module docstring, fact 1)."""
+    has_img = [s.get("image_pixel_values") is not None for s in samples]
+    speech = [s.get("sample_id") for s, i in zip(samples, has_img, strict=True)
+              if not i and s.get("audio_input_features") is not None]  # fmt: skip
+    if speech and any(has_img):
+        raise ValueError(
+            f"samples {speech} have audio but no image and would be packed beside an image "
+            f"document ({[s.get('sample_id') for s, i in zip(samples, has_img, strict=True) if i]})"
+            ": Phi-4 projects all audio of a forward with its vision-speech projection when any "
+            "image is present, so they would not match their own runs; pack them apart"
+        )
+    out: dict[str, Any] = {}
+    if any(has_img):
+        imgs = [s for s in samples if s.get("image_pixel_values") is not None]
+        out["image_pixel_values"] = _pad_dim1([s["image_pixel_values"] for s in imgs], 0.0)
+        out["image_attention_mask"] = _pad_dim1([s["image_attention_mask"] for s in imgs], 1.0)
+        out["image_sizes"] = torch.cat([s["image_sizes"] for s in imgs], dim=0)
+    auds = [s for s in samples if s.get("audio_input_features") is not None]
+    if auds:
+        out["audio_input_features"] = _pad_dim1([s["audio_input_features"] for s in auds], 0.0)
+        out["audio_attention_mask"] = _pad_dim1([s["audio_attention_mask"] for s in auds], False)
+        out["audio_embed_sizes"] = torch.cat([s["audio_embed_sizes"] for s in auds], dim=0)
+    return out

@@ -1,0 +1,122 @@
+"""Build the tiny, real, offline processors of the audio families Phi-4-multimodal and
+Nemotron-H Omni.
+
+Usage::
+
+    python scripts/build_tiny_audio_family_processors.py [OUT_DIR]
+
+(default ``OUT_DIR``: ``pipes/_assets/processors``).
+
+Writes ``phi4_multimodal/``, every part a real transformers class:
+
+* the byte-level BPE merges and vocabulary already shipped in ``qwen2_vl/`` (trained by
+  ``scripts/build_tiny_processors.py``; reused, not retrained) wrapped in the real
+  ``GPT2Tokenizer`` (Phi-4-multimodal's tokenizer class), with Phi-4's turn tokens
+  (``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|end|>``, eos ``<|endoftext|>``) and its
+  named media tokens ``image_token="<|image|>"`` / ``audio_token="<|audio|>"`` (the attributes
+  ``Phi4MultimodalProcessor.__init__`` reads);
+* a Phi-4-style chat template: ``<|role|>content<|end|>`` per message, one ``<|image|>`` /
+  ``<|audio|>`` per media block, assistant turns in ``{% generation %}``, eos at the end;
+* ``Phi4MultimodalImageProcessor`` with the real 448-pixel crops (the processor's token rule
+  hard-codes the 448/14 geometry: 256 global tokens + 16 separators, so a smaller crop would
+  disagree with the model) and ``dynamic_hd=4`` (at most 4 crops per image);
+* ``Phi4MultimodalFeatureExtractor`` with its real settings (80 mel bins, 16 kHz, hop 160,
+  window 400, compression 8).
+
+Saved with ``save_pretrained``; reloads with ``AutoProcessor.from_pretrained(folder)`` and no
+network. Deterministic (no training: the vocabulary is read from ``qwen2_vl/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_ASSETS = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
+
+PHI4_TURNS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+PHI4_MEDIA = {"image_token": "<|image|>", "audio_token": "<|audio|>"}
+PHI4_CROPS = 4
+_PHI4_CONTENT = (
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<|image|>' }}"
+    "{% elif content['type'] == 'audio' %}{{ '<|audio|>' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}"
+)
+PHI4_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}" + _PHI4_CONTENT + "{{ '<|end|>' }}{% endgeneration %}"
+    "{% else %}" + _PHI4_CONTENT + "{{ '<|end|>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+
+def shipped_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The BPE vocabulary (added tokens dropped) and merges of the shipped ``qwen2_vl/``."""
+    data = json.loads((_ASSETS / "qwen2_vl" / "tokenizer.json").read_text(encoding="utf-8"))
+    added = {t["content"] for t in data["added_tokens"]}
+    vocab = {k: v for k, v in data["model"]["vocab"].items() if k not in added}
+    merges = [
+        tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in data["model"]["merges"]
+    ]
+    return vocab, merges  # type: ignore[return-value]
+
+
+def phi4_tokenizer() -> Any:
+    """The shipped BPE in the real ``GPT2Tokenizer`` with Phi-4's special tokens."""
+    from transformers import GPT2Tokenizer
+
+    vocab, merges = shipped_bpe()
+    tok = GPT2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=131072,
+        extra_special_tokens=dict(PHI4_MEDIA),
+    )
+    tok.add_special_tokens({"additional_special_tokens": PHI4_TURNS})
+    return tok
+
+
+def build_phi4() -> Any:
+    """Assemble the real ``Phi4MultimodalProcessor`` (module docstring)."""
+    import transformers as tf
+
+    return tf.Phi4MultimodalProcessor(  # type: ignore[no-untyped-call]
+        image_processor=tf.Phi4MultimodalImageProcessor(dynamic_hd=PHI4_CROPS),
+        audio_processor=tf.Phi4MultimodalFeatureExtractor(),
+        tokenizer=phi4_tokenizer(),
+        chat_template=PHI4_TEMPLATE,
+    )
+
+
+BUILDERS = {"phi4_multimodal": build_phi4}
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[1]) if len(argv) > 1 else _ASSETS
+    for name, build in BUILDERS.items():
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        build().save_pretrained(str(folder))
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        print(f"{name}: {folder} {sorted(p.name for p in folder.iterdir())} {size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
