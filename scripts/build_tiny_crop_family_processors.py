@@ -25,6 +25,7 @@ Deterministic: the tokenizer is loaded, not trained; the saved files are committ
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -129,12 +130,35 @@ def build_step3() -> Any:
     )
 
 
-BUILDERS = {"kimi_k25": build_kimi_k25, "step3": build_step3}
+def build_smolvlm() -> Any:
+    """Idefics3's tiny tokenizer, template and tile sizes (``build_tiny_family_processors``) in
+    the real ``SmolVLMProcessor``; needs ``num2words`` (imported by the processor)."""
+    import transformers as tf
+    from build_tiny_family_processors import IDEFICS3_TEMPLATE, build_idefics3
+
+    idefics3 = build_idefics3()
+    # the processor declares video_token "<video>"; without it in the vocabulary the token
+    # lookups of the length estimator get None
+    idefics3.tokenizer.add_special_tokens({"additional_special_tokens": ["<video>"]})
+    sizes = {"size": {"longest_edge": 56}, "max_image_size": {"longest_edge": 28}}
+    return tf.SmolVLMProcessor(
+        image_processor=tf.SmolVLMImageProcessor(**sizes),
+        tokenizer=idefics3.tokenizer,
+        video_processor=tf.SmolVLMVideoProcessor(**sizes),
+        image_seq_len=idefics3.image_seq_len,
+        chat_template=IDEFICS3_TEMPLATE,
+    )
+
+
+BUILDERS = {"kimi_k25": build_kimi_k25, "step3": build_step3, "smolvlm": build_smolvlm}
 
 
 def main(argv: list[str]) -> int:
     out = Path(argv[1]) if len(argv) > 1 else _ASSETS
     for family, builder in BUILDERS.items():
+        if family == "smolvlm" and importlib.util.find_spec("num2words") is None:
+            print("smolvlm: skipped (SmolVLMProcessor needs `pip install num2words`)")
+            continue
         folder = out / family
         folder.mkdir(parents=True, exist_ok=True)
         builder().save_pretrained(str(folder))

@@ -1,0 +1,128 @@
+"""SmolVLM (``SmolVLMProcessor`` / ``SmolVLMForConditionalGeneration``): Idefics3's layout, one gap.
+
+SmolVLM writes exactly Idefics3's image blocks (tiles of ``image_seq_len`` ``<image>`` tokens in
+``<fake_token_around_image>`` + ``<row_r_col_c>`` / ``<global-img>`` tags), takes the same media
+keys (``pixel_values`` / ``pixel_attention_mask`` ``[1, tiles, ...]``) and the same template, so
+labels (derived ``Assistant:`` markers), packs (``family_idefics3.idefics3_pack_media``) and the
+block-causal packed mask are Idefics3's. What differs: ``SmolVLMProcessor`` has no
+``_get_num_multimodal_tokens``, which the ``idefics3`` handler counts with (it fails with an
+``AttributeError``). Here the tile layout comes from the image processor's own
+``get_number_of_image_patches`` (tiles incl. the global one, rows, cols) and the block text from
+the processor's own ``replace_image_token``::
+
+    60x40 image, 28 px tiles, longest edge 56: 2 x 2 tiles + global = 5 x 4 = 20 <image>,
+    block = 4 x (fake + row_col + 4) + 2 newlines + "\\n" + fake + global + 4 + fake = 33 tokens
+
+The processor imports ``num2words`` (a test-only extra for neatpack); images only here (SmolVLM
+video frames: not done).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .estimate import LengthEstimator
+from .family_idefics3 import tokenize_idefics3
+
+__all__ = [
+    "load_tiny_smolvlm_processor",
+    "smolvlm_estimate",
+    "smolvlm_image_block_tokens",
+    "smolvlm_image_tokens",
+    "tiny_smolvlm_model",
+    "tokenize_smolvlm",
+]
+
+_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "smolvlm"
+
+
+def load_tiny_smolvlm_processor() -> Any:
+    """The shipped tiny ``SmolVLMProcessor`` (``scripts/build_tiny_crop_family_processors.py``);
+    needs ``num2words``."""
+    if not (_FOLDER / "processor_config.json").is_file():
+        raise FileNotFoundError(
+            f"tiny SmolVLM processor missing in {_FOLDER}; rebuild it with "
+            "`python scripts/build_tiny_crop_family_processors.py` (needs num2words)"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
+
+
+def _layouts(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    ip = processor.image_processor
+    return [tuple(int(v) for v in ip.get_number_of_image_patches(int(h), int(w))) for h, w in sizes]  # type: ignore[misc]
+
+
+def smolvlm_image_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
+    """``<image>`` tokens per image of ``(height, width)``: ``image_seq_len`` per tile (the
+    global tile included)."""
+    return [int(processor.image_seq_len) * n for n, _, _ in _layouts(processor, sizes)]
+
+
+def smolvlm_image_block_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
+    """Every token of each image's block, from the processor's own ``replace_image_token``."""
+    tok = processor.tokenizer
+    out = []
+    for _, rows, cols in _layouts(processor, sizes):
+        text = processor.replace_image_token({"rows": [[rows]], "cols": [[cols]]}, 0)
+        out.append(len(tok(text, add_special_tokens=False)["input_ids"]))
+    return out
+
+
+def _count(processor: Any, images: list[Any]) -> int:
+    return sum(smolvlm_image_tokens(processor, [(im.height, im.width) for im in images]))
+
+
+def tokenize_smolvlm(record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
+    """``family_idefics3.tokenize_idefics3`` with the count from ``smolvlm_image_tokens``."""
+    options.setdefault("image_token_count", _count)
+    return tokenize_idefics3(record, processor, **options)
+
+
+def smolvlm_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Length after the shift: the text (``LengthEstimator`` in ``mode``, the ``<image>``
+    placeholder excluded) plus each image's whole block from ``record["images_meta"]``."""
+    kw: dict[str, Any] = {}
+    if mode != "exact":
+        from ._template_probe import probe_overhead
+
+        kw["overhead"] = probe_overhead(processor)
+    est = LengthEstimator(
+        mode=mode, processor=processor, media_fallback=0, on_missing_media="fallback", **kw
+    )
+    sizes = [(int(m[0]), int(m[1])) for m in record.get("images_meta") or []]
+    return int(est.estimate(record)[0]) + sum(smolvlm_image_block_tokens(processor, sizes))
+
+
+def tiny_smolvlm_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
+    """A tiny random fp32 ``SmolVLMForConditionalGeneration`` for the tiny processor (28 px
+    tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions)."""
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+
+    tok = processor.tokenizer
+    side = int(processor.image_processor.max_image_size["longest_edge"])
+    cfg = SmolVLMConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "image_size": side, "patch_size": 7},
+        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64,
+                     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "max_position_embeddings": 4096,
+                     "pad_token_id": tok.pad_token_id},
+        image_token_id=int(processor.image_token_id),
+        scale_factor=2,
+    )  # fmt: skip
+    cfg._attn_implementation = attn
+    for sub in (cfg.text_config, cfg.vision_config):
+        sub._attn_implementation = attn  # type: ignore[union-attr]
+    torch.manual_seed(seed)  # init only: tests own the process
+    model = SmolVLMForConditionalGeneration(cfg)
+    model.config.use_cache = False
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
