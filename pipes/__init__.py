@@ -62,6 +62,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "stage_vlm_media_for_pp",
         "wrap_vlm_collate_for_pp",
     ),
+    "pp_family_media": ("prepare_family_media_for_pp", "wrap_family_collate_for_pp"),
     "testing": ("assert_exactly_once", "assert_resumable"),
     "registry": (
         "Handler",
@@ -74,6 +75,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "family_prompt": ("prompt_answer_length", "tokenize_prompt_answer"),
     "family_gemma3": ("gemma3_estimator", "gemma3_pan_and_scan"),
     "family_gemma4": ("GEMMA4_THINKING_PREFIX", "inject_thinking_prefix"),
+    "family_kimi": ("kimi_k25_fixed_length_batch", "kimi_k25_pack_media"),
+    "family_step3": ("step3_estimate", "step3_pack_media", "step3_pp_media"),
+    "family_smolvlm": ("smolvlm_estimate", "tokenize_smolvlm"),
     "family_phi4": ("phi4_estimate", "phi4_pack_media", "tokenize_phi4"),
     "text_pack": ("neat_pack_dataset",),
     "tiny": ("load_tiny_processor",),

@@ -17,6 +17,10 @@ other samples than the text rows the schedule pairs them with (peer note B16). H
 layout follows ``torch.tensor_split`` and always returns exactly ``n`` chunks; ``n > B`` is a
 ``ValueError`` (pipelining itself refuses it). Per-sample counts, when given, always win over
 the shape heuristics (the seed ignores them when ``pixel_values.shape[0] == B``).
+
+This module is the Qwen-VL path (patch rows counted from grids). The other families (Gemma 3/4,
+LLaVA-OneVision, Idefics3, InternVL, Qwen2.5-Omni), whose media items are counted per row from
+the packs' samples, and their fixed-length rows: ``pp_family_media``.
 """
 
 from __future__ import annotations
