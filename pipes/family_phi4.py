@@ -52,12 +52,14 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from ._conversation import parse_conversation
-from ._media_meta import _image_size
-from .audio import audio_num_samples, load_audio_block, split_audio_blocks
-from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
-from .labels import RoleMarkers, _template_text, conversation_labels
-from .media import SampleError, load_image
+from .family_audio import (
+    AUDIO_FAMILY_MODALITIES,
+    AudioFamily,
+    audio_processor,
+    estimate_audio_family,
+    tokenize_audio_family,
+)
+from .labels import RoleMarkers
 
 __all__ = [
     "PHI4_MODALITIES",
@@ -71,7 +73,7 @@ __all__ = [
     "tokenize_phi4",
 ]
 
-PHI4_MODALITIES: Final = frozenset({"image", "audio"})
+PHI4_MODALITIES: Final = AUDIO_FAMILY_MODALITIES
 _FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "phi4_multimodal"
 _IMAGE_KEYS: Final = ("image_pixel_values", "image_sizes", "image_attention_mask")
 _AUDIO_KEYS: Final = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
@@ -128,7 +130,7 @@ def phi4_audio_tokens(
 
 
 def _extractor_rule(processor: Any) -> dict[str, int]:
-    fe = processor.audio_processor
+    fe = audio_processor(processor)
     return {
         "win": int(fe.win_length),
         "hop": int(fe.hop_length),
@@ -184,154 +186,36 @@ def phi4_role_markers(processor: Any) -> RoleMarkers:
     )
 
 
-def _render(processor: Any, conv: list[dict[str, Any]]) -> str:
-    text: str = processor.apply_chat_template(
-        conv, tokenize=False, chat_template=_template_text(processor)
-    )
-    return text
-
-
-def tokenize_phi4(
-    record: Mapping[str, Any],
-    processor: Any,
-    *,
-    label_policy: str = "assistant",
-    markers: RoleMarkers | None = None,
-    max_image_pixels: int | str | None = "pil",
-) -> dict[str, Any]:
-    """One Record with text, image and audio blocks -> one Sample (module docstring)."""
-    if label_policy not in ("assistant", "last_assistant"):
-        raise ValueError(f"{label_policy=} is not one of ('assistant', 'last_assistant')")
-    stand_in, where, audio_blocks = split_audio_blocks(record)
-    # audio is Phi-4's by construction; the rest (a video block) is checked as any family's
-    check_modalities(stand_in, processor, PHI4_MODALITIES)
-    tok = processor.tokenizer
-    markers = markers or phi4_role_markers(processor)
-    sid, conv, image_src, _videos, _fps = parse_conversation(
-        stand_in, _forbidden(processor, tok, markers)
-    )
-    for k, j in where:
-        conv[k]["content"][j] = {"type": "audio"}
-    rate = int(processor.audio_processor.sampling_rate)
-    audio = [load_audio_block(b, sample_id=sid, sampling_rate=rate) for b in audio_blocks]
-    want_audio = [phi4_audio_tokens(a.shape[0], **_extractor_rule(processor)) for a in audio]
-    for n, (a, want) in enumerate(zip(audio, want_audio, strict=True)):
-        if want < 1:
-            raise SampleError(
-                sid,
-                "bad_media",
-                f"audio {n} has {a.shape[0]} samples ({a.shape[0] / rate * 1000:.1f} ms), shorter "
-                f"than one {processor.audio_processor.win_length}-sample window; drop or pad it",
-            )
-    images = [load_image(s, sample_id=sid, max_image_pixels=max_image_pixels) for s in image_src]
-    kwargs: dict[str, Any] = {"return_tensors": "pt"}
-    if images:
-        kwargs["images"] = images
-    if audio:
-        kwargs.update(audio=audio, sampling_rate=rate)
-    try:
-        out = processor(text=[_render(processor, conv)], **kwargs)
-    except Exception as exc:
-        raise SampleError(
-            sid, "processor_error", f"the processor failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    ids = out["input_ids"][0].long()
-    mm = _mm_types(ids, processor)
+def _phi4_image_total(processor: Any, images: list[Any]) -> int:
     rule = _image_rule(processor)
-    _check_counts(
-        sid, processor, out, mm, images,
-        lambda _p, ims: sum(phi4_image_tokens(i.height, i.width, **rule) for i in ims),
-    )  # fmt: skip
-    got = int((mm == 3).sum())
-    sizes = [] if not audio else [int(x) for x in out["audio_embed_sizes"].tolist()]
-    if got != sum(want_audio) or sizes != want_audio:
-        raise SampleError(
-            sid,
-            "media_token_mismatch",
-            f"{got} audio token(s) in the text, audio_embed_sizes {sizes}, but the durations "
-            f"give {want_audio}",
-        )
-    labels = conversation_labels(
-        ids, conv, markers, sample_id=sid, mm_token_type_ids=mm, label_policy=label_policy
-    )
-    sample: dict[str, Any] = {"sample_id": sid, "input_ids": ids}
-    for key in _IMAGE_KEYS + _AUDIO_KEYS:
-        if out.get(key) is not None:
-            sample[key] = torch.as_tensor(out[key])
-    if audio and "audio_attention_mask" not in sample:  # the extractor omits it for one clip
-        frames = sample["audio_input_features"].shape[1]
-        sample["audio_attention_mask"] = torch.ones(len(audio), frames, dtype=torch.bool)
-    sample.update(
-        labels=labels, attention_mask=out["attention_mask"][0].long(), mm_token_type_ids=mm
-    )
+    return sum(phi4_image_tokens(i.height, i.width, **rule) for i in images)
+
+
+PHI4: Final = AudioFamily(
+    audio_tokens=lambda p, n: phi4_audio_tokens(n, **_extractor_rule(p)),
+    clip_tokens=lambda p, out: [int(x) for x in out["audio_embed_sizes"].tolist()],
+    image_tokens=_phi4_image_total,
+    markers=phi4_role_markers,
+    keys=_IMAGE_KEYS + _AUDIO_KEYS,
+    image_expansion=lambda p, sizes: [phi4_image_tokens(*hw, **_image_rule(p)) for hw in sizes],
+    audio_expansion=lambda p, n: phi4_audio_tokens(n, **_extractor_rule(p)),
+)
+
+
+def tokenize_phi4(record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
+    """One Record with text, image and audio blocks -> one Sample (module docstring);
+    ``options``: ``label_policy``, ``markers``, ``max_image_pixels``."""
+    sample = tokenize_audio_family(record, processor, PHI4, **options)
+    if "audio_input_features" in sample and "audio_attention_mask" not in sample:
+        n, frames = sample["audio_input_features"].shape[:2]  # the extractor omits it for one clip
+        sample["audio_attention_mask"] = torch.ones(n, frames, dtype=torch.bool)
     return sample
 
 
 def phi4_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
-    """Length after the shift without running the feature extractor or the image processor.
-
-    Text: ``mode="exact"`` tokenizes the templated text (media reduced to their placeholders);
-    ``mode="estimate"`` is ``LengthEstimator``'s chars-per-token rule with the template overhead
-    probed from the processor. Images: ``images_meta`` ``[height, width]`` (else the PIL image or
-    the file header) through ``phi4_image_tokens``; audio: ``audios_meta`` seconds (else the WAV
-    header or the array length) through ``phi4_audio_tokens``. Exact mode equals the real length
-    (a test checks it)."""
-    if mode not in ("exact", "estimate"):
-        raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
-    sid: Any = record.get("sample_id")
-    stand_in, where, blocks = split_audio_blocks(record)
-    conv = [
-        dict(m, content=[{"type": "text", "text": c}] if isinstance(c, str) else list(c))
-        for m in stand_in["conversation"]
-        for c in (m["content"],)
-    ]
-    for k, j in where:
-        conv[k]["content"][j] = {"type": "audio"}
-    a_meta = record.get("audios_meta") or [None] * len(blocks)
-    values = [b.get("image", b.get("path")) for m in conv for b in m["content"]
-              if b.get("type") == "image" or (b.get("type") is None and "image" in b)]  # fmt: skip
-    i_meta = record.get("images_meta") or [None] * len(values)
-    if len(a_meta) != len(blocks) or len(i_meta) != len(values):
-        raise ValueError(
-            f"sample_id={sid}: audios_meta / images_meta have {len(a_meta)} / {len(i_meta)} "
-            f"entries for {len(blocks)} audio and {len(values)} image blocks"
-        )
-    rate = int(processor.audio_processor.sampling_rate)
-    audio = [
-        phi4_audio_tokens(
-            audio_num_samples(b.get("audio", b.get("path")), m, rate, sid),
-            **_extractor_rule(processor),
-        )
-        for b, m in zip(blocks, a_meta, strict=True)
-    ]
-    image = []
-    for value, m in zip(values, i_meta, strict=True):
-        size = (int(m[0]), int(m[1])) if m is not None else _image_size(value, sid)
-        if isinstance(size, str):
-            raise ValueError(f"sample_id={sid}: {size.replace('_', ' ')}: {value!r:.80}")
-        image.append(phi4_image_tokens(size[0], size[1], **_image_rule(processor)))
-    media = sum(image) + sum(audio)
-    if mode == "exact":
-        n_text = len(processor.tokenizer(_render(processor, conv), add_special_tokens=False)[
-            "input_ids"
-        ])  # fmt: skip
-        # each placeholder (<|image|> / <|audio|>) is one token of n_text and expands to its count
-        return int(n_text - len(image) - len(audio) + media - 1)
-    from ._template_probe import probe_overhead
-    from .estimate import LengthEstimator
-
-    text_only = {**record, "conversation": [
-        {**m, "content": [b for j, b in enumerate(m["content"]) if (k, j) not in where]}
-        for k, m in enumerate(conv)
-    ]}  # fmt: skip
-    est = LengthEstimator(
-        mode="estimate",
-        processor=processor,
-        media_fallback=0,
-        on_missing_media="fallback",
-        overhead=probe_overhead(processor),
-    )
-    return int(est.estimate(text_only)[0] + media)
+    """``estimate_audio_family`` with Phi-4's rules (``phi4_image_tokens``,
+    ``phi4_audio_tokens``). Exact mode equals the real length (a test checks it)."""
+    return estimate_audio_family(record, processor, PHI4, mode=mode)
 
 
 def _pad_dim1(parts: Sequence[Tensor], value: float | bool) -> Tensor:
