@@ -15,12 +15,19 @@
 >>> batch = next(iter(loader))
 >>> batch["input_ids"].shape[0], batch["attention_mask"].dtype
 (1, torch.bool)
+
+Other families (Gemma 3/4, LLaVA-OneVision, Idefics3, InternVL, Qwen2.5-Omni) go through their
+``registry`` handler, picked from the processor's class (or ``NeatVLMConfig.handler``): the same
+planning, packing, workers and checkpoints, with the family's length estimate
+(``pipes/handler_lengths.py``), positions (1-D, or Omni's mRoPE with audio), media merged over
+the batch and attention mask (``pipes/collate_family.py``; ``graphs/families.py`` checks the
+config against the family before anything is built).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,10 +36,12 @@ import numpy as np
 from torchdata.nodes import BaseNode, Batcher
 
 from neatpack.graphs.dist import resolve_rank
+from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.stages import map_stage, pack_meta
 from neatpack.graphs.watchdog import init_worker
 from neatpack.pipes.collate import neat_packed_vlm_collater
+from neatpack.pipes.collate_family import neat_packed_family_collater
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
@@ -81,6 +90,8 @@ class NeatVLMConfig:
     progress: bool = False
     keep_ledger: bool = True
     pp_microbatches: int | None = None  # split media per pipeline-parallel micro-batch
+    handler: str | None = None  # registry handler; None: from the processor's class
+    mask_options: Mapping[str, Any] | None = None  # to the handler's packed_mask (Gemma)
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -102,6 +113,14 @@ class NeatVLMConfig:
                 f"{self.pp_microbatches=} must be between 1 and {self.batch_size=} (one "
                 "micro-batch needs at least one pack row)"
             )
+        if self.handler is not None:
+            from neatpack.pipes.registry import HANDLERS
+
+            if self.handler not in HANDLERS:
+                raise ValueError(
+                    f"{self.handler=} is not a registered handler; valid: {sorted(HANDLERS)} "
+                    "(or None to pick it from the processor)"
+                )
 
     def plan_key(self) -> dict[str, Any]:
         """The fields a checkpoint must agree on (the rest may change on resume)."""
@@ -121,7 +140,10 @@ class NeatVLMConfig:
             "pad_to_multiple_of",
             "fake_image",
         )
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        key = {k: v for k, v in asdict(self).items() if k in keep}
+        if self.handler is not None:  # only when set: older checkpoints keep their key
+            key["handler"] = self.handler
+        return key
 
 
 def open_source(data: Any, media_root: str | None = None) -> RecordSource:
@@ -181,10 +203,16 @@ class BatchStep:
     """
 
     def __init__(
-        self, pack_step: Any, *, pp_microbatches: int | None = None, **collate_kwargs: Any
+        self,
+        pack_step: Any,
+        *,
+        pp_microbatches: int | None = None,
+        handler: str | None = None,
+        **collate_kwargs: Any,
     ) -> None:
         self.pack_step, self.collate_kwargs = pack_step, collate_kwargs
         self.pp_microbatches = pp_microbatches
+        self.handler = handler  # None: the Qwen-VL collater; else collate_family's
         self.owner_pid = os.getpid()
 
     def __call__(self, refs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -201,7 +229,14 @@ class BatchStep:
         # In a worker process the pixels are concatenated straight into shared memory: the
         # batch then reaches the trainer without a second copy of its largest tensor.
         shared = os.getpid() != self.owner_pid
-        batch = dict(neat_packed_vlm_collater(packs, shared_memory=shared, **self.collate_kwargs))
+        if self.handler is None:
+            batch = dict(
+                neat_packed_vlm_collater(packs, shared_memory=shared, **self.collate_kwargs)
+            )
+        else:
+            batch = neat_packed_family_collater(
+                packs, self.handler, shared_memory=shared, **self.collate_kwargs
+            )
         batch["packs"] = metas
         if self.pp_microbatches:
             # Media split per pipeline micro-batch, on tensor_split boundaries like the text.
@@ -224,12 +259,16 @@ def neat_vlm_graph(
     0 / 1. ``lengths`` skips building the length index (it is cached under ``cache_dir``).
     """
     cfg = config or NeatVLMConfig()
+    family: FamilyPlan | None = plan_family(processor, cfg)  # None: Qwen-VL; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(data, cfg.media_root)
-    estimator: LengthEstimator | None = None
+    estimator: Any = None
     if lengths is None:
-        estimator = LengthEstimator.from_processor(processor, mode=cfg.estimate_mode)
-        if cfg.estimate_mode == "calibrated":
+        if family is not None:
+            estimator = family.estimator(processor, cfg.estimate_mode)
+        else:
+            estimator = LengthEstimator.from_processor(processor, mode=cfg.estimate_mode)
+        if family is None and cfg.estimate_mode == "calibrated":
             estimator = LengthEstimator.calibrate(source, processor, mode="calibrated")
         lengths = build_length_index(
             source,
@@ -272,6 +311,7 @@ def neat_vlm_graph(
             on_failure=cfg.on_bad_sample,
             fake_image=cfg.fake_image,
             seed=cfg.seed,
+            **({} if family is None else family.materialize_options),
         ),
     )
     step = PackStep(materializer, np.asarray(index.total))
@@ -282,10 +322,11 @@ def neat_vlm_graph(
         padding_idx=padding_idx,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
+        **({} if family is None else family.collate_options),
     )
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        return map_stage(
+        node: BaseNode[Any] = map_stage(
             Batcher(src, cfg.batch_size, drop_last=False),
             batch_step,
             num_workers=cfg.num_workers,
@@ -293,6 +334,7 @@ def neat_vlm_graph(
             multiprocessing_context=cfg.multiprocessing_context,
             prefetch=cfg.prefetch,
         )
+        return node
 
     config_key = {"graph": "neat_vlm", "lengths": index.fingerprint, **cfg.plan_key()}
     return NeatLoader(
@@ -306,7 +348,7 @@ class _EstimateChecked:
     the record raises the estimator's own error, so ``on_bad_sample`` decides them (skipped or
     replaced, counted as failed) instead of a length-0 plan entry overflowing its pack."""
 
-    def __init__(self, source: RecordSource, estimator: LengthEstimator, ids: list[int]) -> None:
+    def __init__(self, source: RecordSource, estimator: Any, ids: list[int]) -> None:
         self.source, self.estimator, self.ids = source, estimator, frozenset(ids)
 
     def __len__(self) -> int:

@@ -36,6 +36,7 @@ from ._record import RecordError
 from .media import SampleError
 from .mrope import MRopeConfig
 from .pack import Pack, build_pack, sample_mrope, truncate_sample
+from .sample_media import HANDLER_POSITIONS, PositionsFn, media_after, split_media
 from .tokenize import (
     Prepared,
     finish_conversations,
@@ -138,6 +139,22 @@ def _resolve_mrope(processor: Any, mrope: bool | MRopeConfig) -> MRopeConfig | N
     return MRopeConfig.from_processor(processor) if mrope else None
 
 
+def _positions_fn(processor: Any, config: MaterializeConfig) -> tuple[PositionsFn | None, int]:
+    """Per-sample ``[3, L]`` positions of an UNSHIFTED sample (None: 1-D positions) and the
+    spatial merge ``truncate_sample`` reads the vision grids with.
+
+    ``mrope=True`` with a handler of ``sample_media.HANDLER_POSITIONS`` (Qwen2.5-Omni) takes
+    that family's model-free rule; otherwise the Qwen-VL ``MRopeConfig`` (from the processor)."""
+    if config.mrope is True and config.handler in HANDLER_POSITIONS:
+        rule = HANDLER_POSITIONS[config.handler]
+        merge = int(getattr(processor.image_processor, "merge_size", 2))
+        return (lambda s: rule(s, processor)), merge
+    mrope = _resolve_mrope(processor, config.mrope)
+    if mrope is None:
+        return None, 2
+    return (lambda s: sample_mrope(s, mrope)), mrope.spatial_merge_size
+
+
 class _Loaded(NamedTuple):
     items: list[tuple[int, Any]]  # (loaded id, sample or prepared sample), in plan order
     planned_of: list[int]  # the planned id each item stands for
@@ -200,7 +217,8 @@ def materialize_pack(
     epoch: int = 0,
 ) -> tuple[Pack, MaterializeReport]:
     """Build the pack of `sample_ids` (in plan order). See the module docstring."""
-    mrope = _resolve_mrope(processor, config.mrope)
+    positions, merge = _positions_fn(processor, config)
+    per_sample_media = config.handler not in (None, "qwen_vl")
     planned = [int(i) for i in sample_ids]
     loaded: _Loaded | None = None
     if config.handler is None:  # Qwen-VL: one processor call for the whole pack
@@ -221,8 +239,8 @@ def materialize_pack(
                 if cur != sid]  # fmt: skip
     samples: list[Pack] = []
     for _, s in loaded.items:
-        if mrope is not None:
-            s["position_ids"] = sample_mrope(s, mrope)
+        if positions is not None:
+            s["position_ids"] = positions(s)
         samples.append(s)
     skipped, failed, errors = loaded.skipped, loaded.failed, loaded.errors
 
@@ -239,11 +257,14 @@ def materialize_pack(
                 "Plan with exact lengths or more headroom (capacity below pack_size), or set "
                 "overflow='drop' / 'truncate'"
             )
-        merge = mrope.spatial_merge_size if mrope is not None else 2
         while samples and sum(lengths) > config.pack_size:
             room = config.pack_size - sum(lengths[:-1])
             keep = room // config.alignment * config.alignment  # shifted tokens that fit
-            if config.overflow == "truncate" and keep >= 1:
+            # A family sample (per_sample_media) is cut only through text: its media tensors
+            # (tiles, crops, audio features) cannot be cut per item here, so a cut through a
+            # media token drops the sample instead (counted in report.dropped).
+            cuttable = not per_sample_media or not media_after(samples[-1], keep + 1)
+            if config.overflow == "truncate" and keep >= 1 and cuttable:
                 last = samples[-1]
                 cut = truncate_sample(last, keep + 1, merge=merge)
                 if len(cut["input_ids"]) >= 2:
@@ -255,9 +276,12 @@ def materialize_pack(
             dropped.append(int(samples.pop()["sample_id"]))
             lengths.pop()
     pack = build_pack(
-        samples, padding_idx=config.padding_idx, alignment=config.alignment,
-        pack_size=config.pack_size, mrope=mrope is not None,
+        [split_media(s)[0] for s in samples] if per_sample_media else samples,
+        padding_idx=config.padding_idx, alignment=config.alignment,
+        pack_size=config.pack_size, mrope=positions is not None,
     )  # fmt: skip
+    if per_sample_media:  # the collater merges them over the batch (collate_family.py)
+        pack["media_samples"] = [split_media(s)[1] for s in samples]
     report = MaterializeReport(
         planned=tuple(planned),
         packed=tuple(pack["sample_ids"]),

@@ -1,0 +1,107 @@
+"""Which family a VLM graph serves, and whether its config can work for that family.
+
+``plan_family(processor, config)`` is called first by ``neat_vlm_graph``. It returns None for
+the Qwen-VL path (handler ``qwen_vl``: the graph is built exactly as before), else a
+``FamilyPlan`` naming the handler and what the materialize step, the collater and the length
+index need for it. A config that cannot work for the family is a ``ValueError`` here, before any
+record is read, naming the option and the fix:
+
+==========================  ================================================================
+fake_image=True             Qwen-VL only (no other handler injects a fake image)
+pp_microbatches             the PP media split knows the Qwen-VL media keys only
+attn_implementation         a mask-free / doc-id / flex format for a family whose mask is not
+                            block-causal (Gemma 3's image runs attend both ways): sdpa / eager
+estimate_mode="calibrated"  Qwen-VL's LengthEstimator only
+mask_options                only for a handler with a packed_mask (Gemma 3 / 4)
+a handler needing mRoPE     without a model-free position rule (``sample_media``)
+==========================  ================================================================
+
+Selection: ``config.handler`` when set; else the processor's class through
+``registry.get_handler``, except the Qwen-VL processor classes (``mrope``'s and the registry's),
+which always keep the Qwen-VL path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from neatpack.pipes.collate import resolve_mask_format
+from neatpack.pipes.collate_family import check_family_mask_format
+from neatpack.pipes.handler_lengths import HANDLER_ESTIMATE_MODES, handler_estimator
+from neatpack.pipes.mrope import _FAMILY_BY_PROCESSOR
+from neatpack.pipes.registry import PROCESSOR_HANDLERS, Handler, get_handler
+from neatpack.pipes.sample_media import HANDLER_POSITIONS
+
+__all__ = ["QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
+
+QWEN_VL_HANDLER = "qwen_vl"
+
+
+@dataclass(frozen=True)
+class FamilyPlan:
+    """The non-Qwen-VL family of a graph: its handler and the options of each stage."""
+
+    handler: Handler
+    materialize_options: dict[str, Any] = field(default_factory=dict)
+    collate_options: dict[str, Any] = field(default_factory=dict)
+
+    def estimator(self, processor: Any, mode: str) -> Any:
+        """The family's length estimator (``pipes/handler_lengths.py``)."""
+        return handler_estimator(processor, self.handler.name, mode)
+
+
+def _is_qwen_vl(processor: Any) -> bool:
+    cls = type(processor).__name__
+    return cls in _FAMILY_BY_PROCESSOR or PROCESSOR_HANDLERS.get(cls) == QWEN_VL_HANDLER
+
+
+def plan_family(processor: Any, config: Any) -> FamilyPlan | None:
+    """None for the Qwen-VL path, else the family's plan; ValueError for a config that cannot
+    work for the family (module docstring). ``config`` is a ``NeatVLMConfig``."""
+    name = config.handler
+    if name is None and _is_qwen_vl(processor):
+        name = QWEN_VL_HANDLER
+    handler = get_handler(processor, name)
+    if handler.name == QWEN_VL_HANDLER:
+        if config.mask_options:
+            raise ValueError(
+                f"mask_options={dict(config.mask_options)!r} is for a family with its own packed "
+                "mask (Gemma 3 / 4); the Qwen-VL path builds its mask from attn_implementation: "
+                "set mask_options=None"
+            )
+        return None
+    h = handler.name
+    if config.fake_image:
+        raise ValueError(
+            f"fake_image=True needs the Qwen-VL path, but the processor "
+            f"{type(processor).__name__} uses handler {h!r}, which injects no fake image: set "
+            "fake_image=False (text-only packs then carry no vision tokens)"
+        )
+    if config.pp_microbatches is not None:
+        raise ValueError(
+            f"pp_microbatches={config.pp_microbatches} splits the Qwen-VL media keys only; "
+            f"handler {h!r} carries its own media layout: set pp_microbatches=None"
+        )
+    if config.estimate_mode not in HANDLER_ESTIMATE_MODES:
+        raise ValueError(
+            f"estimate_mode={config.estimate_mode!r} is not available for handler {h!r}; valid: "
+            f"{HANDLER_ESTIMATE_MODES} ('calibrated' fits the Qwen-VL estimator only)"
+        )
+    if config.mask_options and handler.packed_mask is None:
+        raise ValueError(
+            f"mask_options={dict(config.mask_options)!r} but handler {h!r} has no packed_mask "
+            "(its packed rows are block-causal): set mask_options=None"
+        )
+    fmt = resolve_mask_format(config.attn_implementation)
+    check_family_mask_format(handler, fmt, config.mask_options)
+    if handler.mrope and h not in HANDLER_POSITIONS:
+        raise ValueError(
+            f"handler {h!r} needs mRoPE positions but has no model-free rule in "
+            f"sample_media.HANDLER_POSITIONS (known: {sorted(HANDLER_POSITIONS)})"
+        )
+    return FamilyPlan(
+        handler,
+        materialize_options={"handler": h, "mrope": handler.mrope},
+        collate_options={"handler": h, "mask_options": config.mask_options},
+    )

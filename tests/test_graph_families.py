@@ -1,0 +1,322 @@
+"""``neat_vlm_graph`` for every registered family, not only Qwen-VL.
+
+A batch of 2 packed rows from the graph (planning, materialize, collate, the family's media
+merged over the batch and its mask) is fed to the family's tiny real model; each document's
+logits must equal the document run alone (max abs diff <= 1e-5 fp32). Also: Qwen2.5-Omni with
+audio (mRoPE positions == ``qwen_omni_mrope`` per document), configs that cannot work for a
+family refused at build time, and checkpoint / resume through the graph with a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import random
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.mask import to_4d_additive_mask
+from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.registry import get_handler, tokenize_with_handler
+from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.testing import assert_exactly_once, same_item
+
+#: family: (model builder, per-sample media keys, token-type kwarg of the model)
+FAMILIES: dict[str, tuple[str, tuple[str, ...], str | None]] = {
+    "gemma3": ("tiny_gemma3_model", ("pixel_values",), "token_type_ids"),
+    "gemma4": ("tiny_gemma4_model", ("pixel_values", "image_position_ids"), "mm_token_type_ids"),
+    "llava_onevision": ("tiny_llava_onevision_model",
+                        ("pixel_values", "image_sizes", "batch_num_images"), None),
+    "idefics3": ("tiny_idefics3_model", ("pixel_values", "pixel_attention_mask"), None),
+    "internvl": ("tiny_internvl_model", ("pixel_values",), None),
+}  # fmt: skip
+PACK_SIZE = 768
+
+
+def _processor(family: str) -> Any:
+    module = importlib.import_module(f"neatpack.pipes.family_{family}")
+    return getattr(module, f"load_tiny_{family}_processor")()
+
+
+def _model(family: str, processor: Any) -> Any:
+    module = importlib.import_module(f"neatpack.pipes.family_{family}")
+    model = getattr(module, FAMILIES[family][0])(processor)
+    if family == "gemma3":
+        # Gemma 3 initialises its image projection to zeros: every image would feed zero
+        # features and a media mix-up could not show. Random weights make the pixels count.
+        gen = torch.Generator().manual_seed(1)
+        proj = model.model.multi_modal_projector.mm_input_projection_weight
+        with torch.no_grad():
+            proj.copy_(torch.randn(proj.shape, generator=gen) * 0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("families"), num_samples=12, seed=3, max_images=2)
+
+
+def _config(corpus: Path, **kw: Any) -> NeatVLMConfig:
+    base: dict[str, Any] = {
+        "pack_size": PACK_SIZE, "batch_size": 2, "estimate_mode": "exact",
+        "media_root": str(corpus.parent / "media"), "attn_implementation": "eager",
+    }  # fmt: skip
+    return NeatVLMConfig(**{**base, **kw})
+
+
+def _forward(model: Any, batch: dict[str, Any], media: tuple[str, ...], types: str | None,
+             **over: Any) -> torch.Tensor:  # fmt: skip
+    kw: dict[str, Any] = {k: batch[k] for k in media if k in batch}
+    if types is not None:
+        kw[types] = batch["mm_token_type_ids"]
+    kw.update(over)
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], attention_mask=kw.pop("attention_mask",
+                    batch["attention_mask"]), position_ids=batch["position_ids"], **kw)  # fmt: skip
+    return out.logits  # type: ignore[no-any-return]
+
+
+def _worst_vs_separate(
+    model: Any, batch: dict[str, Any], logits: torch.Tensor, alone: Any
+) -> tuple[float, int]:
+    """Max abs diff of each document's logits in the batch vs ``alone(sample_id)``; docs seen.
+    A document cut by ``overflow="truncate"`` (an estimate below the real length) is compared
+    on the tokens it kept: attention is causal, so they see the same prefix."""
+    worst, docs = 0.0, 0
+    for row, ids in enumerate(batch["sample_ids"]):
+        for k, sid in enumerate(ids, start=1):
+            where = batch["doc_ids"][row] == k
+            ref = alone(sid)[: int(where.sum())]
+            worst = max(worst, float((logits[row, where] - ref).abs().max()))
+            docs += 1
+    return worst, docs
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_graph_batch_equals_separate_runs(corpus: Path, family: str) -> None:
+    """2 packed rows from the graph == every document alone on the family's tiny real model
+    (<= 1e-5 fp32); the batch's media really feed the model (zeroed pixels differ)."""
+    proc = _processor(family)
+    _, media, types = FAMILIES[family]
+    batch = next(iter(neat_vlm_graph(corpus, proc, config=_config(corpus))))
+    assert batch["input_ids"].shape == (2, PACK_SIZE)
+    assert all(len(ids) >= 1 for ids in batch["sample_ids"])
+    assert int(batch["n_media_samples"].sum()) >= 2  # images in the batch
+    model = _model(family, proc)
+    source = JsonlSource(corpus, media_root=str(corpus.parent / "media"))
+
+    def alone(sid: int) -> torch.Tensor:
+        s = tokenize_with_handler(source[sid], proc)
+        kw: dict[str, Any] = {k: s[k] for k in media if k in s}
+        if types is not None:
+            kw[types] = s["mm_token_type_ids"][:-1][None]
+        with torch.no_grad():
+            return model(input_ids=s["input_ids"][:-1][None], **kw).logits[0]  # type: ignore[no-any-return]
+
+    logits = _forward(model, batch, media, types)
+    worst, docs = _worst_vs_separate(model, batch, logits, alone)
+    assert docs >= 3
+    assert worst <= 1e-5, (family, worst)
+    # halved pixels (all-zero padding tiles stay padding for LLaVA-OneVision / Idefics3)
+    halved = _forward(model, batch, media, types, pixel_values=batch["pixel_values"] * 0.5)
+    assert float((halved - logits).abs().max()) > 1e-4
+
+
+@pytest.mark.parity
+def test_gemma3_graph_mask_is_bidirectional_over_image_runs(corpus: Path) -> None:
+    """The Gemma 3 batch's mask is the handler's (image tokens see each other both ways): the
+    plain block-causal mask over the same rows gives different logits."""
+    proc = _processor("gemma3")
+    batch = next(iter(neat_vlm_graph(corpus, proc, config=_config(corpus))))
+    masks = batch["attention_mask"]
+    assert set(masks) == {"full_attention", "sliding_attention"}
+    model = _model("gemma3", proc)
+    logits = _forward(model, batch, ("pixel_values",), "token_type_ids")
+    causal = to_4d_additive_mask(batch["doc_ids"])
+    both = {"full_attention": causal, "sliding_attention": causal}
+    plain = _forward(model, batch, ("pixel_values",), "token_type_ids", attention_mask=both)
+    assert float((plain - logits).abs().max()) > 1e-4
+
+
+# -- Qwen2.5-Omni: audio + images, mRoPE ------------------------------------------------------
+
+RATE = 16000
+
+
+def _wav(path: Path, rng: random.Random, n: int) -> str:
+    t = np.arange(n) / RATE
+    wave_form = 0.3 * np.sin(2 * np.pi * rng.uniform(100, 900) * t)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(np.round(wave_form * 32767).astype("<i2").tobytes())
+    return str(path)
+
+
+class _Records:
+    """A ``RecordSource`` over in-memory records with absolute media paths: the JSONL reader
+    (``pipes/_record.py``, ``MEDIA_TYPES``) does not accept audio blocks yet."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+        return {"sample_id": int(sample_id), **self.records[sample_id]}
+
+    def content_fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.records).encode()).hexdigest()
+
+
+def _omni_corpus(root: Path, n: int = 8) -> _Records:
+    """n records: 0-2 WAV clips (0.1-2 s) and 0-1 PNG image per record."""
+    rng = random.Random(4)
+    words = ("tone", "red", "green", "sound", "the", "cat", "hears", "a", "loud", "note")
+    records: list[dict[str, Any]] = []
+    for i in range(n):
+        user: list[dict[str, Any]] = []
+        for k in range(i % 3):
+            clip = _wav(root / f"a{i}_{k}.wav", rng, rng.randint(1600, 2 * RATE))
+            user.append({"type": "audio", "audio": clip})
+        if i % 2 == 0:
+            name = str(root / f"i{i}.png")
+            Image.new("RGB", (rng.randint(28, 100), rng.randint(28, 100)), (200, 9, 9)).save(name)
+            user.append({"type": "image", "image": name})
+        user.append({"type": "text", "text": " ".join(rng.choices(words, k=rng.randint(3, 12)))})
+        answer = " ".join(rng.choices(words, k=rng.randint(2, 15)))
+        records.append({"conversation": [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": [{"type": "text", "text": answer}]}]})  # fmt: skip
+    return _Records(records)
+
+
+@pytest.mark.parity
+def test_qwen_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
+    """Omni through the graph: positions ``[3, B, S]`` == ``qwen_omni_mrope`` per document
+    (shifted), ``input_features`` / ``feature_attention_mask`` one row per clip in document
+    order, and a 2-row batch on the tiny Thinker == each document alone (<= 1e-5 fp32)."""
+    from neatpack.pipes.family_qwen_omni import (
+        load_tiny_qwen_omni_processor,
+        qwen_omni_mrope,
+        tiny_qwen_omni_model,
+    )
+
+    proc = load_tiny_qwen_omni_processor()
+    source = _omni_corpus(tmp_path)
+    cfg = NeatVLMConfig(pack_size=512, batch_size=2, estimate_mode="exact",
+                        attn_implementation="eager")  # fmt: skip
+    batch = next(iter(neat_vlm_graph(source, proc, config=cfg)))
+    samples = {sid: tokenize_with_handler(source[sid], proc)
+               for ids in batch["sample_ids"] for sid in ids}  # fmt: skip
+    assert batch["position_ids"].shape == (3, 2, 512)
+    assert bool((batch["mm_token_type_ids"] == 3).any())  # audio tokens in the batch
+    clips = [s for ids in batch["sample_ids"] for sid in ids
+             if "input_features" in (s := samples[sid])]  # fmt: skip
+    assert len(clips) >= 2
+    assert torch.equal(batch["input_features"], torch.cat([s["input_features"] for s in clips]))
+    assert torch.equal(
+        batch["feature_attention_mask"], torch.cat([s["feature_attention_mask"] for s in clips])
+    )
+    for row, ids in enumerate(batch["sample_ids"]):
+        for k, sid in enumerate(ids, start=1):
+            where = batch["doc_ids"][row] == k
+            want = qwen_omni_mrope(samples[sid], proc)[:, :-1]
+            assert torch.equal(batch["position_ids"][:, row, where], want), sid
+    model = tiny_qwen_omni_model(proc)
+    keys = ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask")
+
+    def alone(sid: int) -> torch.Tensor:
+        s = samples[sid]
+        ids = s["input_ids"][:-1][None]
+        kw = {k: s[k] for k in keys if k in s}
+        with torch.no_grad():  # the mask makes the model compute its own mRoPE
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+        return out.logits[0]  # type: ignore[no-any-return]
+
+    logits = _forward(model, batch, keys, None)
+    worst, docs = _worst_vs_separate(model, batch, logits, alone)
+    assert docs >= 3
+    assert worst <= 1e-5, worst
+
+
+# -- configs that cannot work for the family: refused at build time ----------------------------
+
+
+@pytest.mark.badinput
+@pytest.mark.parametrize(
+    ("family", "options", "match"),
+    [
+        ("gemma3", {"fake_image": True}, "fake_image=True needs the Qwen-VL path"),
+        ("gemma3", {"attn_implementation": "flash_attention_2"},
+         "attn_implementation='flash_attention_2' cannot express the 'gemma3'"),
+        ("gemma3", {"attn_implementation": "doc_ids"}, r"use attn_implementation in \('sdpa'"),
+        ("gemma4", {"attn_implementation": "position_ids",
+                    "mask_options": {"bidirectional_vision": True}}, "cannot express the 'gemma4'"),
+        ("llava_onevision", {"mask_options": {"x": 1}}, "has no packed_mask"),
+        ("idefics3", {"pp_microbatches": 1}, "pp_microbatches=1 splits the Qwen-VL media"),
+        ("internvl", {"estimate_mode": "calibrated"}, "estimate_mode='calibrated' is not"),
+    ],
+)  # fmt: skip
+def test_config_that_cannot_work_is_refused_at_build(
+    corpus: Path, family: str, options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        neat_vlm_graph(corpus, _processor(family), config=_config(corpus, **options))
+
+
+def test_block_causal_families_take_the_mask_free_formats(corpus: Path) -> None:
+    """Gemma 4 without bidirectional vision and LLaVA-OneVision are block-causal: flash gets
+    cu_seqlens and 1-D positions reset per document."""
+    for family in ("gemma4", "llava_onevision"):
+        cfg = _config(corpus, attn_implementation="flash_attention_2", max_packs=2)
+        batch = next(iter(neat_vlm_graph(corpus, _processor(family), config=cfg)))
+        assert batch["attention_mask"] is None
+        doc, pos = batch["doc_ids"][0], batch["position_ids"][0]
+        starts = torch.nonzero(torch.diff(doc, prepend=doc[:1] - 1) != 0).reshape(-1)
+        assert bool((pos[starts] == 0).all())
+        assert int(batch["cu_seq_lens_q"][-1]) == 2 * PACK_SIZE
+
+
+def test_handler_selection(corpus: Path) -> None:
+    """``handler=None`` picks the processor's family; an explicit name wins; an unknown name is
+    refused listing the registered ones."""
+    proc = _processor("internvl")
+    assert get_handler(proc).name == "chat_template"
+    with pytest.raises(ValueError, match=r"handler='nope' is not a registered handler; valid: \["):
+        NeatVLMConfig(handler="nope")
+
+
+# -- checkpoint / resume through the graph, with a worker ---------------------------------------
+
+
+def test_family_graph_resumes_mid_epoch_with_a_worker(corpus: Path) -> None:
+    """LLaVA-OneVision, 1 worker process: the state after 1 batch resumes into exactly the
+    batches of an uninterrupted run (media included), each sample once."""
+    proc = _processor("llava_onevision")
+    cfg = _config(corpus, num_workers=1, pack_size=512, tail="drop")
+    reference = list(neat_vlm_graph(corpus, proc, config=cfg))
+    assert len(reference) >= 3
+    first = neat_vlm_graph(corpus, proc, config=cfg)
+    it = iter(first)
+    head = [next(it)]
+    state = first.state_dict()
+    resumed = neat_vlm_graph(corpus, proc, config=cfg)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    strip = [{k: v for k, v in b.items() if k != "packs"} for b in head + rest]
+    assert same_item(strip, [{k: v for k, v in b.items() if k != "packs"} for b in reference])
+    ledger = resumed.ledgers[0]
+    consumed = [i for b in head for m in b["packs"] for i in m["sample_ids"]] + ledger.consumed
+    assert_exactly_once(consumed, range(12), excused=ledger.tail_dropped)
