@@ -7,16 +7,19 @@ What differs from Qwen2.5-Omni (transformers 5.23 sources):
 
 * token names: ``<|audio_start|><|audio_pad|>...<|audio_end|>`` and
   ``<|vision_start|><|image_pad|>...<|vision_end|>`` (read from the processor, nothing here);
-* audio frames are ``samples // hop`` (the processor pads each call to its longest audio, so the
-  mask counts whole hops) and the encoder works on 100-frame chunks (``n_window = 50``): a full
-  chunk gives 13 tokens, the remainder ``r`` gives ``conv3(r)`` (three stride-2 steps), so
+* audio frames: the processor pads a call to its longest audio (not to 30 s), so the longest
+  keeps ``samples // hop`` frames and the others ``ceil(samples / hop)``; the encoder works on
+  100-frame chunks (``n_window = 50``): a full chunk gives 13 tokens, the remainder ``r``
+  gives ``conv3(r)`` (three stride-2 steps), so
 
       tokens(frames) = 13 * (frames // 100) + conv3(frames % 100)
 
-  (``qwen3_omni_audio_tokens``, equal to the processor's ``_get_num_multimodal_tokens`` and to
-  its own text expansion; a test checks both);
-* no 30 s window: the processor does not truncate, so no length limit is applied (an audio
-  shorter than one hop, 10 ms, gives no token and is refused naming the sample);
+  (``qwen3_omni_audio_tokens``, equal to the processor's own text expansion and mask; its
+  ``_get_num_multimodal_tokens`` agrees for the longest audio of a sample but floors the
+  others, up to one token short: tests check both facts);
+* no 30 s window: the processor does not truncate, so no length limit is applied; an audio of
+  200 samples or fewer (12.5 ms) is refused naming the sample (the STFT's reflect padding
+  fails on it when it is the longest of its sample);
 * ``input_features`` are ``[n_audio, 128, longest frames]`` instead of the fixed 3000, so
   ``qwen_omni_pack_media`` right-pads them (zeros, mask 0) to the widest in the pack;
 * positions: the thinker's ``get_rope_index`` follows the same rule for text, images (temporal
@@ -26,16 +29,16 @@ What differs from Qwen2.5-Omni (transformers 5.23 sources):
   per-token feature injection, so a block-causal packed row is still exact.
 
 >>> proc = load_tiny_qwen3_omni_processor()
->>> qwen3_omni_audio_tokens(proc, 16000)  # 1 s: 100 frames = one full chunk -> 13 tokens
-13
->>> qwen3_omni_audio_tokens(proc, 12345)  # 77 frames -> 39 -> 20 -> 10
-10
+>>> qwen3_omni_audio_tokens(proc, [16000])  # 1 s: 100 frames = one full chunk -> 13 tokens
+[13]
+>>> qwen3_omni_audio_tokens(proc, [12345, 16000])  # ceil(77.2) = 78 frames -> 39 -> 20 -> 10
+[10, 13]
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -70,10 +73,6 @@ def load_tiny_qwen3_omni_processor() -> Any:
     return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
-def _frames(processor: Any, n_samples: int) -> int:
-    return n_samples // int(processor.feature_extractor.hop_length)
-
-
 def _tokens(processor: Any, frames: int) -> int:
     """Audio tokens for ``frames`` mel frames: 13 per full chunk plus the remainder's three
     stride-2 convolutions (``(n - 1) // 2 + 1`` each; 0 frames give 0)."""
@@ -84,17 +83,18 @@ def _tokens(processor: Any, frames: int) -> int:
     return _CHUNK_TOKENS * (frames // chunk) + rest
 
 
-def _no_limit(_processor: Any) -> None:
-    return None
-
-
-QWEN3_OMNI: Final = OmniRule("Qwen3-Omni", _frames, _tokens, _no_limit)
+QWEN3_OMNI: Final = OmniRule("Qwen3-Omni", _tokens, pad_to_longest=True)
 """Qwen3-Omni's audio rule (module docstring)."""
 
 
-def qwen3_omni_audio_tokens(processor: Any, n_samples: int) -> int:
-    """Audio tokens for ``n_samples`` samples at the extractor's rate (the processor's rule)."""
-    return QWEN3_OMNI.audio_tokens(processor, n_samples)
+def qwen3_omni_audio_tokens(processor: Any, lengths: Sequence[int]) -> list[int]:
+    """Audio tokens of the audios of ONE sample, ``lengths`` in samples at the extractor's rate.
+
+    A list, not one length at a time, because the processor pads a sample's audios to the
+    longest: the longest keeps ``n // 160`` frames, the others ``ceil(n / 160)`` (``OmniRule``).
+    The processor's own ``_get_num_multimodal_tokens`` uses ``n // 160`` for every audio, so
+    it undercounts a shorter audio by up to one token; this follows what its call does."""
+    return QWEN3_OMNI.audio_tokens(processor, lengths)
 
 
 def tokenize_qwen3_omni(
@@ -129,7 +129,7 @@ def tiny_qwen3_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager")
     Text: a real mixture of experts (4 experts, top 2, every layer sparse), hidden 64, 2 layers,
     interleaved mRoPE sections [2, 3, 3]; vision: depth 2, width 32, patch 16, deepstack from
     layer 0 into text layer 0; audio: 2 layers, d_model 32, 128 mel bins, ``n_window`` 50 (as
-    the processor). ``position_id_per_seconds`` 13, as the processor (videos' temporal scale).
+    the processor), initialised with std 0.2 so that its output depends on the audio. ``position_id_per_seconds`` 13, as the processor (videos' temporal scale).
     """
     from transformers import (
         Qwen3OmniMoeThinkerConfig,
@@ -159,6 +159,9 @@ def tiny_qwen3_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager")
             "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
             "output_dim": 64, "n_window": int(getattr(processor, "n_window", 50)),
             "downsample_hidden_size": 16,
+            # at 0.02 this tiny tower's output has std 0.006 and barely depends on its input
+            # (zeroed features move the logits by 1e-4); at 0.2 the audio really counts
+            "initializer_range": 0.2,
         },
         audio_token_id=int(processor.audio_token_id),
         image_token_id=int(processor.image_token_id),

@@ -31,7 +31,6 @@ Images and audio only: video (and audio taken from a video) is not handled here 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,38 +94,50 @@ class OmniRule:
     """What one Qwen-Omni generation does differently with audio; everything else (template,
     labels, images, token types, positions for images and audio) is shared.
 
-    ``frames(processor, n_samples)``: mel frames the processor keeps for ``n_samples`` samples
-    (the ``feature_attention_mask`` sum); ``tokens(processor, frames)``: audio tokens for those
-    frames; ``max_samples(processor)``: the longest audio accepted (None: no limit, because the
-    processor does not cut it)."""
+    ``tokens(processor, frames)``: audio tokens for ``frames`` mel frames. ``pad_to_longest``:
+    how the processor pads the audios of one call, which sets the frames each one keeps:
+    Whisper's mask is ``ceil(samples / hop)`` long, cut to the padded length ``// hop``. Padded
+    to the 30 s window (Qwen2.5-Omni, False) that is ``min(ceil(n / hop), 3000)`` and longer
+    audio is refused; padded to the longest audio of the call (Qwen3-Omni, True) the longest
+    keeps ``n // hop`` and the others ``ceil(n / hop)``, and nothing is cut."""
 
     name: str
-    frames: Callable[[Any, int], int]
     tokens: Callable[[Any, int], int]
-    max_samples: Callable[[Any], int | None]
+    pad_to_longest: bool
 
-    def audio_tokens(self, processor: Any, n_samples: int) -> int:
-        """Audio tokens for ``n_samples`` samples at the extractor's rate."""
-        return self.tokens(processor, self.frames(processor, n_samples))
+    def max_samples(self, processor: Any) -> int | None:
+        """The longest audio accepted (None: the processor cuts nothing)."""
+        return None if self.pad_to_longest else int(processor.feature_extractor.n_samples)
+
+    def min_samples(self, processor: Any) -> int:
+        """The shortest audio accepted: padded to the longest, an audio is itself the STFT's
+        input, whose reflect padding needs more than ``n_fft // 2`` samples (201: 12.6 ms)."""
+        return int(processor.feature_extractor.n_fft) // 2 + 1 if self.pad_to_longest else 1
+
+    def frames(self, processor: Any, lengths: Sequence[int]) -> list[int]:
+        """Mel frames kept (``feature_attention_mask`` sums) for the audios of ONE sample."""
+        fe = processor.feature_extractor
+        hop = int(fe.hop_length)
+        padded = max(lengths, default=0) if self.pad_to_longest else int(fe.n_samples)
+        return [min(-(-n // hop), padded // hop) for n in lengths]
+
+    def audio_tokens(self, processor: Any, lengths: Sequence[int]) -> list[int]:
+        """Audio tokens for the audios of ONE sample (``lengths`` in samples, in order)."""
+        return [self.tokens(processor, f) for f in self.frames(processor, lengths)]
 
 
-def _frames_2_5(processor: Any, n_samples: int) -> int:
-    fe = processor.feature_extractor
-    return min(math.ceil(n_samples / int(fe.hop_length)), int(fe.nb_max_frames))
+def _tokens_2_5(_processor: Any, frames: int) -> int:
+    return _conv_out(frames)
 
 
-def _window(processor: Any) -> int:
-    return int(processor.feature_extractor.n_samples)
-
-
-QWEN2_5_OMNI: Final = OmniRule("Qwen2.5-Omni", _frames_2_5, lambda _p, f: _conv_out(f), _window)
+QWEN2_5_OMNI: Final = OmniRule("Qwen2.5-Omni", _tokens_2_5, pad_to_longest=False)
 """Qwen2.5-Omni: ``ceil(samples / hop)`` frames (padded to the 30 s window, longer refused),
 two stride-2 convolutions."""
 
 
 def qwen_omni_audio_tokens(processor: Any, n_samples: int) -> int:
     """Audio tokens for ``n_samples`` samples at the extractor's rate (the processor's rule)."""
-    return QWEN2_5_OMNI.audio_tokens(processor, n_samples)
+    return QWEN2_5_OMNI.audio_tokens(processor, [n_samples])[0]
 
 
 def _audio_runs(ids: Tensor, mm: Tensor, bos: int) -> list[int]:
@@ -194,9 +205,9 @@ def omni_tokenize(
         )
         for b in audio_blocks
     ]
-    want_audio = [rule.audio_tokens(processor, a.shape[0]) for a in audio]
+    want_audio = rule.audio_tokens(processor, [a.shape[0] for a in audio])
     for n, (a, want) in enumerate(zip(audio, want_audio, strict=True)):
-        if want < 1:
+        if want < 1 or a.shape[0] < rule.min_samples(processor):
             raise SampleError(
                 sid,
                 "bad_media",
@@ -302,10 +313,11 @@ def omni_estimate(
             f"sample_id={sid}: audios_meta has {len(meta)} entries for {len(blocks)} audio blocks"
         )
     rate = int(processor.feature_extractor.sampling_rate)
-    audio = [
-        rule.audio_tokens(processor, audio_num_samples(b.get("audio", b.get("path")), m, rate, sid))
+    lengths = [
+        audio_num_samples(b.get("audio", b.get("path")), m, rate, sid)
         for b, m in zip(blocks, meta, strict=True)
     ]
+    audio = rule.audio_tokens(processor, lengths)
     sizes = _image_sizes(conv, record.get("images_meta"), sid)
     image = (
         processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
