@@ -159,9 +159,10 @@ def test_step3_pp_media_follows_the_packed_rows(
     step3: Any, model: Any, n_microbatches: int
 ) -> None:
     """5 packed rows (one without images, rows of several images with and without crops),
-    split for PP: micro-batch ``i`` gets the text rows ``torch.tensor_split`` gives it and media
-    whose ``<im_patch>`` count equals those rows'; running each micro-batch alone with its
-    media chunk gives the full batch's logits (<= 1e-5 fp32)."""
+    padded to one fixed length and split for PP: micro-batch ``i`` gets the text rows
+    ``torch.tensor_split`` gives it and media whose ``<im_patch>`` count equals those rows';
+    running each micro-batch alone with its media chunk gives the full batch's logits
+    (<= 1e-5 fp32)."""
     recs = _crop_records(9, seed=44)
     samples = [tokenize_with_handler(r, step3) for r in recs]
     rows = [samples[0:2], samples[2:3], samples[3:6], samples[6:8], samples[8:9]]
@@ -174,7 +175,11 @@ def test_step3_pp_media_follows_the_packed_rows(
     }
     rows[1] = [tokenize_with_handler(text_only, step3)]
     packs = [build_pack(r) for r in rows]
-    batch = neat_packed_vlm_collater(packs, mask_format="eager", check_media=False)
+    fixed = max(sum(p["seq_lens"]) for p in packs) + 3  # fixed-length rows, as PP wants
+    batch = neat_packed_vlm_collater(
+        packs, max_length=fixed, mask_format="eager", check_media=False
+    )
+    assert batch["input_ids"].shape == (len(rows), fixed)
     media = step3_batch_media(rows)
     assert media["images_per_row"].tolist()[1] == 0
     assert len(set(media["images_per_row"].tolist())) >= 3
