@@ -79,6 +79,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "family_step3": ("step3_estimate", "step3_pack_media", "step3_pp_media"),
     "family_smolvlm": ("smolvlm_estimate", "tokenize_smolvlm"),
     "family_phi4": ("phi4_estimate", "phi4_pack_media", "tokenize_phi4"),
+    "family_nemotron_omni": (
+        "nemotron_omni_estimate",
+        "nemotron_omni_pack_media",
+        "tokenize_nemotron_omni",
+    ),
     "text_pack": ("neat_pack_dataset",),
     "tiny": ("load_tiny_processor",),
     "synth": ("write_corpus",),

@@ -23,6 +23,22 @@ Writes ``phi4_multimodal/``, every part a real transformers class:
 * ``Phi4MultimodalFeatureExtractor`` with its real settings (80 mel bins, 16 kHz, hop 160,
   window 400, compression 8).
 
+And ``nemotron_h_omni/``:
+
+* the same BPE in ``GPT2Tokenizer`` with ChatML turns (``<|im_start|>`` / ``<|im_end|>``, eos
+  ``<|im_end|>``) and Nemotron-H Omni's media tokens named as its processor reads them
+  (``<image>`` in ``<img>`` ... ``</img>``, ``<video>``, ``<so_embedding>`` between
+  ``<so_start>`` / ``<so_end>``), plus ``<think>`` / ``</think>``;
+* a ChatML template (one ``<image>`` / ``<so_embedding>`` / ``<video>`` per block, assistant turns
+  in ``{% generation %}``);
+* ``NemotronH_Omni_Reasoning_V3ImageProcessor`` with a small patch budget (16..256 patches of 16
+  px: 4..64 image tokens), its video processor, and the real ``ParakeetFeatureExtractor`` with
+  128 mel bins (16 kHz, hop 160).
+
+Note: ``Phi4MultimodalProcessor.__init__`` does not name ``chat_template``, so
+``from_pretrained`` drops the processor's copy in transformers 5.23; the tokenizer keeps it and
+``family_phi4.load_tiny_phi4_processor`` restores it.
+
 Saved with ``save_pretrained``; reloads with ``AutoProcessor.from_pretrained(folder)`` and no
 network. Deterministic (no training: the vocabulary is read from ``qwen2_vl/``).
 """
@@ -104,7 +120,77 @@ def build_phi4() -> Any:
     )
 
 
-BUILDERS = {"phi4_multimodal": build_phi4}
+NEMOTRON_MEDIA = {
+    "image_token": "<image>",
+    "video_token": "<video>",
+    "audio_token": "<so_embedding>",
+    "image_start_token": "<img>",
+    "image_end_token": "</img>",
+}
+NEMOTRON_SPECIALS = ["<|im_start|>", "<|im_end|>", "<so_start>", "<so_end>", "<think>", "</think>"]
+_NEMOTRON_CONTENT = (
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<image>' }}"
+    "{% elif content['type'] == 'video' %}{{ '<video>' }}"
+    "{% elif content['type'] == 'audio' %}{{ '<so_embedding>' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}"
+)
+NEMOTRON_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}" + _NEMOTRON_CONTENT + "{{ '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}" + _NEMOTRON_CONTENT + "{{ '<|im_end|>' }}{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+NEMOTRON_MIN_PATCHES = 16  # 4x4 patches of 16 px: at least 4 image tokens
+NEMOTRON_MAX_PATCHES = 256  # at most 64 image tokens per image
+
+
+def nemotron_tokenizer() -> Any:
+    """The shipped BPE in the real ``GPT2Tokenizer`` with Nemotron-H Omni's ChatML turns and
+    media tokens (the names ``NemotronH_Omni_Reasoning_V3Processor.__init__`` reads)."""
+    from transformers import GPT2Tokenizer
+
+    vocab, merges = shipped_bpe()
+    tok = GPT2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token="<|endoftext|>",
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=16384,
+        extra_special_tokens=dict(NEMOTRON_MEDIA),
+    )
+    tok.add_special_tokens({"additional_special_tokens": NEMOTRON_SPECIALS})
+    return tok
+
+
+def build_nemotron() -> Any:
+    """Assemble the real ``NemotronH_Omni_Reasoning_V3Processor`` (module docstring)."""
+    import transformers as tf
+    from transformers.models.nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3ImageProcessor,
+        NemotronH_Omni_Reasoning_V3Processor,
+        NemotronH_Omni_Reasoning_V3VideoProcessor,
+    )
+
+    budget = {"min_num_patches": NEMOTRON_MIN_PATCHES, "max_num_patches": NEMOTRON_MAX_PATCHES}
+    return NemotronH_Omni_Reasoning_V3Processor(  # type: ignore[no-untyped-call]
+        image_processor=NemotronH_Omni_Reasoning_V3ImageProcessor(**budget),
+        video_processor=NemotronH_Omni_Reasoning_V3VideoProcessor(),
+        tokenizer=nemotron_tokenizer(),
+        feature_extractor=tf.ParakeetFeatureExtractor(feature_size=128),  # type: ignore[no-untyped-call]
+        chat_template=NEMOTRON_TEMPLATE,
+    )
+
+
+BUILDERS = {"phi4_multimodal": build_phi4, "nemotron_h_omni": build_nemotron}
 
 
 def main(argv: list[str]) -> int:
