@@ -18,8 +18,8 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 >>> sorted(HANDLERS)  # doctest: +NORMALIZE_WHITESPACE
-['chat_template', 'gemma3', 'gemma4', 'idefics3', 'llava_onevision', 'prompt_answer', 'qwen_omni',
- 'qwen_vl']
+['chat_template', 'gemma3', 'gemma4', 'idefics3', 'llava_onevision', 'nemotron_omni', 'phi4',
+ 'prompt_answer', 'qwen_omni', 'qwen_vl']
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ from .family_gemma3 import gemma3_pack_media, gemma3_packed_masks
 from .family_gemma4 import gemma4_pack_media, gemma4_packed_masks, tokenize_gemma4
 from .family_idefics3 import idefics3_pack_media, tokenize_idefics3
 from .family_llava_onevision import llava_onevision_pack_media, tokenize_llava_onevision
+from .family_nemotron_omni import (
+    nemotron_omni_pack_media,
+    nemotron_omni_packed_masks,
+    tokenize_nemotron_omni,
+)
+from .family_phi4 import phi4_handler
 from .family_prompt import tokenize_prompt_answer
 from .family_qwen_omni import OMNI_MODALITIES, qwen_omni_pack_media, tokenize_qwen_omni
 from .tokenize import tokenize_conversation
@@ -277,4 +283,18 @@ register_handler(
         "checked), mRoPE from the model's get_rope_index (pipes/family_qwen_omni.py)",
     ),
     ("Qwen2_5OmniProcessor",),
+)
+register_handler(phi4_handler(), ("Phi4MultimodalProcessor",))
+register_handler(
+    Handler(
+        "nemotron_omni",
+        tokenize_nemotron_omni,
+        modalities=frozenset({"image", "audio"}),
+        pack_media=nemotron_omni_pack_media,
+        packed_mask=nemotron_omni_packed_masks,
+        description="Nemotron-H Omni: images (<img> runs from image_grid_hw) + audio (Parakeet "
+        "features, 16 kHz checked); packs need family_nemotron_omni.nemotron_omni_pack_media; "
+        "Mamba layers are not isolated per document (pipes/family_nemotron_omni.py)",
+    ),
+    ("NemotronH_Omni_Reasoning_V3Processor",),
 )
