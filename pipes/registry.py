@@ -18,8 +18,8 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 >>> sorted(HANDLERS)  # doctest: +NORMALIZE_WHITESPACE
-['chat_template', 'gemma3', 'gemma4', 'idefics3', 'llava_onevision', 'nemotron_omni', 'phi4',
- 'prompt_answer', 'qwen_omni', 'qwen_vl']
+['chat_template', 'gemma3', 'gemma4', 'idefics3', 'kimi_k25', 'llava_onevision', 'nemotron_omni',
+ 'phi4', 'prompt_answer', 'qwen_omni', 'qwen_vl', 'smolvlm', 'step3']
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .family_default import check_modalities, has_chat_template, tokenize_defaul
 from .family_gemma3 import gemma3_pack_media, gemma3_packed_masks
 from .family_gemma4 import gemma4_pack_media, gemma4_packed_masks, tokenize_gemma4
 from .family_idefics3 import idefics3_pack_media, tokenize_idefics3
+from .family_kimi import kimi_k25_pack_media
 from .family_llava_onevision import llava_onevision_pack_media, tokenize_llava_onevision
 from .family_nemotron_omni import (
     nemotron_omni_pack_media,
@@ -41,6 +42,8 @@ from .family_nemotron_omni import (
 from .family_phi4 import phi4_handler
 from .family_prompt import tokenize_prompt_answer
 from .family_qwen_omni import OMNI_MODALITIES, qwen_omni_pack_media, tokenize_qwen_omni
+from .family_smolvlm import tokenize_smolvlm
+from .family_step3 import step3_pack_media, tokenize_step3
 from .tokenize import tokenize_conversation
 
 __all__ = [
@@ -297,4 +300,39 @@ register_handler(
         "Mamba layers are not isolated per document (pipes/family_nemotron_omni.py)",
     ),
     ("NemotronH_Omni_Reasoning_V3Processor",),
+)
+register_handler(
+    Handler(
+        "kimi_k25",
+        tokenize_default,
+        modalities=frozenset({"image"}),
+        pack_media=kimi_k25_pack_media,
+        description="Kimi K2.5: the default path, images pre-expanded by the processor to "
+        "(h // 2) * (w // 2) tokens from image_grid_thw; packs need "
+        "family_kimi.kimi_k25_pack_media (pixels + grids)",
+    ),
+    ("Kimi_K25Processor",),
+)
+register_handler(
+    Handler(
+        "step3",
+        tokenize_step3,
+        modalities=frozenset({"image"}),
+        pack_media=step3_pack_media,
+        description="Step3 (Step-3.7) crops: global view + sliding-window crops per image, "
+        "<im_patch> count checked (pipes/family_step3.py); packs need "
+        "family_step3.step3_pack_media (pixel_values, pixel_values_local, num_local_patches)",
+    ),
+    ("Step3p7Processor",),
+)
+register_handler(
+    Handler(
+        "smolvlm",
+        tokenize_smolvlm,
+        modalities=frozenset({"image"}),
+        pack_media=idefics3_pack_media,
+        description="SmolVLM: Idefics3's tiles and markers, token count from the image "
+        "processor's layout (no _get_num_multimodal_tokens; pipes/family_smolvlm.py)",
+    ),
+    ("SmolVLMProcessor",),
 )
