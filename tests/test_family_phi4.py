@@ -278,3 +278,31 @@ def test_packing_limits_are_real(phi4: Any) -> None:
     short = rec(9, [{"type": "audio", "audio": _tone(6000, 500.0)}])
     worst, _ = _parity(model, phi4, [speech, short])
     assert worst > 1e-3, worst
+
+
+def test_the_audio_family_assets_are_small() -> None:
+    """Both folders written by ``scripts/build_tiny_audio_family_processors.py`` stay small."""
+    from neatpack.pipes.family_phi4 import _FOLDER
+
+    for folder in (_FOLDER, _FOLDER.parent / "nemotron_h_omni"):
+        assert sum(p.stat().st_size for p in folder.iterdir()) < 300 * 1024, folder
+
+
+@pytest.mark.slow
+def test_the_processors_rebuild_byte_for_byte(tmp_path: Path) -> None:
+    """``scripts/build_tiny_audio_family_processors.py`` reproduces the committed files of both
+    audio families exactly."""
+    import subprocess
+    import sys
+
+    from neatpack.pipes.family_phi4 import _FOLDER
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "scripts" / "build_tiny_audio_family_processors.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
+    for name in ("phi4_multimodal", "nemotron_h_omni"):
+        shipped = _FOLDER.parent / name
+        names = sorted(p.name for p in shipped.iterdir())
+        assert names == sorted(p.name for p in (tmp_path / name).iterdir())
+        for file in names:
+            assert (tmp_path / name / file).read_bytes() == (shipped / file).read_bytes(), file
