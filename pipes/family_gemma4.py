@@ -13,6 +13,21 @@ the prefix, so the labels are exactly the answer and its ``<turn|>``::
 
 A model turn whose text already opens a channel (the template emitted one) is left alone.
 
+Video: a frame list (pre-sampled: the tiny processor keeps every frame, ``do_sample_frames`` off)
+becomes, per frame, ``"mm:ss <|image>" + <|video|> * k + "<image|>"`` joined by spaces (timestamps
+at the processor's default 24 fps, as it does for frames without metadata); ``k`` is checked
+against the processor's ``_get_num_multimodal_tokens(video_sizes=...)`` and against the real
+patches of ``video_position_ids`` (what the vision tower will return). ``gemma4_estimate``
+expands images and videos with the processor's own ``replace_*_token`` (exact mode == real).
+
+Audio (``neatpack.pipes.audio``: a .wav path or a float array at the extractor's 16 kHz, never
+resampled, at most ``audio_seq_length`` tokens = 30 s): each block becomes
+``<|audio>`` + ``<|audio|>`` * k + ``<audio|>`` with k = the processor's duration rule (25 per
+second), checked against the runs in the text; the Sample carries ``input_features [n, T, 128]``
+and ``input_features_mask [n, T]``. The default tokenizer knows no audio blocks, so each one is
+replaced by a private-use stand-in text that the text hook turns into ``<|audio|>`` and the
+processor call gets ``audio=[...]`` through ``_AudioCall``.
+
 Packing: positions are 1-D. With ``use_bidirectional_attention="vision"`` the model lets the
 tokens of one image / video run see each other on the SLIDING layers only (full layers stay
 causal); ``gemma4_packed_masks`` builds that pair for a packed row. With the default (None) both
@@ -25,20 +40,26 @@ are block-causal.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import torch
 from torch import Tensor
 
+from ._media_meta import EstimateError, _aligned_meta, _image_size, _media, _positive_meta
+from .audio import audio_num_samples, load_audio_block, split_audio_blocks
 from .family_default import tokenize_default
 from .family_gemma3 import gemma3_packed_mask
 from .labels import RoleMarkers, _tail_alternatives
+from .media import SampleError
 
 __all__ = [
+    "GEMMA4_MODALITIES",
     "GEMMA4_MODEL_TURN",
     "GEMMA4_THINKING_PREFIX",
+    "gemma4_estimate",
     "gemma4_markers",
     "gemma4_pack_media",
     "gemma4_packed_masks",
@@ -51,6 +72,8 @@ __all__ = [
 GEMMA4_MODEL_TURN: Final = "<|turn>model\n"
 GEMMA4_THINKING_PREFIX: Final = "<|channel>thought\n<channel|>"
 GEMMA4_END_OF_TURN: Final = "<turn|>"
+GEMMA4_MODALITIES: Final = frozenset({"image", "video", "audio"})
+_AUDIO_STAND_IN: Final = "\ue000audio\ue000"  # private use: no real text contains it
 _FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "gemma4"
 
 
@@ -103,19 +126,217 @@ def gemma4_markers(processor: Any) -> RoleMarkers:
 def tokenize_gemma4(
     record: Mapping[str, Any], processor: Any, *, thinking_prefix: bool = True, **options: Any
 ) -> dict[str, Any]:
-    """The default path with the thinking prefix injected and kept out of the labels.
+    """The default path with the thinking prefix injected and kept out of the labels; images,
+    videos and audio, their token counts checked (module docstring).
 
     ``thinking_prefix=False``: the plain default path (markers derived from the template)."""
-    if not thinking_prefix:
-        return tokenize_default(record, processor, modalities=frozenset({"image"}), **options)
-    return tokenize_default(
-        record,
-        processor,
-        modalities=frozenset({"image"}),
-        markers=options.pop("markers", None) or gemma4_markers(processor),
-        text_hook=inject_thinking_prefix,
-        **options,
+    hooks: list[Callable[[str], str]] = [inject_thinking_prefix] if thinking_prefix else []
+    if thinking_prefix:
+        options["markers"] = options.get("markers") or gemma4_markers(processor)
+    stand_in, _, blocks = split_audio_blocks(record, _AUDIO_STAND_IN)
+    sid = record.get("sample_id")
+    audio, proc = [], processor
+    if blocks:
+        audio = _load_audio(blocks, sid, processor)
+        hooks.append(lambda t: _place_audio(t, len(audio), processor, sid))
+        proc = _AudioCall(processor, audio)
+    if hooks:
+        options["text_hook"] = lambda t: _chain(hooks, t)
+    sample = tokenize_default(stand_in, proc, modalities=GEMMA4_MODALITIES, **options)
+    if "pixel_values_videos" in sample:
+        _check_video_tokens(sample, record, processor)
+    if audio:
+        _check_audio_tokens(sample, audio, processor)
+        sample["input_features_mask"] = sample["input_features_mask"].reshape(len(audio), -1)
+    return sample
+
+
+class _AudioCall:
+    """The processor, with ``audio=`` added to its call (every attribute is the processor's)."""
+
+    def __init__(self, processor: Any, audio: list[Any]) -> None:
+        self._processor, self._audio = processor, audio
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._processor, name)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self._processor(audio=self._audio, **kwargs)
+
+
+def _chain(hooks: list[Callable[[str], str]], text: str) -> str:
+    for hook in hooks:
+        text = hook(text)
+    return text
+
+
+def _place_audio(text: str, n: int, proc: Any, sid: Any) -> str:
+    if text.count(_AUDIO_STAND_IN) != n:
+        raise SampleError(sid, "bad_media", f"the template dropped some of the {n} audio blocks")
+    return text.replace(_AUDIO_STAND_IN, str(proc.audio_token))
+
+
+def _max_audio_samples(proc: Any) -> int:
+    """The longest audio whose tokens the processor does not cap (``audio_seq_length`` tokens
+    of ``audio_ms_per_token`` ms): 750 * 40 ms = 30 s."""
+    rate = int(proc.feature_extractor.sampling_rate)
+    return int(proc.audio_seq_length) * int(proc.audio_ms_per_token) * rate // 1000
+
+
+def _load_audio(blocks: list[Mapping[str, Any]], sid: Any, proc: Any) -> list[Any]:
+    rate = int(proc.feature_extractor.sampling_rate)
+    out = []
+    for k, block in enumerate(blocks):
+        wav = load_audio_block(
+            block, sample_id=sid, sampling_rate=rate, max_samples=_max_audio_samples(proc)
+        )
+        if proc._get_num_multimodal_tokens(audio_lengths=[len(wav)]).num_audio_tokens[0] < 1:
+            raise SampleError(
+                sid, "bad_media", f"audio {k} ({len(wav)} samples) is too short for one token"
+            )
+        out.append(wav)
+    return out
+
+
+def _check_audio_tokens(sample: Mapping[str, Any], audio: list[Any], proc: Any) -> None:
+    """Each audio's run of ``<|audio|>`` == the processor's duration rule for its length."""
+    mm = sample["mm_token_type_ids"]
+    starts = (mm == 3) & ~torch.nn.functional.pad(mm == 3, (1, 0))[:-1]
+    runs = torch.cumsum(starts.long(), 0)[mm == 3].bincount().tolist()[1:]
+    want = proc._get_num_multimodal_tokens(audio_lengths=[len(a) for a in audio]).num_audio_tokens
+    if runs != list(want):
+        raise SampleError(
+            sample["sample_id"],
+            "media_token_mismatch",
+            f"audio tokens per audio {runs} in the text, but the durations give {list(want)}",
+        )
+
+
+def _video_frames(record: Mapping[str, Any]) -> list[Any]:
+    _, videos = _media(record)
+    return videos
+
+
+def _check_video_tokens(sample: Mapping[str, Any], record: Mapping[str, Any], proc: Any) -> None:
+    """Video tokens in the text == the real patches of ``video_position_ids`` / pooling**2 (what
+    the tower returns) == ``_get_num_multimodal_tokens`` for frame lists."""
+    sid = sample["sample_id"]
+    found = int((sample["mm_token_type_ids"] == 2).sum())
+    real = (sample["video_position_ids"] != -1).all(dim=-1).sum()
+    pool = int(proc.video_processor.pooling_kernel_size) ** 2
+    from_patches = int(real) // pool
+    sizes = [
+        (len(v), int(v[0].height), int(v[0].width))
+        for v in _video_frames(record)
+        if isinstance(v, Sequence) and not isinstance(v, str) and hasattr(v[0], "height")
+    ]
+    want = None
+    if sizes and len(sizes) == len(_video_frames(record)):
+        want = sum(proc._get_num_multimodal_tokens(video_sizes=sizes).num_video_tokens)
+    if found != from_patches or (want is not None and found != want):
+        raise SampleError(
+            sid,
+            "media_token_mismatch",
+            f"{found} video token(s) in the text, {from_patches} from video_position_ids, "
+            f"{want} from _get_num_multimodal_tokens for videos {sizes}",
+        )
+
+
+def _video_text(proc: Any, frames: int, tokens_per_frame: int) -> str:
+    from transformers.video_utils import VideoMetadata
+
+    meta = VideoMetadata(total_num_frames=frames, frames_indices=list(range(frames)))
+    return str(
+        proc.replace_video_token(
+            {"num_soft_tokens_per_video": [tokens_per_frame], "video_metadata": [meta]}, 0
+        )
     )
+
+
+def _media_texts(record: Mapping[str, Any], proc: Any) -> dict[str, list[str]]:
+    """The text each image / video / audio of ``record`` expands to, per placeholder token, in
+    order (images: ``images_meta`` ``[h, w]`` or the image; videos: frame lists; audio:
+    ``audios_meta`` seconds or the array / WAV header)."""
+    sid = int(record.get("sample_id", -1))
+    images, videos = _media(record)
+    image_texts = []
+    for value, meta in zip(images, _aligned_meta(record, "images_meta", len(images), sid),
+                           strict=True):  # fmt: skip
+        size = _positive_meta(sid, "images", meta, 2) if meta is not None else None
+        hw = (int(size[0]), int(size[1])) if size else _image_size(value, sid)
+        if isinstance(hw, str):
+            raise EstimateError(
+                f"sample_id={sid}: no size for image {value!r:.60} ({hw}); give images_meta"
+            )
+        k = proc._get_num_multimodal_tokens(image_sizes=[hw]).num_image_tokens[0]
+        image_texts.append(str(proc.replace_image_token({"num_soft_tokens_per_image": [k]}, 0)))
+    video_texts = []
+    for v in videos:
+        if isinstance(v, str) or not isinstance(v, Sequence) or not v:
+            raise EstimateError(
+                f"sample_id={sid}: video {v!r:.60} is not a frame list; the Gemma 4 estimate "
+                "needs the frames (their count and size)"
+            )
+        n, h, w = len(v), int(v[0].height), int(v[0].width)
+        total = proc._get_num_multimodal_tokens(video_sizes=[(n, h, w)]).num_video_tokens[0]
+        video_texts.append(_video_text(proc, n, total // n))
+    _, _, blocks = split_audio_blocks(record)
+    seconds = record.get("audios_meta") or [None] * len(blocks)
+    if len(seconds) != len(blocks):
+        raise EstimateError(
+            f"sample_id={sid}: audios_meta has {len(seconds)} entries for {len(blocks)} audio "
+            "blocks; give one duration in seconds per block"
+        )
+    rate = int(proc.feature_extractor.sampling_rate)
+    audio_texts = []
+    for b, sec in zip(blocks, seconds, strict=True):
+        try:
+            n = audio_num_samples(b.get("audio", b.get("path")), sec, rate, sid)
+        except ValueError as exc:
+            raise EstimateError(str(exc)) from exc
+        k = proc._get_num_multimodal_tokens(audio_lengths=[n]).num_audio_tokens[0]
+        audio_texts.append(f"{proc.boa_token}{proc.audio_token * k}{proc.eoa_token}")
+    return {
+        str(proc.image_token): image_texts,
+        str(proc.video_token): video_texts,
+        str(proc.audio_token): audio_texts,
+    }
+
+
+def gemma4_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Length after the shift of ``tokenize_gemma4(record)``.
+
+    ``exact``: the template with the thinking prefix, each ``<|image|>`` / ``<|video|>`` /
+    ``<|audio|>`` replaced by the processor's own expansion, tokenized once (== real).
+    ``estimate``: ``LengthEstimator`` text (chars / 3 + template overhead) plus the expansions'
+    and the prefixes' exact tokens."""
+    from ._template_probe import probe_overhead
+    from .estimate import LengthEstimator
+
+    tok = processor.tokenizer
+    texts = _media_texts(record, processor)
+    if mode == "exact":
+        stand_in, _, _ = split_audio_blocks(record, str(processor.audio_token))
+        text = inject_thinking_prefix(
+            processor.apply_chat_template(stand_in["conversation"], tokenize=False)
+        )
+        pieces = re.split("(" + "|".join(re.escape(t) for t in texts) + ")", text)
+        queues = {k: iter(v) for k, v in texts.items()}
+        full = "".join(next(queues[p]) if p in queues else p for p in pieces)
+        return len(tok(full)["input_ids"]) - 1
+    stand_in, _, _ = split_audio_blocks(record, "")
+    est = LengthEstimator(
+        mode=mode,
+        processor=processor,
+        media_fallback=0,
+        on_missing_media="fallback",
+        overhead=probe_overhead(processor),
+    )
+    turns = int(sum(m.get("role") == "assistant" for m in record["conversation"]))
+    prefix = len(tok(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
+    media = sum(len(tok(t, add_special_tokens=False)["input_ids"]) - 1
+                for v in texts.values() for t in v)  # fmt: skip
+    return int(est.estimate(stand_in)[0]) + media + turns * prefix
 
 
 def gemma4_packed_masks(
@@ -139,23 +360,39 @@ def gemma4_packed_masks(
 
 
 def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
-    """``pixel_values`` / ``image_position_ids`` of the pack's images in document order (with
-    explicit masks the model needs no ``mm_token_type_ids``)."""
-    have = [s for s in samples if s.get("pixel_values") is not None]
-    if not have:
-        return {}
-    return {
-        "pixel_values": torch.cat([s["pixel_values"] for s in have], dim=0),
-        "image_position_ids": torch.cat([s["image_position_ids"] for s in have], dim=0),
-    }
+    """The pack's media in document order: ``pixel_values`` / ``image_position_ids`` of its
+    images, ``pixel_values_videos`` / ``video_position_ids`` / ``num_frames_per_video`` of its
+    videos, ``input_features`` / ``input_features_mask`` of its audio, right-padded in time to
+    the longest (mask False: the audio tower reads only masked-in frames). With explicit masks
+    the model needs no ``mm_token_type_ids``."""
+    out: dict[str, Tensor] = {}
+    frames = max((int(s["input_features"].shape[1]) for s in samples
+                  if s.get("input_features") is not None), default=0)  # fmt: skip
+    for key in ("pixel_values", "image_position_ids", "pixel_values_videos",
+                "video_position_ids", "num_frames_per_video", "input_features",
+                "input_features_mask"):  # fmt: skip
+        parts = [s[key] for s in samples if s.get(key) is not None]
+        if key == "input_features":
+            parts = [torch.nn.functional.pad(p, (0, 0, 0, frames - p.shape[1])) for p in parts]
+        elif key == "input_features_mask":
+            parts = [torch.nn.functional.pad(p, (0, frames - p.shape[1])) for p in parts]
+        if parts:
+            out[key] = torch.cat(parts, dim=0)
+    return out
 
 
 def tiny_gemma4_model(
-    processor: Any, *, bidirectional_vision: bool = False, seed: int = 0, attn: str = "eager"
+    processor: Any,
+    *,
+    bidirectional_vision: bool = False,
+    audio: bool = False,
+    seed: int = 0,
+    attn: str = "eager",
 ) -> Any:
     """A tiny random fp32 ``Gemma4ForConditionalGeneration`` for the tiny processor (patch 4,
-    pooling 2, no audio tower); ``bidirectional_vision`` sets
-    ``use_bidirectional_attention="vision"``."""
+    pooling 2); ``bidirectional_vision`` sets ``use_bidirectional_attention="vision"``;
+    ``audio`` adds a one-layer audio tower (conv channels ``[128, 4]``: the model sizes its
+    projection as ``channels[0] // 4 * channels[1]``, so channels[0] must be the 128 mel bins)."""
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
     tok = processor.tokenizer
@@ -177,16 +414,21 @@ def tiny_gemma4_model(
         "patch_size": int(vp.patch_size), "pooling_kernel_size": int(vp.pooling_kernel_size),
         "position_embedding_size": 256,
     }  # fmt: skip
+    sound = {
+        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "subsampling_conv_channels": [128, 4], "output_proj_dims": 32,
+    }  # fmt: skip
     cfg = Gemma4Config(
-        text_config=text, vision_config=vision, audio_config=None,
+        text_config=text, vision_config=vision, audio_config=sound if audio else None,
         boi_token_id=int(tok.boi_token_id), eoi_token_id=int(tok.eoi_token_id),
         image_token_id=int(processor.image_token_id), video_token_id=int(processor.video_token_id),
         boa_token_id=int(ids("<|audio>")), eoa_token_index=int(ids("<audio|>")),
         audio_token_id=int(ids("<|audio|>")),
     )  # fmt: skip
     cfg._attn_implementation = attn
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn  # type: ignore[union-attr]
+    for sub in (cfg.text_config, cfg.vision_config, cfg.audio_config):
+        if sub is not None:
+            sub._attn_implementation = attn  # type: ignore[union-attr]
     torch.manual_seed(seed)  # init only: tests own the process
     model = Gemma4ForConditionalGeneration(cfg)
     model.config.use_cache = False

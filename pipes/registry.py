@@ -29,8 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .family_default import check_modalities, has_chat_template, tokenize_default
-from .family_gemma3 import gemma3_pack_media, gemma3_packed_masks
-from .family_gemma4 import gemma4_pack_media, gemma4_packed_masks, tokenize_gemma4
+from .family_gemma3 import gemma3_pack_media, gemma3_packed_masks, tokenize_gemma3
+from .family_gemma4 import (
+    GEMMA4_MODALITIES,
+    gemma4_pack_media,
+    gemma4_packed_masks,
+    tokenize_gemma4,
+)
 from .family_idefics3 import idefics3_pack_media, tokenize_idefics3
 from .family_kimi import kimi_k25_pack_media
 from .family_llava_onevision import llava_onevision_pack_media, tokenize_llava_onevision
@@ -222,12 +227,12 @@ register_handler(
 register_handler(
     Handler(
         "gemma3",
-        tokenize_default,
+        tokenize_gemma3,
         modalities=frozenset({"image"}),
         pack_media=gemma3_pack_media,
         packed_mask=gemma3_packed_masks,
-        description="Gemma 3: the default path, images only; packed rows need "
-        "family_gemma3.gemma3_packed_mask (bidirectional image tokens)",
+        description="Gemma 3: the default path, images only, pan-and-scan crops counted; packed "
+        "rows need family_gemma3.gemma3_packed_mask (bidirectional image tokens)",
     ),
     ("Gemma3Processor",),
 )
@@ -235,11 +240,11 @@ register_handler(
     Handler(
         "gemma4",
         tokenize_gemma4,
-        modalities=frozenset({"image"}),
+        modalities=GEMMA4_MODALITIES,
         pack_media=gemma4_pack_media,
         packed_mask=gemma4_packed_masks,
         description="Gemma 4: thinking-channel prefix injected after each model turn and kept "
-        "out of the labels (pipes/family_gemma4.py); images only",
+        "out of the labels (pipes/family_gemma4.py); images, videos (frame lists), audio",
     ),
     ("Gemma4Processor",),
 )

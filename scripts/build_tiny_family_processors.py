@@ -160,7 +160,9 @@ def build_gemma4() -> Any:
         feature_extractor=tf.Gemma4AudioFeatureExtractor(),
         image_processor=tf.Gemma4ImageProcessor(**common),
         tokenizer=tok,
-        video_processor=tf.Gemma4VideoProcessor(**common),
+        # frames arrive pre-sampled (neatpack videos are frame lists): keep them all, as the
+        # Qwen processors do with a frame list; the real default samples 32 frames
+        video_processor=tf.Gemma4VideoProcessor(**common, do_sample_frames=False),
         chat_template=GEMMA4_TEMPLATE,
         image_seq_length=70,
     )
