@@ -321,3 +321,44 @@ def test_family_graph_resumes_mid_epoch_with_a_worker(corpus: Path) -> None:
     ledger = resumed.ledgers[0]
     consumed = [i for b in head for m in b["packs"] for i in m["sample_ids"]] + ledger.consumed
     assert_exactly_once(consumed, range(12), excused=ledger.tail_dropped)
+
+
+# -- overflow: a family sample is cut through text only ----------------------------------------
+
+
+def test_family_overflow_cuts_text_but_never_media() -> None:
+    """``overflow="truncate"`` on a family pack: a cut after the image keeps the image (its
+    pixels stay in ``media_samples``); a cut through the image tokens drops the sample instead
+    (tiles / crops cannot be cut per item), named in ``report.dropped``."""
+    from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
+
+    proc = _processor("gemma3")
+    words = " ".join(["cat sat on the mat"] * 20)
+    image = Image.new("RGB", (40, 30), (9, 200, 9))
+    source = [
+        {"sample_id": 0, "conversation": [
+            {"role": "user", "content": [{"type": "text", "text": "hello there"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "hi"}]}]},
+        {"sample_id": 1, "conversation": [
+            {"role": "user", "content": [{"type": "image", "image": image},
+                                         {"type": "text", "text": "describe"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": words}]}]},
+    ]  # fmt: skip
+    first = len(tokenize_with_handler(source[0], proc)["input_ids"]) - 1
+    second = tokenize_with_handler(source[1], proc)
+    last_image = int(torch.nonzero(second["mm_token_type_ids"]).max())
+
+    def pack(size: int) -> tuple[dict[str, Any], Any]:
+        cfg = MaterializeConfig(pack_size=size, mrope=False, handler="gemma3", overflow="truncate")
+        return materialize_pack(source, [0, 1], proc, cfg)
+
+    kept, report = pack(first + last_image + 10)
+    assert report.truncated == (1,)
+    assert report.dropped == ()
+    assert kept["media_samples"][1]["pixel_values"].shape[0] == 1
+    assert int((kept["mm_token_type_ids"] == 1).sum()) == int(second["mm_token_type_ids"].sum())
+    cut, report = pack(first + last_image - 2)
+    assert report.dropped == (1,)
+    assert report.truncated == ()
+    assert cut["sample_ids"] == [0]
+    assert len(cut["media_samples"]) == 1
