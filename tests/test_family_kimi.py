@@ -194,3 +194,26 @@ def test_kimi_fixed_length_batch_equals_separate(kimi: Any, model: Any) -> None:
             worst = max(worst, float(diff.abs().max()))
             start += n
     assert worst <= 1e-5, worst
+
+
+@pytest.mark.slow
+def test_crop_family_processors_rebuild_byte_for_byte(tmp_path: Any) -> None:
+    """``scripts/build_tiny_crop_family_processors.py`` reproduces the committed Kimi K2.5,
+    Step3 and (with ``num2words``) SmolVLM files exactly."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    script = scripts / "build_tiny_crop_family_processors.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
+    families = ["kimi_k25", "step3"]
+    if importlib.util.find_spec("num2words") is not None:
+        families.append("smolvlm")
+    for family in families:
+        shipped = _FOLDER.parent / family
+        names = sorted(p.name for p in shipped.iterdir())
+        assert names == sorted(p.name for p in (tmp_path / family).iterdir())
+        for name in names:
+            assert (tmp_path / family / name).read_bytes() == (shipped / name).read_bytes(), name
