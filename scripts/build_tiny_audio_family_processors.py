@@ -83,10 +83,11 @@ def shipped_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
     data = json.loads((_ASSETS / "qwen2_vl" / "tokenizer.json").read_text(encoding="utf-8"))
     added = {t["content"] for t in data["added_tokens"]}
     vocab = {k: v for k, v in data["model"]["vocab"].items() if k not in added}
-    merges = [
-        tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in data["model"]["merges"]
-    ]
-    return vocab, merges  # type: ignore[return-value]
+    merges: list[tuple[str, str]] = []
+    for m in data["model"]["merges"]:
+        a, b = m if isinstance(m, list) else m.split(" ")
+        merges.append((a, b))
+    return vocab, merges
 
 
 def phi4_tokenizer() -> Any:
@@ -96,7 +97,7 @@ def phi4_tokenizer() -> Any:
     vocab, merges = shipped_bpe()
     tok = GPT2Tokenizer(
         vocab=vocab,
-        merges=merges,
+        merges=merges,  # type: ignore[arg-type]  # pairs are accepted (as Qwen2Tokenizer's)
         unk_token="<|endoftext|>",
         bos_token="<|endoftext|>",
         eos_token="<|endoftext|>",
@@ -159,9 +160,9 @@ def nemotron_tokenizer() -> Any:
     vocab, merges = shipped_bpe()
     tok = GPT2Tokenizer(
         vocab=vocab,
-        merges=merges,
+        merges=merges,  # type: ignore[arg-type]  # pairs are accepted (as Qwen2Tokenizer's)
         unk_token="<|endoftext|>",
-        bos_token=None,
+        bos_token=None,  # type: ignore[arg-type]  # Nemotron-H Omni's chat has no bos
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         model_max_length=16384,
@@ -180,9 +181,10 @@ def build_nemotron() -> Any:
         NemotronH_Omni_Reasoning_V3VideoProcessor,
     )
 
-    budget = {"min_num_patches": NEMOTRON_MIN_PATCHES, "max_num_patches": NEMOTRON_MAX_PATCHES}
-    return NemotronH_Omni_Reasoning_V3Processor(  # type: ignore[no-untyped-call]
-        image_processor=NemotronH_Omni_Reasoning_V3ImageProcessor(**budget),
+    return NemotronH_Omni_Reasoning_V3Processor(
+        image_processor=NemotronH_Omni_Reasoning_V3ImageProcessor(
+            min_num_patches=NEMOTRON_MIN_PATCHES, max_num_patches=NEMOTRON_MAX_PATCHES
+        ),
         video_processor=NemotronH_Omni_Reasoning_V3VideoProcessor(),
         tokenizer=nemotron_tokenizer(),
         feature_extractor=tf.ParakeetFeatureExtractor(feature_size=128),  # type: ignore[no-untyped-call]

@@ -194,11 +194,12 @@ def tiny_nemotron_omni_model(
         video_token_id=int(processor.video_token_id),
     )  # fmt: skip
     for c in (cfg, cfg.text_config, cfg.vision_config, cfg.audio_config):
-        c._attn_implementation = "eager"
+        c._attn_implementation = "eager"  # type: ignore[union-attr]
     torch.manual_seed(0)  # init only: tests own the process
     model = NemotronH_Omni_Reasoning_V3(cfg)
     model.config.use_cache = False
-    return model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
 
 
 def _parity(model: Any, nemo: Any, docs: list[dict[str, Any]]) -> list[float]:

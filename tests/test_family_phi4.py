@@ -186,11 +186,12 @@ def tiny_phi4_model(processor: Any, *, seed: int = 0) -> Any:
                       "audio_token_id": int(processor.audio_token_id)},
     )  # fmt: skip
     for c in (cfg, cfg.vision_config, cfg.audio_config):
-        c._attn_implementation = "eager"
+        c._attn_implementation = "eager"  # type: ignore[union-attr]
     torch.manual_seed(seed)  # init only: tests own the process
     model = Phi4MultimodalForCausalLM(cfg)
     model.config.use_cache = False
-    return model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
 
 
 def _parity(model: Any, phi4: Any, docs: list[dict[str, Any]]) -> tuple[float, Any]:
@@ -269,7 +270,10 @@ def test_packing_limits_are_real(phi4: Any) -> None:
 
     def rec(sid: int, content: list[dict[str, Any]]) -> dict[str, Any]:
         turns = [{"role": "user", "content": content}, {"role": "assistant", "content": "ok"}]
-        return tokenize_with_handler({"sample_id": sid, "conversation": turns}, phi4)
+        sample: dict[str, Any] = tokenize_with_handler(
+            {"sample_id": sid, "conversation": turns}, phi4
+        )
+        return sample
 
     speech = rec(7, [{"type": "audio", "audio": _tone(12000)}])
     seen = rec(8, [{"type": "image", "image": Image.new("RGB", (40, 40))}])
