@@ -75,6 +75,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "family_prompt": ("prompt_answer_length", "tokenize_prompt_answer"),
     "family_gemma3": ("gemma3_estimator", "gemma3_pan_and_scan"),
     "family_gemma4": ("GEMMA4_THINKING_PREFIX", "inject_thinking_prefix"),
+    "family_gemma4_estimate": ("gemma4_estimate",),
     "family_kimi": ("kimi_k25_fixed_length_batch", "kimi_k25_pack_media"),
     "family_step3": ("step3_estimate", "step3_pack_media", "step3_pp_media"),
     "family_smolvlm": ("smolvlm_estimate", "tokenize_smolvlm"),

@@ -17,8 +17,8 @@ Video: a frame list (pre-sampled: the tiny processor keeps every frame, ``do_sam
 becomes, per frame, ``"mm:ss <|image>" + <|video|> * k + "<image|>"`` joined by spaces (timestamps
 at the processor's default 24 fps, as it does for frames without metadata); ``k`` is checked
 against the processor's ``_get_num_multimodal_tokens(video_sizes=...)`` and against the real
-patches of ``video_position_ids`` (what the vision tower will return). ``gemma4_estimate``
-expands images and videos with the processor's own ``replace_*_token`` (exact mode == real).
+patches of ``video_position_ids`` (what the vision tower will return).
+``family_gemma4_estimate.gemma4_estimate`` gives the length (exact mode == real).
 
 Audio (``neatpack.pipes.audio``: a .wav path or a float array at the extractor's 16 kHz, never
 resampled, at most ``audio_seq_length`` tokens = 30 s): each block becomes
@@ -40,7 +40,6 @@ are block-causal.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -48,8 +47,8 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from ._media_meta import EstimateError, _aligned_meta, _image_size, _media, _positive_meta
-from .audio import audio_num_samples, load_audio_block, split_audio_blocks
+from ._media_meta import _media
+from .audio import load_audio_block, split_audio_blocks
 from .family_default import tokenize_default
 from .family_gemma3 import gemma3_packed_mask
 from .labels import RoleMarkers, _tail_alternatives
@@ -59,7 +58,6 @@ __all__ = [
     "GEMMA4_MODALITIES",
     "GEMMA4_MODEL_TURN",
     "GEMMA4_THINKING_PREFIX",
-    "gemma4_estimate",
     "gemma4_markers",
     "gemma4_pack_media",
     "gemma4_packed_masks",
@@ -240,103 +238,6 @@ def _check_video_tokens(sample: Mapping[str, Any], record: Mapping[str, Any], pr
             f"{found} video token(s) in the text, {from_patches} from video_position_ids, "
             f"{want} from _get_num_multimodal_tokens for videos {sizes}",
         )
-
-
-def _video_text(proc: Any, frames: int, tokens_per_frame: int) -> str:
-    from transformers.video_utils import VideoMetadata
-
-    meta = VideoMetadata(total_num_frames=frames, frames_indices=list(range(frames)))
-    return str(
-        proc.replace_video_token(
-            {"num_soft_tokens_per_video": [tokens_per_frame], "video_metadata": [meta]}, 0
-        )
-    )
-
-
-def _media_texts(record: Mapping[str, Any], proc: Any) -> dict[str, list[str]]:
-    """The text each image / video / audio of ``record`` expands to, per placeholder token, in
-    order (images: ``images_meta`` ``[h, w]`` or the image; videos: frame lists; audio:
-    ``audios_meta`` seconds or the array / WAV header)."""
-    sid = int(record.get("sample_id", -1))
-    images, videos = _media(record)
-    image_texts = []
-    for value, meta in zip(images, _aligned_meta(record, "images_meta", len(images), sid),
-                           strict=True):  # fmt: skip
-        size = _positive_meta(sid, "images", meta, 2) if meta is not None else None
-        hw = (int(size[0]), int(size[1])) if size else _image_size(value, sid)
-        if isinstance(hw, str):
-            raise EstimateError(
-                f"sample_id={sid}: no size for image {value!r:.60} ({hw}); give images_meta"
-            )
-        k = proc._get_num_multimodal_tokens(image_sizes=[hw]).num_image_tokens[0]
-        image_texts.append(str(proc.replace_image_token({"num_soft_tokens_per_image": [k]}, 0)))
-    video_texts = []
-    for v in videos:
-        if isinstance(v, str) or not isinstance(v, Sequence) or not v:
-            raise EstimateError(
-                f"sample_id={sid}: video {v!r:.60} is not a frame list; the Gemma 4 estimate "
-                "needs the frames (their count and size)"
-            )
-        n, h, w = len(v), int(v[0].height), int(v[0].width)
-        total = proc._get_num_multimodal_tokens(video_sizes=[(n, h, w)]).num_video_tokens[0]
-        video_texts.append(_video_text(proc, n, total // n))
-    _, _, blocks = split_audio_blocks(record)
-    seconds = record.get("audios_meta") or [None] * len(blocks)
-    if len(seconds) != len(blocks):
-        raise EstimateError(
-            f"sample_id={sid}: audios_meta has {len(seconds)} entries for {len(blocks)} audio "
-            "blocks; give one duration in seconds per block"
-        )
-    rate = int(proc.feature_extractor.sampling_rate)
-    audio_texts = []
-    for b, sec in zip(blocks, seconds, strict=True):
-        try:
-            n = audio_num_samples(b.get("audio", b.get("path")), sec, rate, sid)
-        except ValueError as exc:
-            raise EstimateError(str(exc)) from exc
-        k = proc._get_num_multimodal_tokens(audio_lengths=[n]).num_audio_tokens[0]
-        audio_texts.append(f"{proc.boa_token}{proc.audio_token * k}{proc.eoa_token}")
-    return {
-        str(proc.image_token): image_texts,
-        str(proc.video_token): video_texts,
-        str(proc.audio_token): audio_texts,
-    }
-
-
-def gemma4_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
-    """Length after the shift of ``tokenize_gemma4(record)``.
-
-    ``exact``: the template with the thinking prefix, each ``<|image|>`` / ``<|video|>`` /
-    ``<|audio|>`` replaced by the processor's own expansion, tokenized once (== real).
-    ``estimate``: ``LengthEstimator`` text (chars / 3 + template overhead) plus the expansions'
-    and the prefixes' exact tokens."""
-    from ._template_probe import probe_overhead
-    from .estimate import LengthEstimator
-
-    tok = processor.tokenizer
-    texts = _media_texts(record, processor)
-    if mode == "exact":
-        stand_in, _, _ = split_audio_blocks(record, str(processor.audio_token))
-        text = inject_thinking_prefix(
-            processor.apply_chat_template(stand_in["conversation"], tokenize=False)
-        )
-        pieces = re.split("(" + "|".join(re.escape(t) for t in texts) + ")", text)
-        queues = {k: iter(v) for k, v in texts.items()}
-        full = "".join(next(queues[p]) if p in queues else p for p in pieces)
-        return len(tok(full)["input_ids"]) - 1
-    stand_in, _, _ = split_audio_blocks(record, "")
-    est = LengthEstimator(
-        mode=mode,
-        processor=processor,
-        media_fallback=0,
-        on_missing_media="fallback",
-        overhead=probe_overhead(processor),
-    )
-    turns = int(sum(m.get("role") == "assistant" for m in record["conversation"]))
-    prefix = len(tok(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
-    media = sum(len(tok(t, add_special_tokens=False)["input_ids"]) - 1
-                for v in texts.values() for t in v)  # fmt: skip
-    return int(est.estimate(stand_in)[0]) + media + turns * prefix
 
 
 def gemma4_packed_masks(

@@ -220,7 +220,7 @@ def test_gemma4_video_tokens_labels_and_estimate(gemma4: Any) -> None:
     """Per video: k tokens per frame, frames * k == the processor's _get_num_multimodal_tokens,
     one "mm:ss <|image>...<image|>" run per frame; labels are exactly the answer; the exact
     estimate == the real length; the estimate mode within -35 % .. +5 % (chars / 3 text)."""
-    from neatpack.pipes.family_gemma4 import gemma4_estimate
+    from neatpack.pipes.family_gemma4_estimate import gemma4_estimate
 
     tok, rng, videos = gemma4.tokenizer, random.Random(5), 0
     for rec in (_g4_record(i, rng) for i in range(20)):
@@ -244,7 +244,9 @@ def test_gemma4_video_tokens_labels_and_estimate(gemma4: Any) -> None:
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("bidirectional_vision", [False, True])
+@pytest.mark.parametrize(
+    "bidirectional_vision", [pytest.param(False, marks=pytest.mark.slow), True]
+)
 def test_gemma4_video_packed_equals_separate(gemma4: Any, bidirectional_vision: bool) -> None:
     """Documents with videos and images in one packed row (``gemma4_pack_media``: frames,
     positions and frame counts in document order; ``gemma4_packed_masks``: with "vision" each
@@ -324,7 +326,7 @@ def test_gemma4_audio_tokens_labels_and_estimate(gemma4: Any, tmp_path: Path) ->
     """Each audio's run == the processor's duration rule (``_get_num_multimodal_tokens``, 25 per
     second), inside <|audio> ... <audio|>; labels are the answer only; the exact estimate ==
     the real length (also from audios_meta seconds alone); estimate mode -35 % .. +5 %."""
-    from neatpack.pipes.family_gemma4 import gemma4_estimate
+    from neatpack.pipes.family_gemma4_estimate import gemma4_estimate
 
     tok, rng, clips = gemma4.tokenizer, random.Random(6), 0
     for rec in (_audio_record(i, rng, tmp_path) for i in range(12)):
