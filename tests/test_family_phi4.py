@@ -215,7 +215,7 @@ def test_packed_equals_separate(phi4: Any) -> None:
     """Two packed rows through ``registry.packed_model_inputs`` (block-causal 4D additive mask,
     1-D positions reset per document, ``phi4_pack_media``) == each document alone, max abs diff
     <= 1e-5 fp32: [image (2 crops) + 1 s audio, image (3 crops, padded crop), text] (observed
-    3.6e-7) and [0.75 s audio, text, 0.75 s audio] (observed 0.0). Controls: zeroed pixels and
+    3.3e-7) and [0.75 s audio, text, 0.75 s audio] (observed 2.1e-7). Controls: zeroed pixels and
     zeroed audio features must change the logits."""
     model = tiny_phi4_model(phi4)
     img = [
@@ -264,8 +264,8 @@ def test_packed_equals_separate(phi4: Any) -> None:
 def test_packing_limits_are_real(phi4: Any) -> None:
     """The two documented model facts: an image-less audio document beside an image document is
     refused by ``phi4_pack_media`` (its projection would change), and clips of different length
-    in one row differ from their own runs (the audio encoder adds its padding mask as +1 / +0),
-    so the test above is not passing by luck."""
+    in one row differ from their own runs (observed 0.077: the audio encoder adds its boolean
+    padding mask to the scores as +1 / +0), so the test above is not passing by luck."""
     model = tiny_phi4_model(phi4)
 
     def rec(sid: int, content: list[dict[str, Any]]) -> dict[str, Any]:
