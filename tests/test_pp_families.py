@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import random
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -241,3 +241,40 @@ def test_media_that_do_not_belong_to_the_rows_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown handler"):
         family_media_counts([[None]], "nope")
     assert "gemma3" in HANDLERS
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("family", ["gemma3", pytest.param("idefics3", marks=pytest.mark.slow)])
+def test_the_family_collater_wrapped_for_pp(family: str) -> None:
+    """Packs built as ``materialize_pack`` builds them (tokens + ``media_samples``), collated by
+    the real ``neat_packed_family_collater`` at a fixed ``max_length`` and wrapped for PP: every
+    micro-batch (pipelining's split of the row tensors + its media chunk) gives the whole
+    batch's logits (<= 1e-5 fp32)."""
+    from neatpack.pipes.collate_family import neat_packed_family_collater
+    from neatpack.pipes.sample_media import split_media
+
+    proc, builder = _load(family)
+    model = builder(proc)
+    rows = _family_rows(family)
+    seq = _seq(rows)
+    packs = []
+    for row in rows:
+        pack = build_pack([split_media(s)[0] for s in row])
+        pack["media_samples"] = [split_media(s)[1] for s in row]
+        packs.append(pack)
+    collate = partial(neat_packed_family_collater, handler=family, max_length=seq)
+    whole_batch = collate(packs)
+    pp_batch = wrap_family_collate_for_pp(collate, family, N_MICRO, seq)(packs)
+    keys = ("input_ids", "position_ids", "attention_mask")
+    media_keys = set(_media_keys(get_handler(proc), [s for r in rows for s in r]))
+    with torch.no_grad():
+        whole = model(**{k: whole_batch[k] for k in (*keys, *media_keys)}).logits
+    pp = pp_batch[VLM_PP_MEDIA_KEY]
+    _, chunks = split_args_kwargs_into_chunks((), {k: pp_batch[k] for k in keys}, N_MICRO)
+    worst = 0.0
+    for m, (chunk, (r0, r1)) in enumerate(zip(chunks, microbatch_bounds(4, N_MICRO), strict=True)):
+        media = {k: v[m] for k, v in pp.items() if v[m] is not None}
+        with torch.no_grad():
+            part = model(**chunk, **media).logits
+        worst = max(worst, float((part - whole[r0:r1]).abs().max()))
+    assert worst <= 1e-5, (family, worst)
