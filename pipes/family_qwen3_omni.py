@@ -25,6 +25,9 @@ What differs from Qwen2.5-Omni (transformers 5.23 sources):
 * positions: the thinker's ``get_rope_index`` follows the same rule for text, images (temporal
   index 0) and audio (in time, +1 per token), so ``qwen_omni_position_ids`` /
   ``qwen_omni_mrope`` serve both generations (the model returns float ids, same values);
+* videos: ``video_second_per_grid`` defaults to 2 s (fps 1.0, not 2.0) and a video's time
+  stays fractional in ``get_rope_index``; videos with a fractional step are refused
+  (``tokenize_qwen3_omni``);
 * the thinker is a mixture of experts with deepstack visual features: per-token routing and
   per-token feature injection, so a block-causal packed row is still exact.
 
@@ -46,6 +49,7 @@ import torch
 
 from .family_qwen_omni import OmniRule, omni_estimate, omni_tokenize
 from .labels import RoleMarkers
+from .media import SampleError
 
 __all__ = [
     "QWEN3_OMNI",
@@ -105,9 +109,14 @@ def tokenize_qwen3_omni(
     markers: RoleMarkers | None = None,
     max_image_pixels: int | str | None = "pil",
 ) -> dict[str, Any]:
-    """One Record with text, image and audio blocks -> one Sample (``family_qwen_omni``'s path
-    with Qwen3-Omni's audio rule)."""
-    return omni_tokenize(
+    """One Record with text, image, video and audio blocks -> one Sample (``family_qwen_omni``'s
+    path with Qwen3-Omni's audio rule).
+
+    A video whose time step ``video_second_per_grid * position_id_per_seconds`` (``2 / fps *
+    13``) is not a whole number is refused: Qwen3-Omni keeps such positions fractional, but a
+    packed row (``pack.build_pack``) stores integer positions, which would shift them silently
+    (max logit error 1e-2 on the tiny model). Frames at fps 0.5, 1 or 2 work."""
+    sample = omni_tokenize(
         record,
         processor,
         QWEN3_OMNI,
@@ -115,6 +124,19 @@ def tokenize_qwen3_omni(
         markers=markers,
         max_image_pixels=max_image_pixels,
     )
+    seconds = sample.get("video_second_per_grid")
+    if seconds is not None:
+        steps = seconds.float() * float(processor.position_id_per_seconds)
+        if not bool((steps == steps.round()).all()):
+            raise SampleError(
+                sample["sample_id"],
+                "bad_media",
+                f"video time step {steps.tolist()} position ids per frame pair "
+                f"(video_second_per_grid {seconds.tolist()} x position_id_per_seconds "
+                f"{processor.position_id_per_seconds}) is fractional; packed rows hold integer "
+                "positions: give the frames at fps 0.5, 1 or 2 (resample them beforehand)",
+            )
+    return sample
 
 
 def qwen3_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
@@ -129,7 +151,8 @@ def tiny_qwen3_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager")
     Text: a real mixture of experts (4 experts, top 2, every layer sparse), hidden 64, 2 layers,
     interleaved mRoPE sections [2, 3, 3]; vision: depth 2, width 32, patch 16, deepstack from
     layer 0 into text layer 0; audio: 2 layers, d_model 32, 128 mel bins, ``n_window`` 50 (as
-    the processor), initialised with std 0.2 so that its output depends on the audio. ``position_id_per_seconds`` 13, as the processor (videos' temporal scale).
+    the processor), initialised with std 0.2 so that its output depends on the audio.
+    ``position_id_per_seconds`` 13, as the processor (videos' temporal scale).
     """
     from transformers import (
         Qwen3OmniMoeThinkerConfig,

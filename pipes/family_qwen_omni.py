@@ -1,5 +1,6 @@
 """Qwen2.5-Omni (``Qwen2_5OmniProcessor`` / ``Qwen2_5OmniThinkerForConditionalGeneration``):
-text, images and AUDIO in one conversation.
+text, images, videos and AUDIO in one conversation; the path Qwen3-Omni shares
+(``family_qwen3_omni``: ``OmniRule`` holds the audio differences).
 
 Audio blocks (``{"type": "audio", "audio": <.wav path | 1-D float array>}``, optional
 ``"sampling_rate"``) are found and read by ``neatpack.pipes.audio`` (rate must equal the
@@ -16,13 +17,20 @@ What differs from the default path:
 * ``mm_token_type_ids`` is 0 text, 1 image, 2 video, 3 audio; media tokens are never labelled;
 * the Sample carries the processor's ``input_features`` ``[n_audio, 128, 3000]`` and
   ``feature_attention_mask`` ``[n_audio, 3000]`` as returned (padded to the 30 s window), plus
-  ``pixel_values`` / ``image_grid_thw``;
-* positions are 3-D mRoPE with audio in time: ``qwen_omni_position_ids`` takes them from the
-  model's own ``get_rope_index`` per document (``[3, L]``); a packed row concatenates them and
-  needs the block-causal 4D mask (``mask.to_4d_additive_mask``); ``qwen_omni_pack_media``
-  concatenates the media in document order.
+  ``pixel_values`` / ``image_grid_thw`` and ``pixel_values_videos`` / ``video_grid_thw`` /
+  ``video_second_per_grid`` (``temporal_patch_size / fps``: the block's ``fps`` or
+  ``videos_meta``, else the processor's default; see ``_video_kwargs``);
+* positions are 3-D mRoPE with audio in time and videos in scaled time:
+  ``qwen_omni_position_ids`` takes them from the model's own ``get_rope_index`` per document,
+  ``qwen_omni_mrope`` computes the same ``[3, L]`` without the model (``omni_positions.py``); a
+  packed row concatenates them and needs the block-causal 4D mask
+  (``mask.to_4d_additive_mask``); ``qwen_omni_pack_media`` concatenates the media in document
+  order.
 
-Images and audio only: video (and audio taken from a video) is not handled here yet.
+Videos are frame lists (or files, decoded by the processor's backend) as for Qwen-VL. Audio
+taken from a video's own track (the processors' ``use_audio_in_video``, audio interleaved with
+the video in time) is not supported: neatpack never asks for it, so a video's sound is ignored;
+give the track as a separate audio block instead.
 
 >>> proc = load_tiny_qwen_omni_processor()
 >>> qwen_omni_audio_tokens(proc, 16000)  # 1 s: 100 mel frames -> 50 -> 25 tokens
@@ -41,10 +49,12 @@ import torch
 from torch import Tensor
 
 from ._conversation import parse_conversation
-from .audio import audio_num_samples, load_audio, load_audio_block, split_audio_blocks
+from .audio import load_audio, load_audio_block, split_audio_blocks
 from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
 from .labels import RoleMarkers, conversation_labels, resolve_role_markers
-from .media import SampleError, load_image
+from .media import SampleError, load_image, load_video
+from .omni_estimate import omni_estimate
+from .omni_positions import qwen_omni_mrope, qwen_omni_position_ids
 
 __all__ = [
     "OMNI_MODALITIES",
@@ -63,9 +73,13 @@ __all__ = [
     "tokenize_qwen_omni",
 ]
 
-OMNI_MODALITIES: Final = frozenset({"image", "audio"})
+OMNI_MODALITIES: Final = frozenset({"image", "video", "audio"})
 _FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "qwen2_5_omni"
 _STRUCTURAL: Final = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+_MEDIA_KEYS: Final = (
+    "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+    "video_second_per_grid", "input_features", "feature_attention_mask",
+)  # fmt: skip
 _MEDIA_ATTRS: Final = (
     "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token",
 )  # fmt: skip
@@ -192,7 +206,9 @@ def omni_tokenize(
         str(getattr(processor, a)) for a in _MEDIA_ATTRS if getattr(processor, a, None)
     )
     stand_in, where, audio_blocks = split_audio_blocks(record)
-    sid, conv, image_src, _videos, _fps = parse_conversation(stand_in, tuple(sorted(forbidden)))
+    sid, conv, image_src, video_src, video_fps = parse_conversation(
+        stand_in, tuple(sorted(forbidden))
+    )
     for k, j in where:
         conv[k]["content"][j] = {"type": "audio"}
     fe = processor.feature_extractor
@@ -220,12 +236,16 @@ def omni_tokenize(
         kwargs["images"] = images
     if audio:
         kwargs["audio"] = audio
+    if video_src:
+        kwargs.update(_video_kwargs(stand_in, sid, video_src, video_fps))
     try:
         text = processor.apply_chat_template(conv, tokenize=False)
         out = processor(text=[text], **kwargs)
     except Exception as exc:
         raise SampleError(
-            sid, "processor_error", f"the processor failed: {type(exc).__name__}: {exc}"
+            sid,
+            "video_error" if video_src else "processor_error",
+            f"the processor failed: {type(exc).__name__}: {exc}",
         ) from exc
     ids = out["input_ids"][0].long()
     mm = _mm_types(ids, processor)
@@ -246,9 +266,11 @@ def omni_tokenize(
         ids, conv, markers, sample_id=sid, mm_token_type_ids=mm, label_policy=label_policy
     )
     sample: dict[str, Any] = {"sample_id": sid, "input_ids": ids}
-    for key in ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask"):
+    for key in _MEDIA_KEYS:
         if out.get(key) is not None:
             sample[key] = torch.as_tensor(out[key])
+    if "video_second_per_grid" in sample:
+        sample["video_second_per_grid"] = sample["video_second_per_grid"].float()
     if "feature_attention_mask" in sample:
         sample["feature_attention_mask"] = sample["feature_attention_mask"].long()
     sample.update(
@@ -257,92 +279,35 @@ def omni_tokenize(
     return sample
 
 
-def _image_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
-    """``[height, width]`` per image block: ``images_meta`` entries, else the PIL image or the
-    file header (``_media_meta._image_size``); an unreadable image is a ValueError."""
-    from ._media_meta import _image_size
+def _video_kwargs(
+    record: Mapping[str, Any], sid: Any, video_src: list[Any], video_fps: list[float | None]
+) -> dict[str, Any]:
+    """Processor kwargs for a sample's videos: the frames as given (``do_sample_frames=False``)
+    and their ``fps`` (the block's, else ``videos_meta``), which the Omni processors turn into
+    ``video_second_per_grid = temporal_patch_size / fps``, the videos' time scale in mRoPE. One
+    ``fps`` per call: videos of one sample at different rates are refused. Unknown (a file, or
+    no rate given): the processor's default (Qwen2.5-Omni 2.0, Qwen3-Omni 1.0)."""
+    from .tokenize import _video_metadata
 
-    values = [b.get("image", b.get("path")) for m in conv for b in m["content"]
-              if b.get("type") == "image" or (b.get("type") is None and "image" in b)]  # fmt: skip
-    meta = list(meta) if meta else [None] * len(values)
-    if len(meta) != len(values):
-        raise ValueError(
-            f"sample_id={sid}: images_meta has {len(meta)} entries for {len(values)} image blocks"
+    videos = [load_video(v, sample_id=sid) for v in video_src]
+    out: dict[str, Any] = {"videos": videos, "do_sample_frames": False}
+    meta = _video_metadata(record, videos, video_fps)
+    rates = sorted({m["fps"] for m in meta}) if meta else []
+    if len(rates) > 1:
+        raise SampleError(
+            sid,
+            "bad_media",
+            f"videos at fps {rates} in one sample; the Omni processors take one fps per call "
+            "(video_second_per_grid): resample the frames to one rate or split the sample",
         )
-    sizes = []
-    for value, m in zip(values, meta, strict=True):
-        size = (int(m[0]), int(m[1])) if m is not None else _image_size(value, sid)
-        if isinstance(size, str):
-            raise ValueError(f"sample_id={sid}: {size.replace('_', ' ')}: {value!r:.80}")
-        sizes.append([size[0], size[1]])
-    return sizes
+    if rates:
+        out["fps"] = float(rates[0])
+    return out
 
 
 def qwen_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
-    """Qwen2.5-Omni's ``omni_estimate`` (below)."""
+    """Qwen2.5-Omni's ``omni_estimate`` (``pipes/omni_estimate.py``)."""
     return omni_estimate(record, processor, QWEN2_5_OMNI, mode=mode)
-
-
-def omni_estimate(
-    record: Mapping[str, Any], processor: Any, rule: OmniRule, *, mode: str = "exact"
-) -> int:
-    """Length after the shift without running the feature extractor or the image processor.
-
-    Text: ``mode="exact"`` tokenizes the templated text (media reduced to their placeholders);
-    ``mode="estimate"`` is ``LengthEstimator``'s chars-per-token rule with the template overhead
-    probed from the processor. Images: ``images_meta`` ``[height, width]`` (None: the PIL image
-    or the file header) through the image processor's config (``_get_num_multimodal_tokens``).
-    Audio: ``record["audios_meta"]``, one duration in seconds per audio block (None: the WAV
-    header or the array length), through the extractor's hop and the two stride-2 convolutions.
-    Exact mode equals the real length when the durations are exact (a test checks it); a
-    duration off by ``d`` samples moves an audio's count by at most ``ceil(d / 640) + 1``."""
-    if mode not in ("exact", "estimate"):
-        raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
-    sid = record.get("sample_id")
-    stand_in, where, blocks = split_audio_blocks(record)
-    conv = [
-        dict(m, content=[{"type": "text", "text": c}] if isinstance(c, str) else list(c))
-        for m in stand_in["conversation"]
-        for c in (m["content"],)
-    ]
-    for k, j in where:
-        conv[k]["content"][j] = {"type": "audio"}
-    meta = record.get("audios_meta") or [None] * len(blocks)
-    if len(meta) != len(blocks):
-        raise ValueError(
-            f"sample_id={sid}: audios_meta has {len(meta)} entries for {len(blocks)} audio blocks"
-        )
-    rate = int(processor.feature_extractor.sampling_rate)
-    lengths = [
-        audio_num_samples(b.get("audio", b.get("path")), m, rate, sid)
-        for b, m in zip(blocks, meta, strict=True)
-    ]
-    audio = rule.audio_tokens(processor, lengths)
-    sizes = _image_sizes(conv, record.get("images_meta"), sid)
-    image = (
-        processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
-    )
-    if mode == "exact":
-        text = processor.apply_chat_template(conv, tokenize=False)
-        n_text = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
-        # each placeholder (<|IMAGE|> / <|AUDIO|>) is one token of n_text and expands to its count
-        return int(n_text - len(image) - len(audio) + sum(image) + sum(audio) - 1)
-    from ._template_probe import probe_overhead
-    from .estimate import LengthEstimator
-
-    text_only = {**record, "conversation": [
-        {**m, "content": [b for j, b in enumerate(m["content"]) if (k, j) not in where]}
-        for k, m in enumerate(conv)
-    ]}  # fmt: skip
-    est = LengthEstimator(
-        mode="estimate",
-        processor=processor,
-        media_fallback=0,
-        on_missing_media="fallback",
-        overhead=probe_overhead(processor),
-    )
-    # + <|audio_bos|> / <|audio_eos|> per audio (the estimator sees no audio blocks)
-    return int(est.estimate(text_only)[0] + sum(image) + sum(audio) + 2 * len(audio))
 
 
 def qwen_omni_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -354,57 +319,13 @@ def qwen_omni_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]
     out: dict[str, Any] = {}
     width = max((int(s["input_features"].shape[-1]) for s in samples
                  if s.get("input_features") is not None), default=0)  # fmt: skip
-    for key in ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask"):
+    for key in _MEDIA_KEYS:
         parts = [s[key] for s in samples if s.get(key) is not None]
         if key in ("input_features", "feature_attention_mask"):
             parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts]
         if parts:
             out[key] = torch.cat(parts, dim=0)
     return out
-
-
-def qwen_omni_position_ids(sample: Mapping[str, Any], model: Any) -> Tensor:
-    """``[3, L]`` mRoPE ids of ONE unshifted sample from the model's own ``get_rope_index``
-    (images in 3-D, audio in time; plain ``0..L-1`` on all rows when there is no image)."""
-    ids = torch.as_tensor(sample["input_ids"]).reshape(1, -1)
-    fam = sample.get("feature_attention_mask")
-    with torch.no_grad():
-        pos, _ = model.model.get_rope_index(
-            ids,
-            image_grid_thw=sample.get("image_grid_thw"),
-            attention_mask=torch.as_tensor(sample["attention_mask"]).reshape(1, -1),
-            audio_seqlens=None if fam is None else fam.sum(-1),
-        )
-    out: Tensor = pos[:, 0, :]
-    return out
-
-
-def qwen_omni_mrope(sample: Mapping[str, Any], processor: Any) -> Tensor:
-    """``[3, L]`` mRoPE ids of ONE unshifted sample WITHOUT the model (for workers).
-
-    For images and standalone audio, Qwen2.5-Omni's ``get_rope_index`` is Qwen2-VL's rule with
-    each audio token counted as text (audio runs in time: +1 per token on all three rows; an
-    image's ``t`` index is ``0 * position_id_per_seconds``), so this is
-    ``mrope.mrope_position_ids`` on the token types with audio (3) mapped to text (0).
-    ``tests/test_family_qwen_omni.py`` checks it equal to the model's ``get_rope_index``.
-    Videos (scaled temporal ids, audio interleaved with video) are not covered: refused.
-    """
-    from .mrope import MRopeConfig, mrope_position_ids
-
-    mm = torch.as_tensor(sample["mm_token_type_ids"]).reshape(-1)
-    if bool((mm == 2).any()):
-        raise ValueError(
-            f"sample {sample.get('sample_id')}: video tokens; qwen_omni_mrope covers images and "
-            "audio only (use the model's get_rope_index for video)"
-        )
-    merge = int(processor.image_processor.merge_size)
-    return mrope_position_ids(
-        torch.as_tensor(sample["input_ids"]).reshape(-1),
-        torch.where(mm == 3, torch.zeros_like(mm), mm),
-        sample.get("image_grid_thw"),
-        config=MRopeConfig(family="qwen2_vl", spatial_merge_size=merge),
-        attention_mask=sample.get("attention_mask"),
-    )
 
 
 def tiny_qwen_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:

@@ -136,6 +136,32 @@ def _runs(s: dict[str, Any], code: int) -> list[int]:
     return out
 
 
+def _frames(n: int, w: int = 40, h: int = 60, shade: int = 0) -> list[Image.Image]:
+    return [Image.new("RGB", (w, h), ((40 * k + shade) % 256, 9, 200)) for k in range(n)]
+
+
+def video_records() -> list[dict[str, Any]]:
+    """Videos of 2-8 frames at fps None (processor default), 0.5 ... 29.97, some with an image
+    and audio in the same turn, one given as ``videos_meta`` only."""
+    rng = random.Random(21)
+    recs: list[dict[str, Any]] = []
+    for sid, fps in enumerate((None, 0.5, 1.0, 2.0, 3.0, 7.0, 24.0, 29.97)):
+        n = (4, 2, 6, 4, 4, 6, 2, 8)[sid]  # each frame pair costs >= 128 tokens (processor)
+        video: dict[str, Any] = {"type": "video", "video": _frames(n, shade=sid)}
+        if fps is not None:
+            video["fps"] = fps
+        user: list[dict[str, Any]] = [video]
+        if sid % 2:
+            user.append({"type": "audio", "audio": _wave_form(rng, rng.randint(900, 3 * RATE))})
+        if sid % 3 == 0:
+            user.insert(0, {"type": "image", "image": Image.new("RGB", (60, 40), (9, 9, sid))})
+        user.append({"type": "text", "text": _text(rng, 2, 8)})
+        answer = {"role": "assistant", "content": [{"type": "text", "text": _text(rng, 1, 9)}]}
+        recs.append({"sample_id": 500 + sid, "conversation": [
+            {"role": "user", "content": user}, answer]})  # fmt: skip
+    return recs
+
+
 def test_the_processor_is_real_and_registered(omni: Any) -> None:
     assert type(omni).__name__ == "Qwen2_5OmniProcessor"
     assert type(omni.feature_extractor).__name__ == "WhisperFeatureExtractor"
@@ -317,9 +343,13 @@ def test_bad_audio_is_refused_naming_the_sample(omni: Any, tmp_path: Path) -> No
         rec = _audio_rec(sid, {"type": "audio", **block})  # type: ignore[dict-item]
         with pytest.raises(SampleError, match=rf"sample_id={sid} \[{reason}\]: .*{pattern}"):
             tokenize_with_handler(rec, omni)
-    video = _audio_rec(7, {"type": "video", "video": [Image.new("RGB", (28, 28))] * 2})
-    with pytest.raises(SampleError, match=r"sample_id=7 \[bad_media\].*'video'"):
+    video = _audio_rec(7, {"type": "video", "video": []})
+    with pytest.raises(SampleError, match=r"sample_id=7 \[bad_media\].*non-empty frame list"):
         tokenize_with_handler(video, omni)
+    two = _audio_rec(6, {"type": "video", "video": _frames(2), "fps": 2.0})
+    two["conversation"][0]["content"].append({"type": "video", "video": _frames(2), "fps": 3.0})
+    with pytest.raises(SampleError, match=r"sample_id=6 \[bad_media\].*fps \[2\.0, 3\.0\]"):
+        tokenize_with_handler(two, omni)
     text = _audio_rec(8, {"type": "text", "text": "sneaky <|audio_bos|>"})
     with pytest.raises(SampleError, match=r"sample_id=8 \[special_token_in_text\]"):
         tokenize_with_handler(text, omni)
@@ -378,14 +408,15 @@ def test_positions_put_audio_in_time(omni: Any, tmp_path: Path) -> None:
 
 def test_model_free_positions_equal_get_rope_index(omni: Any, tmp_path: Path) -> None:
     """``qwen_omni_mrope`` (no model) == the model's ``get_rope_index`` on random samples with
-    images and audio, and on the parity samples."""
+    images and audio, on the parity samples, and on videos at many frame rates."""
     model = tiny_qwen_omni_model(omni)
     samples = [tokenize_with_handler(r, omni) for r in _records(12, seed=7, tmp=tmp_path)]
     samples += _parity_samples(omni, tmp_path)
     assert sum("image_grid_thw" in s and "input_features" in s for s in samples) >= 3
+    samples += [tokenize_qwen_omni(r, omni) for r in video_records()]
     for s in samples:
         assert torch.equal(qwen_omni_mrope(s, omni), qwen_omni_position_ids(s, model))
-    with pytest.raises(ValueError, match="video tokens"):
+    with pytest.raises(ValueError, match="more video blocks than grids"):
         qwen_omni_mrope(
             dict(samples[0], mm_token_type_ids=torch.full_like(samples[0]["input_ids"], 2)), omni
         )
@@ -430,6 +461,88 @@ def test_packed_equals_separate(omni: Any, tmp_path: Path) -> None:
     assert float((run(to_4d_additive_mask(doc), position_ids=flat) - packed).abs().max()) > 1e-3
     zeroed = run(to_4d_additive_mask(doc), input_features=torch.zeros_like(media["input_features"]))
     assert float((zeroed - packed).abs().max()) > 1e-3
+
+
+def check_videos(
+    proc: Any, tokenize: Any, estimate: Any, default_fps: float, refused: tuple[float, ...] = ()
+) -> None:
+    """Video tokens == grid / merge**2 == the processor's ``_get_num_multimodal_tokens``;
+    ``video_second_per_grid`` == 2 / fps; labels == the assistant turn; exact estimate == real
+    length with ``videos_meta`` and from the frames; the token types == the processor's.
+    Videos at an fps in ``refused`` must be a SampleError naming the sample."""
+    for rec in video_records():
+        if _blocks(rec, "video")[0].get("fps") in refused:
+            with pytest.raises(SampleError, match=rf"sample_id={rec['sample_id']} \[bad_media\]"):
+                tokenize(rec, proc)
+            continue
+        s = tokenize(rec, proc)
+        videos = _blocks(rec, "video")
+        sizes = [[len(v["video"]), v["video"][0].height, v["video"][0].width] for v in videos]
+        want = proc._get_num_multimodal_tokens(video_sizes=sizes).num_video_tokens
+        assert _runs(s, 2) == list(want) == (s["video_grid_thw"].prod(-1) // 4).tolist()
+        fps = videos[0].get("fps", default_fps)
+        assert s["video_second_per_grid"].tolist() == pytest.approx([2 / fps])
+        want_text = [rec["conversation"][1]["content"][0]["text"] + "<|im_end|>"]
+        assert _spans(proc.tokenizer, s) == want_text
+        real = len(s["input_ids"]) - 1
+        assert estimate(rec, proc) == real
+        meta = {**rec, "videos_meta": [[*size, fps] for size in sizes]}
+        meta["conversation"] = [dict(m, content=[dict(b, video="clip.mp4") if b["type"] == "video"
+                                                 else b for b in m["content"]])
+                                for m in rec["conversation"]]  # fmt: skip
+        assert estimate(meta, proc) == real
+        theirs = proc.create_mm_token_type_ids(s["input_ids"][None].tolist())
+        assert torch.equal(torch.as_tensor(theirs)[0].long(), s["mm_token_type_ids"])
+
+
+def test_videos_match_the_processor(omni: Any) -> None:
+    check_videos(omni, tokenize_qwen_omni, qwen_omni_estimate, default_fps=2.0)
+
+
+def packed_vs_separate(model: Any, samples: list[dict[str, Any]], positions: Any) -> float:
+    """Max abs logit diff between one packed row (``positions(sample)`` per document, 4D
+    block-causal mask, ``qwen_omni_pack_media``) and each document alone (the model computing
+    its own positions from a 2-D mask)."""
+    docs = [dict(s, position_ids=positions(s)) for s in samples]
+    pack = build_pack(docs, mrope=True)
+    media = qwen_omni_pack_media(samples)
+    with torch.no_grad():
+        packed = model(
+            input_ids=pack["input_ids"][None],
+            attention_mask=to_4d_additive_mask(pack["attention_mask"][None]),
+            position_ids=pack["position_ids"][:, None],
+            **media,
+        ).logits[0]
+    worst, start = 0.0, 0
+    keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+            "video_second_per_grid", "input_features", "feature_attention_mask")  # fmt: skip
+    for s, n in zip(samples, pack["seq_lens"], strict=True):
+        ids = s["input_ids"][:-1][None]
+        kw = {k: s[k] for k in keys if k in s}
+        with torch.no_grad():
+            alone = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0]
+        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
+        start += n
+    return worst
+
+
+@pytest.mark.parity
+def test_packed_with_videos_equals_separate(omni: Any) -> None:
+    """Videos (4 frames at fps 2 beside an image and audio, 4 at fps 3, 2 at fps 0.5 beside
+    audio) in one packed row with
+    the model-free ``qwen_omni_mrope`` positions == each document alone, <= 1e-5 fp32 (observed
+    about 3e-7); packed positions that ignore the videos' time scale (second_per_grid 0)
+    differ."""
+    model = tiny_qwen_omni_model(omni)
+    recs = video_records()
+    samples = [tokenize_qwen_omni(r, omni) for r in (recs[3], recs[4], recs[1])]
+    assert {2.0, 3.0} <= {b.get("fps") for r in (recs[3], recs[4]) for b in _blocks(r, "video")}
+    worst = packed_vs_separate(model, samples, lambda s: qwen_omni_mrope(s, omni))
+    assert worst <= 1e-5, worst
+    assert samples[0]["video_grid_thw"][0, 0] == 2  # several time steps
+    still = {"video_second_per_grid": torch.zeros(1)}
+    timeless = packed_vs_separate(model, samples, lambda s: qwen_omni_mrope({**s, **still}, omni))
+    assert timeless > 1e-3
 
 
 @pytest.mark.slow
