@@ -27,7 +27,9 @@ from neatpack.pipes.family_phi4 import (
     phi4_image_tokens,
     phi4_pack_media,
 )
+from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
+from neatpack.pipes.pack import build_pack
 from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
 
 RATE = 16000
@@ -263,7 +265,8 @@ def test_packed_equals_separate(phi4: Any) -> None:
 @pytest.mark.parity
 def test_packing_limits_are_real(phi4: Any) -> None:
     """The two documented model facts: an image-less audio document beside an image document is
-    refused by ``phi4_pack_media`` (its projection would change), and clips of different length
+    refused by ``phi4_pack_media`` (built by hand, that row changes the audio document's logits
+    by 0.34: its projection switches to vision-speech), and clips of different length
     in one row differ from their own runs (observed 0.077: the audio encoder adds its boolean
     padding mask to the scores as +1 / +0), so the test above is not passing by luck."""
     model = tiny_phi4_model(phi4)
@@ -279,6 +282,19 @@ def test_packing_limits_are_real(phi4: Any) -> None:
     seen = rec(8, [{"type": "image", "image": Image.new("RGB", (40, 40))}])
     with pytest.raises(ValueError, match=r"samples \[7\] have audio but no image"):
         phi4_pack_media([seen, speech])
+    pack = build_pack([seen, speech])  # the row phi4_pack_media refuses, built by hand
+    media = {k: v for doc in (seen, speech) for k, v in doc.items() if k in MEDIA_KEYS}
+    with torch.no_grad():
+        row = model(
+            input_ids=pack["input_ids"][None],
+            position_ids=pack["text_position_ids"][None],
+            attention_mask=to_4d_additive_mask(pack["attention_mask"][None]),
+            **media,
+        ).logits[0]
+        alone = model(input_ids=speech["input_ids"][:-1][None], **{
+            k: v for k, v in speech.items() if k in MEDIA_KEYS}).logits[0]  # fmt: skip
+    first = pack["seq_lens"][0]
+    assert float((row[first:] - alone).abs().max()) > 1e-3  # observed 0.34
     short = rec(9, [{"type": "audio", "audio": _tone(6000, 500.0)}])
     worst, _ = _parity(model, phi4, [speech, short])
     assert worst > 1e-3, worst
