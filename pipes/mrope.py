@@ -31,6 +31,10 @@ Family differences (read from the transformers 5.23 sources):
   text tokens between frames), so every frame restarts the temporal row at the current
   position.
 
+Audio tokens (`mm_token_type_ids == 3`, Qwen2.5-Omni) run in time like text: one position per
+token on all three rows, as Omni's `get_rope_index` numbers standalone audio (its images follow
+the Qwen2-VL rule, so `family="qwen2_vl"` gives Omni's positions for images and audio).
+
 Tokens with `attention_mask == 0` (an injected fake image) are left out, as the model does:
 they get position 0 and the others are numbered as if they were absent.
 """
@@ -45,6 +49,7 @@ from typing import Any
 import torch
 
 MROPE_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+AUDIO_TOKEN_TYPE = 3  # mm_token_type_ids of an audio token (Qwen2.5-Omni)
 _FAMILY_BY_PROCESSOR = {
     "Qwen2VLProcessor": "qwen2_vl",
     "Qwen2_5_VLProcessor": "qwen2_5_vl",
@@ -159,12 +164,15 @@ def _vision_positions(
     pieces: list[torch.Tensor] = []
     pos = 0
     for kind, start, end in _runs(types.tolist()):
-        if kind == 0:
+        if kind in (0, AUDIO_TOKEN_TYPE):  # text, and audio: both advance one step per token
             pieces.append(torch.arange(end - start, device=device).expand(3, -1) + pos)
             pos += end - start
             continue
         if kind not in (1, 2):
-            raise ValueError(f"mm_token_type_ids value {kind} at {start}: only 0, 1, 2 are valid")
+            raise ValueError(
+                f"mm_token_type_ids value {kind} at {start}: only 0, 1, 2, "
+                f"{AUDIO_TOKEN_TYPE} are valid (text, image, video, audio)"
+            )
         left = end - start
         while left > 0:  # adjacent blocks with no text between them share one run
             if cursor[kind] >= len(grids[kind]):

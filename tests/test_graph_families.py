@@ -24,6 +24,7 @@ from PIL import Image
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.mask import to_4d_additive_mask
+from neatpack.pipes.mrope import MRopeConfig, mrope_position_ids
 from neatpack.pipes.read import JsonlSource
 from neatpack.pipes.registry import tokenize_with_handler
 from neatpack.pipes.synth import write_corpus
@@ -196,8 +197,9 @@ def _omni_corpus(root: Path, n: int = 8) -> _Records:
 @pytest.mark.parity
 def test_qwen_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
     """Omni through the graph: positions ``[3, B, S]`` == ``qwen_omni_mrope`` per document
-    (shifted), ``input_features`` / ``feature_attention_mask`` one row per clip in document
-    order, and a 2-row batch on the tiny Thinker == each document alone (<= 1e-5 fp32)."""
+    (shifted; also == ``mrope_position_ids`` given the audio token type 3 as it is),
+    ``input_features`` / ``feature_attention_mask`` one row per clip in document order, and a
+    2-row batch on the tiny Thinker == each document alone (<= 1e-5 fp32)."""
     from neatpack.pipes.family_qwen_omni import (
         load_tiny_qwen_omni_processor,
         qwen_omni_mrope,
@@ -205,6 +207,7 @@ def test_qwen_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
     )
 
     proc = load_tiny_qwen_omni_processor()
+    qwen2_vl = MRopeConfig(family="qwen2_vl", spatial_merge_size=proc.image_processor.merge_size)
     source = _omni_corpus(tmp_path)
     cfg = NeatVLMConfig(pack_size=512, batch_size=2, estimate_mode="exact",
                         attn_implementation="eager")  # fmt: skip
@@ -225,6 +228,10 @@ def test_qwen_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
             where = batch["doc_ids"][row] == k
             want = qwen_omni_mrope(samples[sid], proc)[:, :-1]
             assert torch.equal(batch["position_ids"][:, row, where], want), sid
+            s = samples[sid]  # mrope.py takes audio (type 3) as it is: the same positions
+            plain = mrope_position_ids(s["input_ids"], s["mm_token_type_ids"],
+                                       s.get("image_grid_thw"), config=qwen2_vl)  # fmt: skip
+            assert torch.equal(plain[:, :-1], want), sid
     model = tiny_qwen_omni_model(proc)
     keys = ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask")
 
