@@ -53,15 +53,21 @@ def _load(family: str) -> tuple[Any, Callable[..., Any]]:
     proc = getattr(module, loader)()
     if family == "gemma3":  # crops too: each image's pixel rows = thumbnail + crops
         proc = module.gemma3_pan_and_scan(proc, min_crop_size=14)
+    if family == "gemma4":  # an audio tower for the audio documents
+        return proc, partial(getattr(module, builder), audio=True)
     return proc, getattr(module, builder)
 
 
-def _record(sid: int, rng: random.Random, n_media: int, audio: bool) -> dict[str, Any]:
+def _record(sid: int, rng: random.Random, kinds: tuple[str, ...]) -> dict[str, Any]:
+    """A user turn with one media block per entry of ``kinds``, then text; a short answer."""
     blocks: list[dict[str, Any]] = []
-    for k in range(n_media):
-        if audio and k % 2 == 0:
+    for kind in kinds:
+        if kind == "audio":
             wav = np.sin(np.arange(rng.randint(6000, 20000)) * rng.uniform(0.01, 0.2))
             blocks.append({"type": "audio", "audio": (0.3 * wav).astype(np.float32)})
+        elif kind == "video":
+            frames = [Image.new("RGB", (32, 24), (sid * 40, 30 * k, 7)) for k in range(2)]
+            blocks.append({"type": "video", "video": frames})
         else:
             w, h = rng.choice([(28, 28), (84, 28), (28, 70), (56, 56), (60, 40)])
             blocks.append({"type": "image", "image": Image.new("RGB", (w, h), (sid * 40, 90, 7))})
@@ -72,6 +78,10 @@ def _record(sid: int, rng: random.Random, n_media: int, audio: bool) -> dict[str
         {"role": "assistant", "content": [{"type": "text", "text": answer}]}]}  # fmt: skip
 
 
+# media kinds a family's documents cycle through (Gemma 4: images, videos and audio)
+KINDS = {"qwen_omni": ("audio", "image"), "gemma4": ("video", "image", "audio")}
+
+
 @cache
 def _family_rows(family: str) -> list[list[dict[str, Any]]]:
     return _rows(_load(family)[0], family)
@@ -79,20 +89,27 @@ def _family_rows(family: str) -> list[list[dict[str, Any]]]:
 
 def _rows(proc: Any, family: str) -> list[list[dict[str, Any]]]:
     """4 rows: [2 docs], [1 doc], [text only], [2 docs]; media per doc 2, 0, 1, 0, 2, 1."""
-    rng, audio = random.Random(3), family == "qwen_omni"
+    rng, cycle = random.Random(3), KINDS.get(family, ("image",))
     plan = [[2, 0], [1], [0], [2, 1]]
-    sid = iter(range(100))
+    sid, kind = iter(range(100)), iter(range(100))
     return [
-        [tokenize_with_handler(_record(next(sid), rng, n, audio), proc) for n in row]
+        [
+            tokenize_with_handler(
+                _record(next(sid), rng, tuple(cycle[next(kind) % len(cycle)] for _ in range(n))),
+                proc,
+            )
+            for n in row
+        ]
         for row in plan
     ]
 
 
 def _media_keys(h: Handler, samples: list[dict[str, Any]]) -> dict[str, Any]:
-    if h.pack_media is not None:
-        return dict(h.pack_media(samples))
-    pvs = [s["pixel_values"] for s in samples if "pixel_values" in s]
-    return {"pixel_values": torch.cat(pvs)} if pvs else {}
+    """The media of ``samples`` as the family collater merges them (``merge_family_media``)."""
+    from neatpack.pipes.collate_family import merge_family_media
+    from neatpack.pipes.sample_media import split_media
+
+    return merge_family_media([m for s in samples if (m := split_media(s)[1])], h)
 
 
 def _seq(rows: list[list[dict[str, Any]]]) -> int:
@@ -129,17 +146,10 @@ def _batch(rows: list[list[dict[str, Any]]], h: Handler, proc: Any) -> dict[str,
 
 
 def _media_rows(rows: list[list[dict[str, Any]]]) -> list[list[dict[str, Any] | None]]:
-    keys = (
-        "pixel_values",
-        "image_sizes",
-        "batch_num_images",
-        "pixel_attention_mask",
-        "image_position_ids",
-        "image_grid_thw",
-        "input_features",
-        "feature_attention_mask",
-    )
-    return [[{k: s[k] for k in keys if k in s} or None for s in row] for row in rows]  # fmt: skip
+    """Each row's ``media_samples`` as ``materialize_pack`` stores them (``split_media``)."""
+    from neatpack.pipes.sample_media import split_media
+
+    return [[split_media(s)[1] or None for s in row] for row in rows]
 
 
 def _equal_up_to_padding(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -166,6 +176,8 @@ def test_microbatch_media_are_their_rows_media(family: str) -> None:
     out = prepare_family_media_for_pp(batch, _media_rows(rows), h, N_MICRO, seq_len=_seq(rows))
     pp = out[VLM_PP_MEDIA_KEY]
     assert set(pp) == all_keys
+    if family == "gemma4":  # frames, frame counts and audio features split with their rows too
+        assert {"pixel_values_videos", "num_frames_per_video", "input_features"} <= all_keys
     assert not all_keys & set(out)  # media popped: pipelining splits only the row tensors
     for m, (r0, r1) in enumerate(microbatch_bounds(len(rows), N_MICRO)):
         want = _media_keys(h, [s for row in rows[r0:r1] for s in row])
