@@ -62,7 +62,10 @@ def _model(family: str, processor: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("families"), num_samples=12, seed=3, max_images=2)
+    path: Path = write_corpus(
+        tmp_path_factory.mktemp("families"), num_samples=12, seed=3, max_images=2
+    )
+    return path
 
 
 def _config(corpus: Path, **kw: Any) -> NeatVLMConfig:
@@ -357,7 +360,8 @@ def test_family_overflow_cuts_text_but_never_media() -> None:
 
     def pack(size: int) -> tuple[dict[str, Any], Any]:
         cfg = MaterializeConfig(pack_size=size, mrope=False, handler="gemma3", overflow="truncate")
-        return materialize_pack(source, [0, 1], proc, cfg)
+        out: tuple[dict[str, Any], Any] = materialize_pack(source, [0, 1], proc, cfg)
+        return out
 
     kept, report = pack(first + last_image + 10)
     assert report.truncated == (1,)
