@@ -290,7 +290,8 @@ def test_gemma4_video_packed_equals_separate(gemma4: Any, bidirectional_vision: 
 
 def _wave(rng: random.Random, n: int) -> np.ndarray:
     t = np.arange(n, dtype=np.float32)
-    return (0.3 * np.sin(t * rng.uniform(0.01, 0.3))).astype(np.float32)
+    wav: np.ndarray = (0.3 * np.sin(t * rng.uniform(0.01, 0.3))).astype(np.float32)
+    return wav
 
 
 def _audio_record(sid: int, rng: random.Random, tmp: Path) -> dict[str, Any]:

@@ -109,7 +109,7 @@ def _media_keys(h: Handler, samples: list[dict[str, Any]]) -> dict[str, Any]:
     from neatpack.pipes.collate_family import merge_family_media
     from neatpack.pipes.sample_media import split_media
 
-    return merge_family_media([m for s in samples if (m := split_media(s)[1])], h)
+    return dict(merge_family_media([m for s in samples if (m := split_media(s)[1])], h))
 
 
 def _seq(rows: list[list[dict[str, Any]]]) -> int:
