@@ -18,8 +18,8 @@ fails deep inside ``apply_chat_template``), a template-less processor is refused
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 >>> sorted(HANDLERS)  # doctest: +NORMALIZE_WHITESPACE
-['chat_template', 'gemma3', 'gemma4', 'idefics3', 'kimi_k25', 'llava_onevision', 'nemotron_omni',
- 'phi4', 'prompt_answer', 'qwen_omni', 'qwen_vl', 'smolvlm', 'step3']
+['chat_template', 'gemma3', 'gemma4', 'idefics3', 'kimi_k25', 'llava_onevision',
+ 'nemotron_omni', 'phi4', 'prompt_answer', 'qwen3_omni', 'qwen_omni', 'qwen_vl', 'smolvlm', 'step3']
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from .family_nemotron_omni import (
 )
 from .family_phi4 import phi4_handler
 from .family_prompt import tokenize_prompt_answer
+from .family_qwen3_omni import tokenize_qwen3_omni
 from .family_qwen_omni import OMNI_MODALITIES, qwen_omni_pack_media, tokenize_qwen_omni
 from .family_smolvlm import tokenize_smolvlm
 from .family_step3 import step3_pack_media, tokenize_step3
@@ -291,6 +292,18 @@ register_handler(
         "checked), mRoPE from the model's get_rope_index (pipes/family_qwen_omni.py)",
     ),
     ("Qwen2_5OmniProcessor",),
+)
+register_handler(
+    Handler(
+        "qwen3_omni",
+        tokenize_qwen3_omni,
+        modalities=OMNI_MODALITIES,
+        pack_media=qwen_omni_pack_media,
+        mrope=True,
+        description="Qwen3-Omni: the Qwen2.5-Omni path with 13 audio tokens per 100-frame chunk "
+        "and no 30 s window; features padded per pack (pipes/family_qwen3_omni.py)",
+    ),
+    ("Qwen3OmniMoeProcessor",),
 )
 register_handler(phi4_handler(), ("Phi4MultimodalProcessor",))
 register_handler(
