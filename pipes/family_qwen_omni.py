@@ -286,8 +286,24 @@ def _video_kwargs(
     and their ``fps`` (the block's, else ``videos_meta``), which the Omni processors turn into
     ``video_second_per_grid = temporal_patch_size / fps``, the videos' time scale in mRoPE. One
     ``fps`` per call: videos of one sample at different rates are refused. Unknown (a file, or
-    no rate given): the processor's default (Qwen2.5-Omni 2.0, Qwen3-Omni 1.0)."""
+    no rate given): the processor's default (Qwen2.5-Omni 2.0, Qwen3-Omni 1.0). Asking for
+    the video's own audio track (``use_audio_in_video`` / ``load_audio_from_video`` on the
+    record or a video block) is refused: interleaving it needs a decoder for the track and a
+    position rule neatpack does not reproduce."""
     from .tokenize import _video_metadata
+
+    blocks = [b for m in record["conversation"] for b in m.get("content") or []
+              if isinstance(b, Mapping) and b.get("type", "video" if "video" in b else None)
+              == "video"]  # fmt: skip
+    for where in (record, *blocks):
+        for key in ("use_audio_in_video", "load_audio_from_video"):
+            if where.get(key):
+                raise SampleError(
+                    sid,
+                    "bad_media",
+                    f"{key}={where[key]!r} is not supported (the video's own audio track "
+                    "interleaved with its frames); give the track as a separate audio block",
+                )
 
     videos = [load_video(v, sample_id=sid) for v in video_src]
     out: dict[str, Any] = {"videos": videos, "do_sample_frames": False}

@@ -346,6 +346,9 @@ def test_bad_audio_is_refused_naming_the_sample(omni: Any, tmp_path: Path) -> No
     video = _audio_rec(7, {"type": "video", "video": []})
     with pytest.raises(SampleError, match=r"sample_id=7 \[bad_media\].*non-empty frame list"):
         tokenize_with_handler(video, omni)
+    own = _audio_rec(5, {"type": "video", "video": _frames(2), "use_audio_in_video": True})
+    with pytest.raises(SampleError, match=r"sample_id=5 \[bad_media\]: use_audio_in_video=True"):
+        tokenize_with_handler(own, omni)
     two = _audio_rec(6, {"type": "video", "video": _frames(2), "fps": 2.0})
     two["conversation"][0]["content"].append({"type": "video", "video": _frames(2), "fps": 3.0})
     with pytest.raises(SampleError, match=r"sample_id=6 \[bad_media\].*fps \[2\.0, 3\.0\]"):
