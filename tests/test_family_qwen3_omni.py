@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from test_family_qwen_omni import (
+from _omni_records import (
     RATE,
     _audio_rec,
     _blocks,
@@ -32,6 +31,7 @@ from test_family_qwen_omni import (
     video_records,
     write_wav,
 )
+from PIL import Image
 
 from neatpack.pipes.family_qwen3_omni import (
     _FOLDER,

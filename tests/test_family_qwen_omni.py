@@ -18,6 +18,20 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _omni_records import (
+    RATE,
+    _audio_rec,
+    _blocks,
+    _frames,
+    _records,
+    _runs,
+    _spans,
+    _wave_form,
+    check_videos,
+    packed_vs_separate,
+    video_records,
+    write_wav,
+)
 from PIL import Image
 
 from neatpack.pipes.family_qwen_omni import (
@@ -36,130 +50,10 @@ from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
-WORDS = (
-    "the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "every",
-    "packed", "row", "of", "tokens", "and", "sounds", "return", "value",
-)  # fmt: skip
-RATE = 16000
-
 
 @pytest.fixture(scope="module")
 def omni() -> Any:
     return load_tiny_qwen_omni_processor()
-
-
-def write_wav(path: Path, samples: np.ndarray, rate: int = RATE, channels: int = 1) -> Path:
-    """16-bit PCM WAV of ``samples`` (floats in [-1, 1]; ``[n, channels]`` when channels > 1)."""
-    pcm = np.clip(np.round(samples * 32767), -32768, 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return path
-
-
-def _wave_form(rng: random.Random, n: int) -> np.ndarray:
-    t = np.arange(n) / RATE
-    return (0.3 * np.sin(2 * np.pi * rng.uniform(100, 900) * t)).astype(np.float32)
-
-
-def _text(rng: random.Random, lo: int, hi: int) -> str:
-    return " ".join(rng.choices(WORDS, k=rng.randint(lo, hi)))
-
-
-def _record(sid: int, rng: random.Random, tmp: Path) -> dict[str, Any]:
-    """1-3 turns; each user turn has 0-2 audio clips (WAV file or array, 0.05-4 s), 0-1 image."""
-    conv: list[dict[str, Any]] = []
-    images_meta: list[list[int]] = []
-    audios_meta: list[float] = []
-    if rng.random() < 0.4:
-        conv.append({"role": "system", "content": [{"type": "text", "text": _text(rng, 2, 8)}]})
-    for turn in range(rng.randint(1, 3)):
-        user: list[dict[str, Any]] = []
-        for k in range(rng.randint(0, 2)):
-            n = rng.randint(800, 4 * RATE)
-            wav = _wave_form(rng, n)
-            if rng.random() < 0.5:
-                src: Any = str(write_wav(tmp / f"s{sid}_{turn}_{k}.wav", wav))
-            else:
-                src = wav
-            user.append({"type": "audio", "audio": src, "_seconds": n / RATE})
-        if rng.random() < 0.5:
-            h, w = rng.randint(28, 120), rng.randint(28, 120)
-            user.append(
-                {"type": "image", "image": Image.new("RGB", (w, h), (rng.randint(0, 255), 9, 9))}
-            )
-        rng.shuffle(user)
-        for b in user:  # metadata in block order
-            if b["type"] == "audio":
-                audios_meta.append(b.pop("_seconds"))
-            else:
-                images_meta.append([b["image"].height, b["image"].width])
-        user.append({"type": "text", "text": _text(rng, 2, 20)})
-        conv.append({"role": "user", "content": user})
-        conv.append({"role": "assistant", "content": [{"type": "text", "text": _text(rng, 1, 25)}]})
-    return {"sample_id": sid, "conversation": conv, "images_meta": images_meta,
-            "audios_meta": audios_meta}  # fmt: skip
-
-
-def _records(n: int, seed: int, tmp: Path) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    return [_record(i, rng, tmp) for i in range(n)]
-
-
-def _blocks(rec: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [b for m in rec["conversation"] for b in m["content"] if b.get("type") == kind]
-
-
-def _spans(tok: Any, s: dict[str, Any]) -> list[str]:
-    keep, ids = (s["labels"] != -100).tolist(), s["input_ids"].tolist()
-    out, cur = [], []
-    for k, t in zip([*keep, False], [*ids, -1], strict=True):
-        if k:
-            cur.append(t)
-        elif cur:
-            out.append(tok.decode(cur))
-            cur = []
-    return out
-
-
-def _runs(s: dict[str, Any], code: int) -> list[int]:
-    """Lengths of the maximal runs of token type ``code``, in order."""
-    out, n = [], 0
-    for t in [*s["mm_token_type_ids"].tolist(), -1]:
-        if t == code:
-            n += 1
-        elif n:
-            out.append(n)
-            n = 0
-    return out
-
-
-def _frames(n: int, w: int = 40, h: int = 60, shade: int = 0) -> list[Image.Image]:
-    return [Image.new("RGB", (w, h), ((40 * k + shade) % 256, 9, 200)) for k in range(n)]
-
-
-def video_records() -> list[dict[str, Any]]:
-    """Videos of 2-8 frames at fps None (processor default), 0.5 ... 29.97, some with an image
-    and audio in the same turn, one given as ``videos_meta`` only."""
-    rng = random.Random(21)
-    recs: list[dict[str, Any]] = []
-    for sid, fps in enumerate((None, 0.5, 1.0, 2.0, 3.0, 7.0, 24.0, 29.97)):
-        n = (4, 2, 6, 4, 4, 6, 2, 8)[sid]  # each frame pair costs >= 128 tokens (processor)
-        video: dict[str, Any] = {"type": "video", "video": _frames(n, shade=sid)}
-        if fps is not None:
-            video["fps"] = fps
-        user: list[dict[str, Any]] = [video]
-        if sid % 2:
-            user.append({"type": "audio", "audio": _wave_form(rng, rng.randint(900, 3 * RATE))})
-        if sid % 3 == 0:
-            user.insert(0, {"type": "image", "image": Image.new("RGB", (60, 40), (9, 9, sid))})
-        user.append({"type": "text", "text": _text(rng, 2, 8)})
-        answer = {"role": "assistant", "content": [{"type": "text", "text": _text(rng, 1, 9)}]}
-        recs.append({"sample_id": 500 + sid, "conversation": [
-            {"role": "user", "content": user}, answer]})  # fmt: skip
-    return recs
 
 
 def test_the_processor_is_real_and_registered(omni: Any) -> None:
@@ -292,12 +186,6 @@ def test_length_estimate_against_the_real_length(omni: Any, tmp_path: Path) -> N
 # -- bad input -------------------------------------------------------------------------------
 
 
-def _audio_rec(sid: int, block: dict[str, Any]) -> dict[str, Any]:
-    return {"sample_id": sid, "conversation": [
-        {"role": "user", "content": [block, {"type": "text", "text": "listen"}]},
-        {"role": "assistant", "content": "ok"}]}  # fmt: skip
-
-
 @pytest.mark.badinput
 @pytest.mark.parametrize("handler", [None, "chat_template"])
 def test_audio_to_a_family_without_audio_names_the_sample(handler: str | None) -> None:
@@ -340,7 +228,7 @@ def test_bad_audio_is_refused_naming_the_sample(omni: Any, tmp_path: Path) -> No
         ({"audio": tone, "sampling_rate": "16k"}, "bad_media", r"sampling_rate='16k'"),
     ]  # fmt: skip
     for sid, (block, reason, pattern) in enumerate(cases, start=100):
-        rec = _audio_rec(sid, {"type": "audio", **block})  # type: ignore[dict-item]
+        rec = _audio_rec(sid, {"type": "audio", **block})
         with pytest.raises(SampleError, match=rf"sample_id={sid} \[{reason}\]: .*{pattern}"):
             tokenize_with_handler(rec, omni)
     video = _audio_rec(7, {"type": "video", "video": []})
@@ -466,67 +354,8 @@ def test_packed_equals_separate(omni: Any, tmp_path: Path) -> None:
     assert float((zeroed - packed).abs().max()) > 1e-3
 
 
-def check_videos(
-    proc: Any, tokenize: Any, estimate: Any, default_fps: float, refused: tuple[float, ...] = ()
-) -> None:
-    """Video tokens == grid / merge**2 == the processor's ``_get_num_multimodal_tokens``;
-    ``video_second_per_grid`` == 2 / fps; labels == the assistant turn; exact estimate == real
-    length with ``videos_meta`` and from the frames; the token types == the processor's.
-    Videos at an fps in ``refused`` must be a SampleError naming the sample."""
-    for rec in video_records():
-        if _blocks(rec, "video")[0].get("fps") in refused:
-            with pytest.raises(SampleError, match=rf"sample_id={rec['sample_id']} \[bad_media\]"):
-                tokenize(rec, proc)
-            continue
-        s = tokenize(rec, proc)
-        videos = _blocks(rec, "video")
-        sizes = [[len(v["video"]), v["video"][0].height, v["video"][0].width] for v in videos]
-        want = proc._get_num_multimodal_tokens(video_sizes=sizes).num_video_tokens
-        assert _runs(s, 2) == list(want) == (s["video_grid_thw"].prod(-1) // 4).tolist()
-        fps = videos[0].get("fps", default_fps)
-        assert s["video_second_per_grid"].tolist() == pytest.approx([2 / fps])
-        want_text = [rec["conversation"][1]["content"][0]["text"] + "<|im_end|>"]
-        assert _spans(proc.tokenizer, s) == want_text
-        real = len(s["input_ids"]) - 1
-        assert estimate(rec, proc) == real
-        meta = {**rec, "videos_meta": [[*size, fps] for size in sizes]}
-        meta["conversation"] = [dict(m, content=[dict(b, video="clip.mp4") if b["type"] == "video"
-                                                 else b for b in m["content"]])
-                                for m in rec["conversation"]]  # fmt: skip
-        assert estimate(meta, proc) == real
-        theirs = proc.create_mm_token_type_ids(s["input_ids"][None].tolist())
-        assert torch.equal(torch.as_tensor(theirs)[0].long(), s["mm_token_type_ids"])
-
-
 def test_videos_match_the_processor(omni: Any) -> None:
     check_videos(omni, tokenize_qwen_omni, qwen_omni_estimate, default_fps=2.0)
-
-
-def packed_vs_separate(model: Any, samples: list[dict[str, Any]], positions: Any) -> float:
-    """Max abs logit diff between one packed row (``positions(sample)`` per document, 4D
-    block-causal mask, ``qwen_omni_pack_media``) and each document alone (the model computing
-    its own positions from a 2-D mask)."""
-    docs = [dict(s, position_ids=positions(s)) for s in samples]
-    pack = build_pack(docs, mrope=True)
-    media = qwen_omni_pack_media(samples)
-    with torch.no_grad():
-        packed = model(
-            input_ids=pack["input_ids"][None],
-            attention_mask=to_4d_additive_mask(pack["attention_mask"][None]),
-            position_ids=pack["position_ids"][:, None],
-            **media,
-        ).logits[0]
-    worst, start = 0.0, 0
-    keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
-            "video_second_per_grid", "input_features", "feature_attention_mask")  # fmt: skip
-    for s, n in zip(samples, pack["seq_lens"], strict=True):
-        ids = s["input_ids"][:-1][None]
-        kw = {k: s[k] for k in keys if k in s}
-        with torch.no_grad():
-            alone = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0]
-        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
-        start += n
-    return worst
 
 
 @pytest.mark.parity
