@@ -29,8 +29,9 @@ What differs from the default path:
 
 Videos are frame lists (or files, decoded by the processor's backend) as for Qwen-VL. Audio
 taken from a video's own track (the processors' ``use_audio_in_video``, audio interleaved with
-the video in time) is not supported: neatpack never asks for it, so a video's sound is ignored;
-give the track as a separate audio block instead.
+the video in time) is not supported: neatpack never asks for it, so a video's sound is ignored,
+and a record or video block asking for it (``use_audio_in_video``) is a ``SampleError``; give
+the track as a separate audio block instead.
 
 >>> proc = load_tiny_qwen_omni_processor()
 >>> qwen_omni_audio_tokens(proc, 16000)  # 1 s: 100 mel frames -> 50 -> 25 tokens
