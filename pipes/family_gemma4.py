@@ -14,8 +14,9 @@ the prefix, so the labels are exactly the answer and its ``<turn|>``::
 A model turn whose text already opens a channel (the template emitted one) is left alone.
 
 Video: a frame list (pre-sampled: the tiny processor keeps every frame, ``do_sample_frames`` off)
-becomes, per frame, ``"mm:ss <|image>" + <|video|> * k + "<image|>"`` joined by spaces (timestamps
-at the processor's default 24 fps, as it does for frames without metadata); ``k`` is checked
+becomes, per frame, ``"mm:ss <|image>" + <|video|> * k + "<image|>"`` joined by spaces, the
+timestamps at the block's ``fps`` (or ``videos_meta[k][3]``; without either, the processor's
+default 24 fps, as it does for frames without metadata); ``k`` is checked
 against the processor's ``_get_num_multimodal_tokens(video_sizes=...)`` and against the real
 patches of ``video_position_ids`` (what the vision tower will return).
 ``family_gemma4_estimate.gemma4_estimate`` gives the length (exact mode == real).
@@ -26,7 +27,7 @@ resampled, at most ``audio_seq_length`` tokens = 30 s): each block becomes
 second), checked against the runs in the text; the Sample carries ``input_features [n, T, 128]``
 and ``input_features_mask [n, T]``. The default tokenizer knows no audio blocks, so each one is
 replaced by a private-use stand-in text that the text hook turns into ``<|audio|>`` and the
-processor call gets ``audio=[...]`` through ``_AudioCall``.
+processor call gets ``audio=[...]`` (and the videos' ``video_metadata``) through ``_ExtraCall``.
 
 Packing: positions are 1-D. With ``use_bidirectional_attention="vision"`` the model lets the
 tokens of one image / video run see each other on the SLIDING layers only (full layers stay
@@ -61,6 +62,7 @@ __all__ = [
     "gemma4_markers",
     "gemma4_pack_media",
     "gemma4_packed_masks",
+    "gemma4_video_metadata",
     "inject_thinking_prefix",
     "load_tiny_gemma4_processor",
     "tiny_gemma4_model",
@@ -133,11 +135,15 @@ def tokenize_gemma4(
         options["markers"] = options.get("markers") or gemma4_markers(processor)
     stand_in, _, blocks = split_audio_blocks(record, _AUDIO_STAND_IN)
     sid = record.get("sample_id")
-    audio, proc = [], processor
+    audio, extra = [], {}
     if blocks:
         audio = _load_audio(blocks, sid, processor)
         hooks.append(lambda t: _place_audio(t, len(audio), processor, sid))
-        proc = _AudioCall(processor, audio)
+        extra["audio"] = audio
+    metadata = gemma4_video_metadata(record)
+    if metadata is not None:
+        extra["video_metadata"] = metadata
+    proc = _ExtraCall(processor, extra) if extra else processor
     if hooks:
         options["text_hook"] = lambda t: _chain(hooks, t)
     sample = tokenize_default(stand_in, proc, modalities=GEMMA4_MODALITIES, **options)
@@ -149,17 +155,35 @@ def tokenize_gemma4(
     return sample
 
 
-class _AudioCall:
-    """The processor, with ``audio=`` added to its call (every attribute is the processor's)."""
+class _ExtraCall:
+    """The processor, with ``extra`` inputs added to its call (``audio=``, ``video_metadata=``);
+    every attribute is the processor's."""
 
-    def __init__(self, processor: Any, audio: list[Any]) -> None:
-        self._processor, self._audio = processor, audio
+    def __init__(self, processor: Any, extra: dict[str, Any]) -> None:
+        self._processor, self._extra = processor, extra
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._processor, name)
 
     def __call__(self, **kwargs: Any) -> Any:
-        return self._processor(audio=self._audio, **kwargs)
+        return self._processor(**self._extra, **kwargs)
+
+
+def gemma4_video_metadata(record: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """``video_metadata`` for the record's frame-list videos when every one has a frame rate
+    (block ``fps`` or ``videos_meta[k][3]``: ``tokenize._video_metadata``, the Qwen-VL rule),
+    else None (the processor's default 24 fps)."""
+    from .tokenize import _video_metadata
+
+    blocks: list[Mapping[str, Any]] = []
+    for msg in record.get("conversation") or []:
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        blocks += [b for b in content or [] if isinstance(b, Mapping) and b.get("type") == "video"]
+    if not blocks:
+        return None
+    fps = [f if isinstance(f, int | float) and not isinstance(f, bool) and f > 0 else None
+           for f in (b.get("fps") for b in blocks)]  # fmt: skip
+    return _video_metadata(record, [b.get("video") for b in blocks], fps)
 
 
 def _chain(hooks: list[Callable[[str], str]], text: str) -> str:

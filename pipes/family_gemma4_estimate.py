@@ -17,15 +17,15 @@ from typing import Any
 
 from ._media_meta import EstimateError, _aligned_meta, _image_size, _media, _positive_meta
 from .audio import audio_num_samples, split_audio_blocks
-from .family_gemma4 import GEMMA4_THINKING_PREFIX, inject_thinking_prefix
+from .family_gemma4 import GEMMA4_THINKING_PREFIX, gemma4_video_metadata, inject_thinking_prefix
 
 __all__ = ["gemma4_estimate"]
 
 
-def _video_text(proc: Any, frames: int, tokens_per_frame: int) -> str:
+def _video_text(proc: Any, frames: int, tokens_per_frame: int, fps: float | None) -> str:
     from transformers.video_utils import VideoMetadata
 
-    meta = VideoMetadata(total_num_frames=frames, frames_indices=list(range(frames)))
+    meta = VideoMetadata(total_num_frames=frames, fps=fps, frames_indices=list(range(frames)))
     return str(
         proc.replace_video_token(
             {"num_soft_tokens_per_video": [tokens_per_frame], "video_metadata": [meta]}, 0
@@ -51,7 +51,8 @@ def _media_texts(record: Mapping[str, Any], proc: Any) -> dict[str, list[str]]:
         k = proc._get_num_multimodal_tokens(image_sizes=[hw]).num_image_tokens[0]
         image_texts.append(str(proc.replace_image_token({"num_soft_tokens_per_image": [k]}, 0)))
     video_texts = []
-    for v in videos:
+    metadata = gemma4_video_metadata(record) or [{"fps": None}] * len(videos)
+    for v, vmeta in zip(videos, metadata, strict=True):
         if isinstance(v, str) or not isinstance(v, Sequence) or not v:
             raise EstimateError(
                 f"sample_id={sid}: video {v!r:.60} is not a frame list; the Gemma 4 estimate "
@@ -59,7 +60,7 @@ def _media_texts(record: Mapping[str, Any], proc: Any) -> dict[str, list[str]]:
             )
         n, h, w = len(v), int(v[0].height), int(v[0].width)
         total = proc._get_num_multimodal_tokens(video_sizes=[(n, h, w)]).num_video_tokens[0]
-        video_texts.append(_video_text(proc, n, total // n))
+        video_texts.append(_video_text(proc, n, total // n, vmeta["fps"]))
     _, _, blocks = split_audio_blocks(record)
     seconds = record.get("audios_meta") or [None] * len(blocks)
     if len(seconds) != len(blocks):

@@ -7,6 +7,7 @@ Pan-and-scan: the tiny processor's images are 28x28, so crops are enabled with
 from __future__ import annotations
 
 import random
+import re
 import wave
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,9 @@ def _g4_record(sid: int, rng: random.Random) -> dict[str, Any]:
             user.append({"type": "video", "video": _video(rng)})
         else:
             user.append({"type": "image", "image": _image(rng)})
+    if rng.random() < 0.5:  # frame rates for all the videos (else the processor's 24 fps)
+        for block in user:
+            block.update({"fps": rng.choice([0.5, 1.0, 2.0])} if block["type"] == "video" else {})
     user.append({"type": "text", "text": _text(rng, 2, 15)})
     answer = [{"type": "text", "text": _text(rng, 1, 15)}]
     return {"sample_id": sid, "conversation": [
@@ -218,11 +222,12 @@ def _g4_record(sid: int, rng: random.Random) -> dict[str, Any]:
 
 def test_gemma4_video_tokens_labels_and_estimate(gemma4: Any) -> None:
     """Per video: k tokens per frame, frames * k == the processor's _get_num_multimodal_tokens,
-    one "mm:ss <|image>...<image|>" run per frame; labels are exactly the answer; the exact
-    estimate == the real length; the estimate mode within -35 % .. +5 % (chars / 3 text)."""
+    one "mm:ss <|image>...<image|>" run per frame, mm:ss at the blocks' fps; labels are exactly
+    the answer; the exact estimate == the real length; the estimate mode within -35 % .. +5 %
+    (chars / 3 text)."""
     from neatpack.pipes.family_gemma4_estimate import gemma4_estimate
 
-    tok, rng, videos = gemma4.tokenizer, random.Random(5), 0
+    tok, rng, videos, timed = gemma4.tokenizer, random.Random(5), 0, 0
     for rec in (_g4_record(i, rng) for i in range(20)):
         s = tokenize_with_handler(rec, gemma4)
         vids = [b["video"] for b in rec["conversation"][0]["content"] if b["type"] == "video"]
@@ -233,7 +238,11 @@ def test_gemma4_video_tokens_labels_and_estimate(gemma4: Any) -> None:
         if vids:
             assert s["num_frames_per_video"].tolist() == [len(v) for v in vids]
             assert s["pixel_values_videos"].shape[0] == sum(len(v) for v in vids)
-            assert tok.decode(s["input_ids"]).count("00:00 <|image>") == sum(len(v) for v in vids)
+            blocks = [b for b in rec["conversation"][0]["content"] if b["type"] == "video"]
+            timed += any("fps" in b for b in blocks)
+            stamps = [f"{int(k / b.get('fps', 24)) // 60:02d}:{int(k / b.get('fps', 24)) % 60:02d}"
+                      for b in blocks for k in range(len(b["video"]))]  # fmt: skip
+            assert re.findall(r"(\d\d:\d\d) <\|image>", tok.decode(s["input_ids"])) == stamps
         answer = rec["conversation"][1]["content"][0]["text"]
         assert _spans(tok, s) == [answer + "<turn|>"]
         real = len(s["input_ids"]) - 1
@@ -241,6 +250,7 @@ def test_gemma4_video_tokens_labels_and_estimate(gemma4: Any) -> None:
         rel = (gemma4_estimate(rec, gemma4, mode="estimate") - real) / real
         assert -0.35 <= rel <= 0.05, (rec["sample_id"], rel)
     assert videos >= 8
+    assert timed >= 3
 
 
 @pytest.mark.parity
@@ -258,7 +268,7 @@ def test_gemma4_video_packed_equals_separate(gemma4: Any, bidirectional_vision: 
     )
 
     model = tiny_gemma4_model(gemma4, bidirectional_vision=bidirectional_vision)
-    rng = random.Random(8)
+    rng = random.Random(13)  # 3 documents with videos (2 with an fps), 2 with images
     samples = [tokenize_with_handler(_g4_record(i, rng), gemma4) for i in range(4)]
     assert sum("pixel_values_videos" in s for s in samples) >= 2
     pack = build_pack(samples)
