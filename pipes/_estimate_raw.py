@@ -54,6 +54,7 @@ def _estimate(
     # shape in the block (a handful), not per record (~0.5 us each).
     template: dict[tuple[int, int, int, int, int, bool], int] = {}
     stats = raw_text_stats
+    floor = math.floor
     for k, raw in enumerate(raws):
         st = stats(raw)
         if st is None:
@@ -61,13 +62,14 @@ def _estimate(
             continue
         chars, n_sys, n_user, n_asst, n_img, n_vid, first_sys = st
         nested = "mm_inputs_meta" in raw
-        if not n_img:
-            meta = _raw_meta(raw, "images_meta") if nested else raw.get("images_meta")
+        # Metadata for media the record lacks: the full path refuses it.
+        if not n_img and ("images_meta" in raw or nested):
+            meta = _raw_meta(raw, "images_meta")
             if meta is not None and meta != []:
-                slow.append(k)  # metadata for media the record lacks: the full path refuses it
+                slow.append(k)
                 continue
-        if not n_vid:
-            meta = _raw_meta(raw, "videos_meta") if nested else raw.get("videos_meta")
+        if not n_vid and ("videos_meta" in raw or nested):
+            meta = _raw_meta(raw, "videos_meta")
             if meta is not None and meta != []:
                 slow.append(k)
                 continue
@@ -82,8 +84,7 @@ def _estimate(
                     slow.append(k)
                     continue
                 img_at.append(k)
-                img_hw.append(h)
-                img_hw.append(w)
+                img_hw += m
             else:
                 hw = [v for m in meta if type(m) is list and len(m) == 2 for v in m]
                 if len(hw) != 2 * n_img or not all(type(v) is int and v > 0 for v in hw):
@@ -104,14 +105,17 @@ def _estimate(
             videos[k] = sum(p[0] for p in plans)
             if video.timestamps:
                 frame_text[k] = round(sum(p[1] for p in plans) * ov.per_video_frame)
-        tt = _raw_meta(raw, "_text_tokens") if nested else raw.get("_text_tokens")
-        if tt is None:
-            body = math.floor(chars / cpt)
-        elif type(tt) is int:
-            body = tt
+        if "_text_tokens" in raw or nested:
+            tt = _raw_meta(raw, "_text_tokens")
+            if tt is None:
+                body = floor(chars / cpt)
+            elif type(tt) is int:
+                body = tt
+            else:
+                slow.append(k)
+                continue
         else:
-            slow.append(k)
-            continue
+            body = floor(chars / cpt)
         shape = (n_sys, n_user, n_asst, n_img, n_vid, first_sys)
         extra = template.get(shape)
         if extra is None:
