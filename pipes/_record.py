@@ -1,6 +1,13 @@
 """Raw record -> Record (``docs/data_contracts.md`` section 1): role/content-list form, media
 paths resolved against (and confined to) the media root.
 
+Media blocks are images, videos and audio (``{"type": "audio", "audio": "clip.wav"}``, optionally
+with ``"sampling_rate"``, which is kept for ``pipes/audio.py`` to check against the WAV header).
+A path is resolved and confined whatever its kind; any other value (an in-memory numpy array,
+a list of frames) is passed through as is, for the family to accept or refuse naming the sample.
+LLaVA form takes ``<image>`` / ``<video>`` / ``<audio>`` placeholders with the ``image(s)`` /
+``video(s)`` / ``audio(s)`` keys, by the same rules for each kind.
+
 >>> to_record({"messages": [{"role": "user", "content": "Hi"}]}, 3, None)["conversation"]
 [{'role': 'user', 'content': [{'type': 'text', 'text': 'Hi'}]}]
 """
@@ -15,12 +22,12 @@ from typing import Any
 
 __all__ = ["MEDIA_TYPES", "RecordError", "raw_text_stats", "resolve_media_path", "to_record"]
 
-MEDIA_TYPES = ("image", "video")
+MEDIA_TYPES = ("image", "video", "audio")
 ROLES = ("system", "user", "assistant")
 _LLAVA_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user",
                 "assistant": "assistant"}  # fmt: skip
 _CONVERSATION_KEYS = ("conversation", "messages", "conversations")
-_PASSTHROUGH = ("images_meta", "videos_meta", "_text_tokens")
+_PASSTHROUGH = ("images_meta", "videos_meta", "audios_meta", "_text_tokens")
 
 
 class RecordError(ValueError):
@@ -48,6 +55,21 @@ def _media_block(kind: str, value: Any, sample_id: int, media_root: str | None) 
     return {"type": kind, kind: value}
 
 
+def _typed_media_block(
+    kind: str, item: Mapping[str, Any], sample_id: int, media_root: str | None
+) -> dict[str, Any]:
+    value = item.get(kind, item.get("path", item.get("url")))
+    if value is None:
+        raise RecordError(
+            f"sample_id={sample_id}: {kind} block {dict(item)!r} has no {kind!r}, 'path' or "
+            "'url' key"
+        )
+    block = _media_block(kind, value, sample_id, media_root)
+    if kind == "audio" and item.get("sampling_rate") is not None:
+        block["sampling_rate"] = item["sampling_rate"]  # checked by pipes/audio.py
+    return block
+
+
 def _block(item: Any, sample_id: int, media_root: str | None) -> dict[str, Any]:
     if isinstance(item, str):
         return {"type": "text", "text": item}
@@ -64,13 +86,7 @@ def _block(item: Any, sample_id: int, media_root: str | None) -> dict[str, Any]:
         return {"type": "text", "text": text}
     for media in MEDIA_TYPES:
         if kind == media or (kind is None and media in item):
-            value = item.get(media, item.get("path", item.get("url")))
-            if value is None:
-                raise RecordError(
-                    f"sample_id={sample_id}: {media} block {dict(item)!r} has no {media!r}, "
-                    "'path' or 'url' key"
-                )
-            return _media_block(media, value, sample_id, media_root)
+            return _typed_media_block(media, item, sample_id, media_root)
     raise RecordError(
         f"sample_id={sample_id}: content block type {kind!r} is not one of {('text', *MEDIA_TYPES)}"
     )
@@ -83,10 +99,7 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _llava(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> list[dict[str, Any]]:
-    media = {
-        "image": _as_list(raw.get("images", raw.get("image"))),
-        "video": _as_list(raw.get("videos", raw.get("video"))),
-    }
+    media = {kind: _as_list(raw.get(kind + "s", raw.get(kind))) for kind in MEDIA_TYPES}
     used = dict.fromkeys(MEDIA_TYPES, 0)
     conv: list[dict[str, Any]] = []
     for turn in raw["conversations"]:
@@ -104,8 +117,10 @@ def _llava(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> li
         if not isinstance(value, str):
             raise RecordError(f"sample_id={sample_id}: LLaVA {value=!r} is not a str")
         content: list[dict[str, Any]] = []
-        # Split on <image>/<video>; a newline right next to a placeholder is layout, not text.
-        pieces = value.replace("<video>", "\x00video\x00").replace("<image>", "\x00image\x00")
+        # Split on <image>/<video>/<audio>; a newline next to a placeholder is layout, not text.
+        pieces = value
+        for kind in MEDIA_TYPES:
+            pieces = pieces.replace(f"<{kind}>", f"\x00{kind}\x00")
         for i, piece in enumerate(pieces.split("\x00")):
             if i % 2 == 1:
                 kind = piece
@@ -199,8 +214,9 @@ def raw_text_stats(raw: Any) -> RawStats | None:
     """Fast path for length estimation: ``(chars, system, user, assistant, images, videos,
     first_is_system)`` straight from a raw record, with exactly the counting rules of
     ``to_record`` (LLaVA newline stripping included), without building blocks or touching
-    media paths. ``None`` when the record is anything but plainly well formed: the caller then
-    takes the full ``to_record`` path, which raises the proper error.
+    media paths. ``None`` when the record is anything but plainly well formed, or has audio
+    (an audio block, an ``<audio>`` placeholder, an ``audio(s)`` key: audio is not in these
+    counts): the caller then takes the full ``to_record`` path, which raises the proper error.
 
     Written for speed (the length index calls it per record, ~1.5 us): counters are locals,
     not a list, and the key lookups are spelled out."""
@@ -260,7 +276,7 @@ def raw_text_stats(raw: Any) -> RawStats | None:
 
 def _raw_llava_stats(raw: dict[str, Any]) -> RawStats | None:
     turns = raw.get("conversations")
-    if type(turns) is not list or not turns:
+    if type(turns) is not list or not turns or "audio" in raw or "audios" in raw:
         return None
     chars = n_img = n_vid = n_sys = n_user = n_asst = 0
     first = None
@@ -281,6 +297,8 @@ def _raw_llava_stats(raw: dict[str, Any]) -> RawStats | None:
         else:
             n_sys += 1
         if "<" in value:
+            if "<audio>" in value:
+                return None  # audio is not in these counts: the full path (and family) decides
             n_img += value.count("<image>")
             n_vid += value.count("<video>")
             # A plain loop: a list comprehension costs a frame per turn (~2k instructions).
