@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -250,13 +251,31 @@ def test_gemma4_text_length_estimate_bounds(gemma4: Any) -> None:
         assert est.estimate(rec)[0] + per_turn * turns == real, rec["sample_id"]
 
 
-@pytest.mark.badinput
-def test_gemma4_audio_is_refused_naming_the_sample(gemma4: Any) -> None:
-    rec = {"sample_id": "clip-9", "conversation": [
-        {"role": "user", "content": [{"type": "audio", "audio": [0.0] * 16000}]},
+def _silence(sid: str, audio: Any) -> dict[str, Any]:
+    return {"sample_id": sid, "conversation": [
+        {"role": "user", "content": [{"type": "audio", "audio": audio}]},
         {"role": "assistant", "content": "silence"}]}  # fmt: skip
-    with pytest.raises(SampleError, match=r"sample_id=clip-9 \[bad_media\].*'audio'.*\['image'\]"):
-        tokenize_with_handler(rec, gemma4)
+
+
+@pytest.mark.badinput
+def test_gemma4_audio_as_a_list_is_refused_naming_the_sample(gemma4: Any) -> None:
+    """Gemma 4 takes audio (a .wav path or a float array); a plain list is refused, not guessed
+    at. The same second as an array tokenizes."""
+    with pytest.raises(
+        SampleError, match=r"sample_id=clip-9 \[bad_media\].*is a list; expected a \.wav path"
+    ):
+        tokenize_with_handler(_silence("clip-9", [0.0] * 16000), gemma4)
+    ids = tokenize_with_handler(_silence("clip-9", np.zeros(16000, np.float32)), gemma4)
+    audio_id = gemma4.tokenizer.convert_tokens_to_ids(gemma4.audio_token)
+    assert int((ids["input_ids"] == audio_id).sum()) > 0
+
+
+@pytest.mark.badinput
+def test_audio_to_llava_onevision_is_refused_naming_the_sample(llava_ov: Any) -> None:
+    """A family without audio names the sample, the block and what it takes (Gemma 3: above)."""
+    match = r"sample_id=clip-9 \[bad_media\].*'audio' but LlavaOnevisionProcessor takes only"
+    with pytest.raises(SampleError, match=match):
+        tokenize_with_handler(_silence("clip-9", np.zeros(16000, np.float32)), llava_ov)
 
 
 # -- LLaVA-OneVision: AnyRes image tokens, image_sizes / batch_num_images in packs -----------
