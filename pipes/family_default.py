@@ -56,13 +56,18 @@ def has_chat_template(processor: Any) -> bool:
     return bool(_template_text(processor))
 
 
+_AUDIO_SUBPROCESSORS: Final = ("feature_extractor", "audio_processor")
+
+
 def processor_modalities(processor: Any) -> frozenset[str]:
     """Media kinds the processor can take: from its ``image_processor`` / ``video_processor`` /
-    ``feature_extractor`` (audio) sub-processors."""
+    ``feature_extractor`` or ``audio_processor`` (audio) sub-processors. Both audio names are
+    in use: Qwen-Omni / Gemma 4 say ``feature_extractor``, Phi-4-multimodal ``audio_processor``
+    (a ``Phi4MultimodalFeatureExtractor``), so a check on one name alone refuses Phi-4's audio."""
     kinds = {"image"} if getattr(processor, "image_processor", None) is not None else set()
     if getattr(processor, "video_processor", None) is not None:
         kinds.add("video")
-    if getattr(processor, "feature_extractor", None) is not None:
+    if any(getattr(processor, a, None) is not None for a in _AUDIO_SUBPROCESSORS):
         kinds.add("audio")
     return frozenset(kinds)
 

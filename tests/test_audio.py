@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from neatpack.pipes.audio import (
     audio_num_samples,
@@ -166,3 +167,42 @@ def test_audio_num_samples_without_decoding(tmp_path: Path) -> None:
     assert audio_num_samples(np.zeros(123, np.float32), None, RATE, 0) == 123
     with pytest.raises(ValueError, match=r"sample_id=4: cannot read the duration .* audios_meta"):
         audio_num_samples(str(tmp_path / "missing.wav"), None, RATE, 4)
+
+
+# -- which processors take audio (family_default.processor_modalities) -------------------------
+
+
+def test_an_audio_processor_counts_as_audio_like_a_feature_extractor() -> None:
+    """Phi-4-multimodal names its audio part ``audio_processor`` (no ``feature_extractor``); the
+    generic check sees it, so the plain registry Handler (its modality check first) takes
+    Phi-4 audio exactly as the ``phi4`` handler does. Qwen-Omni's ``feature_extractor`` and
+    Qwen2-VL (neither) keep their answers."""
+    from neatpack.pipes.family_default import processor_modalities
+    from neatpack.pipes.family_phi4 import (
+        PHI4_MODALITIES,
+        load_tiny_phi4_processor,
+        tokenize_phi4,
+    )
+    from neatpack.pipes.family_qwen_omni import load_tiny_qwen_omni_processor
+    from neatpack.pipes.registry import HANDLERS, Handler
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    phi4 = load_tiny_phi4_processor()
+    assert getattr(phi4, "feature_extractor", None) is None
+    assert type(phi4.audio_processor).__name__ == "Phi4MultimodalFeatureExtractor"
+    assert processor_modalities(phi4) == {"image", "audio"}
+    assert "audio" in processor_modalities(load_tiny_qwen_omni_processor())
+    assert "audio" not in processor_modalities(load_tiny_processor("qwen2_vl"))
+
+    tone = (0.2 * np.sin(np.arange(RATE) / 7)).astype(np.float32)
+    rec = {"sample_id": 12, "conversation": [
+        {"role": "user", "content": [{"type": "audio", "audio": tone},
+                                     {"type": "text", "text": "what is it"}]},
+        {"role": "assistant", "content": "a tone"}]}  # fmt: skip
+    plain = Handler("phi4_plain", tokenize_phi4, modalities=PHI4_MODALITIES)
+    got, want = plain(rec, phi4), HANDLERS["phi4"](rec, phi4)
+    assert got.keys() == want.keys()
+    for key in ("input_ids", "labels", "audio_input_features", "audio_embed_sizes"):
+        assert torch.equal(got[key], want[key]), key
+    with pytest.raises(SampleError, match=r"sample_id=12 \[bad_media\].*'audio'.*only \['image'\]"):
+        Handler("phi4_images", tokenize_phi4, modalities=frozenset({"image"}))(rec, phi4)
