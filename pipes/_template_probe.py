@@ -14,21 +14,46 @@ from typing import Any
 
 from .estimate import TemplateOverhead
 
-__all__ = ["probe_overhead", "templated_text_tokens", "tokenizer_id"]
+__all__ = ["placeholder_tokens", "probe_overhead", "templated_text_tokens", "tokenizer_id"]
 
 
 def _tokenizer(processor: Any) -> Any:
     return getattr(processor, "tokenizer", processor)
 
 
-def _placeholder_ids(processor: Any) -> set[int]:
+def placeholder_tokens(processor: Any) -> tuple[dict[str, int], list[str]]:
+    """``(declared placeholder -> its id, declared placeholders the vocabulary lacks)`` for the
+    processor's ``image_token`` / ``video_token``.
+
+    A processor may declare a token its tokenizer does not have: SmolVLM's processor falls back
+    to ``video_token="<video>"`` whatever the vocabulary, and SmolVLM's vocabulary has no
+    ``<video>``. Such a token is never one id in the text (the tokenizer splits it into pieces,
+    which the processor also sees), so there is no placeholder id to leave out of the count; it
+    is reported here instead of being looked up as ``int(None)`` or as the unknown token's id
+    (which would drop every real unknown token from the count).
+
+    >>> from neatpack.pipes.tiny import load_tiny_processor
+    >>> placeholder_tokens(load_tiny_processor("qwen2_vl"))[1]
+    []
+    """
     tok = _tokenizer(processor)
-    ids = set()
+    unk = getattr(tok, "unk_token", None)
+    found: dict[str, int] = {}
+    missing: list[str] = []
     for attr in ("image_token", "video_token"):
         token = getattr(processor, attr, None)
-        if isinstance(token, str):
-            ids.add(int(tok.convert_tokens_to_ids(token)))
-    return ids
+        if not isinstance(token, str):
+            continue
+        tid = tok.convert_tokens_to_ids(token)
+        if tid is None or (token != unk and tid == getattr(tok, "unk_token_id", None)):
+            missing.append(token)
+        else:
+            found[token] = int(tid)
+    return found, missing
+
+
+def _placeholder_ids(processor: Any) -> set[int]:
+    return set(placeholder_tokens(processor)[0].values())
 
 
 def text_tokens(processor: Any, text: str) -> int:

@@ -631,3 +631,45 @@ def test_internvl_through_the_default_handler() -> None:
         assert default_estimate(rec, proc) == real, rec["sample_id"]
         worst_rel = max(worst_rel, abs(default_estimate(rec, proc, mode="estimate") - real) / real)
     assert worst_rel <= 0.25, worst_rel
+
+
+# -- template probe: a declared placeholder the vocabulary lacks -------------------------------
+
+
+def test_a_placeholder_missing_from_the_vocabulary_is_reported_not_looked_up() -> None:
+    """SmolVLMProcessor declares ``video_token="<video>"`` whatever its tokenizer holds; with a
+    vocabulary without it (the tiny Idefics3 one, as in the real SmolVLM) the lookup gave None
+    and the probe died on ``int(None)``. Now the token is reported as missing, the image token
+    is still left out of the count, and the video's text pieces are counted as text."""
+    pytest.importorskip("num2words", reason="SmolVLMProcessor imports num2words (test extra)")
+    import transformers as tf
+
+    from neatpack.pipes._template_probe import (
+        placeholder_tokens,
+        probe_overhead,
+        templated_text_tokens,
+    )
+    from neatpack.pipes.family_idefics3 import load_tiny_idefics3_processor
+    from neatpack.pipes.family_smolvlm import load_tiny_smolvlm_processor
+
+    small, tok = load_tiny_smolvlm_processor(), load_tiny_idefics3_processor().tokenizer
+    assert tok.convert_tokens_to_ids("<video>") is None
+    proc = tf.SmolVLMProcessor(
+        image_processor=small.image_processor, tokenizer=tok,
+        video_processor=small.video_processor, image_seq_len=small.image_seq_len,
+        chat_template=small.chat_template,
+    )  # fmt: skip
+    image_id = tok.convert_tokens_to_ids("<image>")
+    assert placeholder_tokens(proc) == ({"<image>": image_id}, ["<video>"])
+    assert placeholder_tokens(small) == (
+        {"<image>": image_id, "<video>": small.tokenizer.convert_tokens_to_ids("<video>")},
+        [],
+    )
+    conv = [{"role": "user", "content": [
+        {"type": "video", "video": "v.mp4"}, {"type": "image", "image": "a.jpg"},
+        {"type": "text", "text": "hi"}]}]  # fmt: skip
+    ids = tok(proc.apply_chat_template(conv, tokenize=False), add_special_tokens=False)
+    assert templated_text_tokens(proc, conv) == len(ids["input_ids"]) - 1  # one <image>
+    overhead = probe_overhead(proc)
+    assert overhead.per_image == probe_overhead(small).per_image
+    assert overhead.per_video > probe_overhead(small).per_video  # "<video>" counted as text
