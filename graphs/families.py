@@ -14,6 +14,7 @@ attn_implementation         a mask-free / doc-id / flex format for a family whos
 estimate_mode="calibrated"  Qwen-VL's LengthEstimator only
 mask_options                only for a handler with a packed_mask (Gemma 3 / 4)
 a handler needing mRoPE     without a model-free position rule (``sample_media``)
+handler ``phi4``            ``GRAPH_REFUSED``: its forward cannot take a mixed batch exactly
 ==========================  ================================================================
 
 Selection: ``config.handler`` when set; else the processor's class through
@@ -33,9 +34,21 @@ from neatpack.pipes.mrope import _FAMILY_BY_PROCESSOR
 from neatpack.pipes.registry import PROCESSOR_HANDLERS, Handler, get_handler
 from neatpack.pipes.sample_media import HANDLER_POSITIONS
 
-__all__ = ["QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
+__all__ = ["GRAPH_REFUSED", "QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
 
 QWEN_VL_HANDLER = "qwen_vl"
+#: Handlers the graph refuses, and why. The graph merges a whole batch's media into ONE forward
+#: (``collate_family``) and plans packs by length only, so a family whose forward changes with
+#: the mix of documents it holds cannot be served exactly.
+GRAPH_REFUSED: dict[str, str] = {
+    "phi4": "Phi-4-multimodal picks its audio projection per forward ('vision' when any image "
+    "is in it, else 'speech'), so family_phi4.phi4_pack_media refuses image-less audio beside "
+    "images, a mix the planner does not keep apart (the loader would fail mid-epoch); and its "
+    "audio encoder adds its padding mask to the scores, so clips of unequal length in one "
+    "forward are not exact (tests/test_family_phi4.py measures 0.34 and 0.077). Fix: pack it "
+    "with materialize_pack + neat_packed_family_collater over groups that are image-only, or "
+    "audio-only with clips of equal length",
+}
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,8 @@ def plan_family(processor: Any, config: Any) -> FamilyPlan | None:
             )
         return None
     h = handler.name
+    if h in GRAPH_REFUSED:
+        raise ValueError(f"neat_vlm_graph cannot serve handler {h!r}: {GRAPH_REFUSED[h]}")
     if config.fake_image:
         raise ValueError(
             f"fake_image=True needs the Qwen-VL path, but the processor "

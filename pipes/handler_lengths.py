@@ -11,6 +11,12 @@ llava_onevision    ``family_llava_onevision.llava_onevision_estimate``
 idefics3           ``family_idefics3.idefics3_estimate``
 chat_template      ``family_default.default_estimate`` (InternVL and any template processor)
 qwen_omni          ``family_qwen_omni.qwen_omni_estimate`` (audio from ``audios_meta`` / WAV)
+qwen3_omni         ``family_qwen3_omni.qwen3_omni_estimate`` (Qwen3-Omni's audio rule)
+kimi_k25           ``family_default.default_estimate`` (images pre-expanded from the grid)
+step3              ``family_step3.step3_estimate`` (global view + crops per image)
+smolvlm            ``family_smolvlm.smolvlm_estimate`` (Idefics3 tiles, SmolVLM's layout)
+phi4               ``family_phi4.phi4_estimate`` (``family_audio.estimate_audio_family``)
+nemotron_omni      ``family_nemotron_omni.nemotron_omni_estimate`` (same shared audio flow)
 prompt_answer      ``family_prompt.prompt_answer_length`` (chars / 3 outside exact mode)
 =================  ===========================================================================
 
@@ -73,6 +79,36 @@ def _omni(record: Mapping[str, Any], processor: Any, mode: str) -> int:
     return qwen_omni_estimate(record, processor, mode=mode)
 
 
+def _qwen3_omni(record: Mapping[str, Any], processor: Any, mode: str) -> int:
+    from .family_qwen3_omni import qwen3_omni_estimate
+
+    return qwen3_omni_estimate(record, processor, mode=mode)
+
+
+def _step3(record: Mapping[str, Any], processor: Any, mode: str) -> int:
+    from .family_step3 import step3_estimate
+
+    return step3_estimate(record, processor, mode=mode)
+
+
+def _smolvlm(record: Mapping[str, Any], processor: Any, mode: str) -> int:
+    from .family_smolvlm import smolvlm_estimate
+
+    return smolvlm_estimate(record, processor, mode=mode)
+
+
+def _phi4(record: Mapping[str, Any], processor: Any, mode: str) -> int:
+    from .family_phi4 import phi4_estimate
+
+    return phi4_estimate(record, processor, mode=mode)
+
+
+def _nemotron_omni(record: Mapping[str, Any], processor: Any, mode: str) -> int:
+    from .family_nemotron_omni import nemotron_omni_estimate
+
+    return nemotron_omni_estimate(record, processor, mode=mode)
+
+
 def _prompt(record: Mapping[str, Any], processor: Any, mode: str) -> int:
     from .family_prompt import prompt_answer_length
 
@@ -85,6 +121,12 @@ _ESTIMATES: dict[str, EstimateFn] = {
     "idefics3": _idefics3,
     "chat_template": _default,
     "qwen_omni": _omni,
+    "qwen3_omni": _qwen3_omni,
+    "kimi_k25": _default,
+    "step3": _step3,
+    "smolvlm": _smolvlm,
+    "phi4": _phi4,
+    "nemotron_omni": _nemotron_omni,
     "prompt_answer": _prompt,
 }
 

@@ -8,7 +8,8 @@ those rows' documents, in order. The batch's media is ``Handler.pack_media`` ove
 batch's samples, row after row (``collate_family.merge_family_media``), so per row and per key the
 item count is what ``pack_media`` gives for that row's samples (``family_media_counts``): the
 counts come from the samples the packs carry (``pack["media_samples"]``), never from a shape
-heuristic. Items lie on dim 0, except Idefics3's tiles (``[1, tiles, 3, H, W]``, dim 1)::
+heuristic. Items lie on dim 0, except Idefics3's and SmolVLM's tiles (``[1, tiles, 3, H, W]``,
+dim 1)::
 
     rows (B=4, n=2)        row 0: [a(2 crops+1), b(0)]  row 1: [c(1)]  row 2: []  row 3: [d(1)]
     Gemma 3 pixel rows     counts [3, 1, 0, 1]    -> micro-batch 0 rows [0:4], 1 rows [4:5]
@@ -37,7 +38,7 @@ __all__ = [
     "wrap_family_collate_for_pp",
 ]
 
-FAMILY_MEDIA_AXIS: Final[dict[str, int]] = {"idefics3": 1}
+FAMILY_MEDIA_AXIS: Final[dict[str, int]] = {"idefics3": 1, "smolvlm": 1}
 """Handler name -> the dim its media items lie on (default 0)."""
 
 

@@ -1,8 +1,8 @@
 """What a family Sample carries besides its tokens, and the glue the pack step needs per family.
 
 A Sample of a non-Qwen-VL family (``registry`` handlers ``gemma3``, ``llava_onevision``,
-``idefics3``, ``chat_template`` for InternVL, ``qwen_omni`` ...) holds its media in the
-processor's own layout: Gemma 3 ``pixel_values [n, 3, H, W]``, LLaVA-OneVision
+``idefics3``, ``chat_template`` for InternVL, ``qwen_omni``, ``qwen3_omni`` ...) holds its media
+in the processor's own layout: Gemma 3 ``pixel_values [n, 3, H, W]``, LLaVA-OneVision
 ``[n, tiles, 3, H, W]`` + ``image_sizes`` + ``batch_num_images``, Idefics3 ``[1, tiles, 3, H, W]`` +
 ``pixel_attention_mask``, Qwen2.5-Omni patch rows + ``image_grid_thw`` + ``input_features`` +
 ``feature_attention_mask``. Those layouts cannot be concatenated blindly (tile axes differ), so
@@ -41,6 +41,7 @@ PositionsFn = Callable[[Mapping[str, Any]], Tensor]
 #: positions come from ``mrope.MRopeConfig``). Asked for as a ``Handler`` field in issue #7.
 HANDLER_POSITIONS: dict[str, Callable[[Mapping[str, Any], Any], Tensor]] = {
     "qwen_omni": qwen_omni_mrope,
+    "qwen3_omni": qwen_omni_mrope,  # the thinker's get_rope_index: the same rule (family doc)
 }
 #: Sample keys that are per token (or bookkeeping), never media.
 TOKEN_KEYS: frozenset[str] = frozenset(
