@@ -43,7 +43,16 @@ FAMILIES = {
     "idefics3": ("family_idefics3", "load_tiny_idefics3_processor", "tiny_idefics3_model"),
     "internvl": ("family_internvl", "load_tiny_internvl_processor", "tiny_internvl_model"),
     "qwen_omni": ("family_qwen_omni", "load_tiny_qwen_omni_processor", "tiny_qwen_omni_model"),
+    "qwen3_omni": ("family_qwen3_omni", "load_tiny_qwen3_omni_processor",
+                   "tiny_qwen3_omni_model"),
+    "kimi_k25": ("family_kimi", "load_tiny_kimi_k25_processor", "tiny_kimi_k25_model"),
+    "step3": ("family_step3", "load_tiny_step3_processor", "tiny_step3_model"),
+    "smolvlm": ("family_smolvlm", "load_tiny_smolvlm_processor", "tiny_smolvlm_model"),
 }  # fmt: skip
+#: Families whose audio tower pads each forward's partial 100-frame chunks to the longest one
+#: (Qwen3-Omni): a micro-batch's clips would then differ from the whole batch's, so their
+#: clips are whole seconds (``test_graph_more_families`` measures the partial-chunk limit).
+WHOLE_SECOND_AUDIO = frozenset({"qwen3_omni"})
 
 
 @cache
@@ -58,12 +67,16 @@ def _load(family: str) -> tuple[Any, Callable[..., Any]]:
     return proc, getattr(module, builder)
 
 
-def _record(sid: int, rng: random.Random, kinds: tuple[str, ...]) -> dict[str, Any]:
-    """A user turn with one media block per entry of ``kinds``, then text; a short answer."""
+def _record(
+    sid: int, rng: random.Random, kinds: tuple[str, ...], whole_seconds: bool = False
+) -> dict[str, Any]:
+    """A user turn with one media block per entry of ``kinds``, then text; a short answer.
+    Audio clips: 6000-20000 samples, or 1-2 s with ``whole_seconds``."""
     blocks: list[dict[str, Any]] = []
     for kind in kinds:
         if kind == "audio":
-            wav = np.sin(np.arange(rng.randint(6000, 20000)) * rng.uniform(0.01, 0.2))
+            n = rng.choice([16000, 32000]) if whole_seconds else rng.randint(6000, 20000)
+            wav = np.sin(np.arange(n) * rng.uniform(0.01, 0.2))
             blocks.append({"type": "audio", "audio": (0.3 * wav).astype(np.float32)})
         elif kind == "video":
             frames = [Image.new("RGB", (32, 24), (sid * 40, 30 * k, 7)) for k in range(2)]
@@ -79,7 +92,11 @@ def _record(sid: int, rng: random.Random, kinds: tuple[str, ...]) -> dict[str, A
 
 
 # media kinds a family's documents cycle through (Gemma 4: images, videos and audio)
-KINDS = {"qwen_omni": ("audio", "image"), "gemma4": ("video", "image", "audio")}
+KINDS = {
+    "qwen_omni": ("audio", "image"),
+    "qwen3_omni": ("audio", "image"),
+    "gemma4": ("video", "image", "audio"),
+}
 
 
 @cache
@@ -95,7 +112,12 @@ def _rows(proc: Any, family: str) -> list[list[dict[str, Any]]]:
     return [
         [
             tokenize_with_handler(
-                _record(next(sid), rng, tuple(cycle[next(kind) % len(cycle)] for _ in range(n))),
+                _record(
+                    next(sid),
+                    rng,
+                    tuple(cycle[next(kind) % len(cycle)] for _ in range(n)),
+                    family in WHOLE_SECOND_AUDIO,
+                ),
                 proc,
             )
             for n in row
@@ -125,9 +147,10 @@ def _batch(rows: list[list[dict[str, Any]]], h: Handler, proc: Any) -> dict[str,
     ids, pos, doc, mm, seq = [], [], [], [], _seq(rows)
     for row in rows:
         if h.mrope:
-            from neatpack.pipes.family_qwen_omni import qwen_omni_mrope
+            from neatpack.pipes.sample_media import HANDLER_POSITIONS
 
-            row = [dict(s, position_ids=qwen_omni_mrope(s, proc)) for s in row]
+            rule = HANDLER_POSITIONS[h.name]
+            row = [dict(s, position_ids=rule(s, proc)) for s in row]
         pack = build_pack(row, mrope=h.mrope)
         pad = seq - int(pack["input_ids"].shape[0])
         ids.append(torch.nn.functional.pad(pack["input_ids"], (0, pad)))
@@ -255,8 +278,14 @@ def test_media_that_do_not_belong_to_the_rows_are_refused() -> None:
     assert "gemma3" in HANDLERS
 
 
+SLOW_WRAPPED = ("idefics3", "smolvlm")
+
+
 @pytest.mark.parity
-@pytest.mark.parametrize("family", ["gemma3", pytest.param("idefics3", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "family",
+    ["gemma3", "step3", *(pytest.param(f, marks=pytest.mark.slow) for f in SLOW_WRAPPED)],
+)
 def test_the_family_collater_wrapped_for_pp(family: str) -> None:
     """Packs built as ``materialize_pack`` builds them (tokens + ``media_samples``), collated by
     the real ``neat_packed_family_collater`` at a fixed ``max_length`` and wrapped for PP: every
