@@ -69,7 +69,9 @@ def family_mask_is_block_causal(
         return True
     got = h.packed_mask(_PROBE_DOC, _PROBE_MM, **dict(mask_options or {}))
     want = to_4d_additive_mask(_PROBE_DOC).eq(0)
-    masks = list(got.values()) if isinstance(got, Mapping) else [got]
+    # a None entry (Nemotron-H's Mamba layers) is a layer type without a mask: no format can
+    # give it one, so it does not decide which formats express the masks there are
+    masks = [m for m in (got.values() if isinstance(got, Mapping) else [got]) if m is not None]
     return all(torch.equal(m if m.dtype == torch.bool else m.eq(0), want) for m in masks)
 
 

@@ -1,5 +1,6 @@
 """``neat_vlm_graph`` for the families registered after the first graph families: Kimi K2.5,
-Step3, SmolVLM, Qwen3-Omni (and Phi-4-multimodal refused at build time).
+Step3, SmolVLM, Qwen3-Omni, Nemotron-H Omni (attention-only stack) and Phi-4-multimodal
+(refused at build time: ``graphs.families.GRAPH_REFUSED``).
 
 As ``test_graph_families``: a batch of 2 packed rows from the graph is fed to the family's tiny
 real model and each document's logits must equal the document run alone (max abs diff <= 1e-5
@@ -39,6 +40,8 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "smolvlm": ("family_smolvlm", ("pixel_values", "pixel_attention_mask")),
     "qwen3_omni": ("family_qwen3_omni",
                    ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask")),
+    "nemotron_omni": ("family_nemotron_omni",
+                      ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")),
 }  # fmt: skip
 PACK_SIZE = 640
 
@@ -51,6 +54,10 @@ def _processor(family: str) -> Any:
 
 @cache
 def _model(family: str) -> Any:
+    if family == "nemotron_omni":  # the builder lives with the family's tests (attention-only)
+        from test_family_nemotron_omni import tiny_nemotron_omni_model
+
+        return tiny_nemotron_omni_model(_processor(family))
     module = importlib.import_module(f"neatpack.pipes.{FAMILIES[family][0]}")
     return getattr(module, f"tiny_{family}_model")(_processor(family))
 
@@ -120,16 +127,16 @@ def test_graph_batch_equals_separate_runs(corpus: Path, family: str) -> None:
     assert float((halved - logits).abs().max()) > 1e-4
 
 
-def _whole_second_corpus(root: Path, n: int = 8) -> Records:
-    """n records: 0-2 clips of 1 or 2 s (whole encoder chunks) and 0-1 image per record."""
+def _whole_second_corpus(root: Path, n: int = 8, seconds: tuple[int, ...] = (1, 2)) -> Records:
+    """n records: 0-2 clips of ``seconds`` s (whole encoder chunks) and 0-1 image per record."""
     rng = random.Random(5)
     words = ("tone", "red", "green", "sound", "the", "cat", "hears", "a", "loud", "note")
     records: list[dict[str, Any]] = []
     for i in range(n):
-        seconds = [rng.choice([1, 2]) for _ in range(i % 3)]
+        lengths = [rng.choice(seconds) for _ in range(i % 3)]
         user: list[dict[str, Any]] = [
             {"type": "audio", "audio": _wav(root / f"s{i}_{k}.wav", rng, n * 16000)}
-            for k, n in enumerate(seconds)
+            for k, n in enumerate(lengths)
         ]
         if i % 2 == 0:
             name = str(root / f"p{i}.png")
@@ -143,9 +150,12 @@ def _whole_second_corpus(root: Path, n: int = 8) -> Records:
     return Records(records)
 
 
-def _omni_batch(source: Records) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
-    proc = _processor("qwen3_omni")
-    batch = next(iter(neat_vlm_graph(source, proc, config=_config(pack_size=256))))
+def _omni_batch(
+    source: Records, family: str = "qwen3_omni", **kw: Any
+) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    proc = _processor(family)
+    cfg = _config(**{"pack_size": 256, **kw})
+    batch = next(iter(neat_vlm_graph(source, proc, config=cfg)))
     samples = {sid: tokenize_with_handler(source[sid], proc)
                for ids in batch["sample_ids"] for sid in ids}  # fmt: skip
     return batch, samples
@@ -175,6 +185,8 @@ def test_qwen3_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
     worst, docs = _worst("qwen3_omni", batch, logits, samples.__getitem__)
     assert docs >= 3
     assert worst <= 1e-5, worst
+    halved = _forward("qwen3_omni", batch, input_features=batch["input_features"] * 0.5)
+    assert float((halved - logits).abs().max()) > 1e-4  # the clips really feed the model
 
 
 @pytest.mark.slow
@@ -227,3 +239,24 @@ def test_phi4_is_refused_at_build(corpus: Path) -> None:
 
     with pytest.raises(ValueError, match=r"cannot serve handler 'phi4': .*audio projection"):
         neat_vlm_graph(corpus, load_tiny_phi4_processor(), config=_config())
+
+
+@pytest.mark.parity
+def test_nemotron_omni_graph_parity_on_an_attention_only_stack(tmp_path: Path) -> None:
+    """Nemotron-H Omni through the graph (images + 1 s clips: equal clip lengths, the family's
+    documented limit) on an attention-only Nemotron-H stack: the 2 rows == each document alone
+    (<= 1e-5 fp32). The hybrid stack's Mamba layers are not isolated per document and clips of
+    unequal length see the encoder padding (both measured in ``test_family_nemotron_omni``)."""
+    batch, samples = _omni_batch(_whole_second_corpus(tmp_path, seconds=(1,)), "nemotron_omni")
+    assert set(batch["attention_mask"]) == {"full_attention", "linear_attention"}
+    assert int(batch["input_features"].shape[0]) >= 2
+    assert "pixel_values" in batch
+    logits = _forward("nemotron_omni", batch)
+    worst, docs = _worst("nemotron_omni", batch, logits, samples.__getitem__)
+    assert docs >= 3
+    assert worst <= 1e-5, worst
+    halved = _forward("nemotron_omni", batch, input_features=batch["input_features"] * 0.5)
+    assert float((halved - logits).abs().max()) > 1e-4  # the clips really feed the model
+    flash = _omni_batch(_whole_second_corpus(tmp_path, seconds=(1,)), "nemotron_omni",
+                        attn_implementation="flash_attention_2", max_packs=2)[0]  # fmt: skip
+    assert flash["attention_mask"] is None  # block-causal attention layers: cu_seqlens
