@@ -290,7 +290,12 @@ def gemma3_packed_mask(
 
 def tiny_gemma3_model(processor: Any, *, seed: int = 0, attn_implementation: str = "eager") -> Any:
     """A tiny random fp32 ``Gemma3ForConditionalGeneration`` matching the tiny processor (28x28
-    images, patch 7 -> 4x4 patches pooled to ``image_seq_length`` = 4 soft tokens)."""
+    images, patch 7 -> 4x4 patches pooled to ``image_seq_length`` = 4 soft tokens).
+
+    transformers initialises the image projection (``mm_input_projection_weight``) to zeros,
+    which makes every image embedding zero: the pixels would never reach the logits and a
+    parity test could not see a wrong image. It gets seeded random weights here (std 0.02,
+    ``initializer_range``), so changing the pixels changes the logits."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     tok = processor.tokenizer
@@ -320,6 +325,9 @@ def tiny_gemma3_model(processor: Any, *, seed: int = 0, attn_implementation: str
         sub._attn_implementation = attn_implementation  # type: ignore[union-attr]
     torch.manual_seed(seed)  # init only: tests own the process
     model = Gemma3ForConditionalGeneration(cfg)
+    proj = model.model.multi_modal_projector.mm_input_projection_weight
+    with torch.no_grad():
+        proj.normal_(0.0, cfg.text_config.initializer_range)  # type: ignore[union-attr]
     model.config.use_cache = False
     model.eval()  # type: ignore[no-untyped-call]
     return model

@@ -158,10 +158,16 @@ def _separate(model: Any, s: dict[str, Any]) -> torch.Tensor:
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_gemma3_packed_equals_separate(gemma3: Any, bidirectional: bool) -> None:
     """One packed row (4D additive mask, reset positions) == each sample alone, max abs diff
-    <= 1e-5 fp32; a plain block-causal mask (no bidirectional image runs) must NOT match."""
+    <= 1e-5 fp32; a plain block-causal mask (no bidirectional image runs) must NOT match. The
+    images do reach the logits (the tiny model's image projection is random, not zeros): other
+    pixels change them by far more than the tolerance, so a wrong image could not pass."""
     model = tiny_gemma3_model(gemma3)
     samples = [tokenize_with_handler(r, gemma3) for r in _records(4, seed=5, max_images=2)]
     assert sum("pixel_values" in s for s in samples) >= 2
+    with_image = next(s for s in samples if "pixel_values" in s)
+    negative = {**with_image, "pixel_values": -with_image["pixel_values"]}  # solid colours
+    moved = float((_separate(model, negative) - _separate(model, with_image)).abs().max())
+    assert moved > 1e-3, moved
     pack = build_pack(samples)
     doc, tt = pack["attention_mask"][None], pack["mm_token_type_ids"][None]
     window = model.config.text_config.sliding_window
