@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ._media_meta import EstimateError, _raw_meta, _video_tokens
+from ._media_meta import MAX_TEXT_TOKENS, EstimateError, _raw_meta, _video_tokens
 from ._record import paused_gc, raw_text_stats
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def _estimate(
             tt = _raw_meta(raw, "_text_tokens")
             if tt is None:
                 body = floor(chars / cpt)
-            elif type(tt) is int:
+            elif type(tt) is int and 0 <= tt < MAX_TEXT_TOKENS:
                 body = tt
             else:
                 slow.append(k)

@@ -16,6 +16,11 @@ class EstimateError(RecordError):
     """A record whose length cannot be estimated; the message names the sample id."""
 
 
+#: A record's ``_text_tokens`` must be an integer in ``[0, MAX_TEXT_TOKENS)``: far above any real
+#: sample, and low enough that the index's int64 sums cannot overflow.
+MAX_TEXT_TOKENS = 2**40
+
+
 def _positive_meta(sample_id: int, kind: str, meta: Any, n: int) -> list[float]:
     if not isinstance(meta, list | tuple) or len(meta) < n:
         raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r} needs {n} numbers")

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._media_meta import (
+    MAX_TEXT_TOKENS,
     EstimateError,
     _aligned_meta,
     _frames_fps,
@@ -218,7 +219,15 @@ class LengthEstimator:
         else:
             st = text_stats(record)
             tt = record.get("_text_tokens")
-            body = int(tt) if tt is not None else math.floor(st.chars / self.chars_per_token)
+            if tt is None:
+                body = math.floor(st.chars / self.chars_per_token)
+            elif type(tt) in (int, float) and 0 <= tt < MAX_TEXT_TOKENS and tt == int(tt):
+                body = int(tt)  # 7.0 is 7 (e.g. written from a float column)
+            else:
+                raise EstimateError(
+                    f"sample_id={sid}: _text_tokens={tt!r} is not a token count (an integer in "
+                    f"[0, 2**40)); fix the field or delete it to estimate from the characters"
+                )
             text = body + round(self.overhead.tokens(st))
         return SampleEstimate(max(text + frame_text + visual - 1, 0), visual, reasons)
 

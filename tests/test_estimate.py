@@ -5,6 +5,7 @@ mode equals the processor's real input length, and the fast path equals the full
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,14 @@ from transformers.video_utils import VideoMetadata
 
 from neatpack.pipes._record import to_record
 from neatpack.pipes.estimate import EstimateError, LengthEstimator, TemplateOverhead, text_stats
+from neatpack.pipes.lengths import build_length_index
 from neatpack.pipes.media_tokens import (
     ImageTokenConfig,
     VideoTokenConfig,
     smart_resize,
     smart_resize_video,
 )
-from neatpack.pipes.read import SequenceSource
+from neatpack.pipes.read import JsonlSource, SequenceSource
 
 SIZES = [
     (28, 4000), (4000, 28), (10, 10), (8000, 6000), (1, 1), (27, 29), (100, 70), (1080, 1920),
@@ -185,6 +187,24 @@ def test_estimate_literal_and_text_tokens_override() -> None:
     assert est.estimate(r) == (8 + 23 + 200 - 1, 200)
     r["_text_tokens"] = 100
     assert est.estimate(r) == (100 + 23 + 200 - 1, 200)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**40, 2**70, 12.5, float("nan"), "12", True, [3]])
+def test_bad_text_tokens_are_refused_naming_the_sample(tmp_path: Path, bad: Any) -> None:
+    """A ``_text_tokens`` that is not a token count is an error naming the sample, on both the
+    full path and the length index (2**70 used to crash the index build with OverflowError)."""
+    est = LengthEstimator(image=ImageTokenConfig(**QWEN2))
+    r = rec([{"type": "text", "text": "What is it?"}], _text_tokens=bad)
+    with pytest.raises(EstimateError, match=r"sample_id=\d+: _text_tokens=.* is not a token count"):
+        est.estimate(r)
+    raw = {"messages": [{"role": "user", "content": "Hi"}], "_text_tokens": bad}
+    _, _, slow = est.estimate_raw_batch([raw])
+    assert slow == [0]  # the fast path leaves it to the full path, which raises
+    path = tmp_path / "d.jsonl"
+    good = {"messages": [{"role": "user", "content": "Hi"}], "_text_tokens": 5}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(raw) + "\n")
+    with pytest.raises(EstimateError, match=r"sample_id=1: _text_tokens="):
+        build_length_index(JsonlSource(path), est, progress=False)
 
 
 def test_header_fallback_when_meta_missing(tmp_path: Path) -> None:
