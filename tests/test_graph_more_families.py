@@ -219,11 +219,12 @@ def test_the_planned_length_is_the_real_length(corpus: Path, family: str) -> Non
         assert est.estimate(source[sid])[0] == real, (family, sid)
 
 
-def test_qwen3_omni_planned_length_is_the_real_length(tmp_path: Path) -> None:
-    """Qwen3-Omni with audio (sizes from the WAV headers) and images: estimate == real."""
-    proc = _processor("qwen3_omni")
+@pytest.mark.parametrize("family", ["qwen3_omni", "nemotron_omni"])
+def test_audio_family_planned_length_is_the_real_length(tmp_path: Path, family: str) -> None:
+    """Audio (lengths from the WAV headers) and images: the graph's estimate == real length."""
+    proc = _processor(family)
     source = omni_corpus(tmp_path)
-    est = HandlerEstimator("qwen3_omni", proc, "exact")
+    est = HandlerEstimator(family, proc, "exact")
     for sid in range(len(source)):
         sample = tokenize_with_handler(source[sid], proc)
         total, visual = est.estimate(source[sid])
