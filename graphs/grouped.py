@@ -52,6 +52,7 @@ class GroupedConfig:
     multiprocessing_context: str | None = "fork"
     prefetch: int = 2
     keep_ledger: bool = True
+    ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -180,4 +181,5 @@ def grouped_vlm_graph(
         pack_size=max_len * cfg.batch_size,
         config=key,
         keep_ledger=cfg.keep_ledger,
+        ledger_epochs=cfg.ledger_epochs,
     )

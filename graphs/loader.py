@@ -110,8 +110,11 @@ class NeatLoader:
         pack_size: int,
         config: dict[str, Any] | None = None,
         keep_ledger: bool = True,
+        ledger_epochs: int | None = None,
         initial_epoch: int = 0,
     ) -> None:
+        if ledger_epochs is not None and ledger_epochs < 1:
+            raise ValueError(f"{ledger_epochs=} must be >= 1 (None keeps every epoch's ledger)")
         self.source = source
         self.root = build(source)
         self._watchdog = WorkerWatchdog(self.root)
@@ -122,6 +125,9 @@ class NeatLoader:
             json.dumps(self.config, sort_keys=True, default=str).encode()
         ).hexdigest()[:16]
         self.keep_ledger = keep_ledger
+        # Each epoch's ledger holds every id of the epoch on this rank (8 bytes+ per id in a
+        # list): keeping the last few bounds the memory of a long multi-epoch run.
+        self.ledger_epochs = ledger_epochs
         self.ledgers: dict[int, EpochLedger] = {}
         self.stats = LoaderStats()
         self._lock = threading.Lock()
@@ -173,7 +179,7 @@ class NeatLoader:
         packs = batch.get("packs", [])
         self._position["local"] += len(packs)
         self.stats.batches += 1
-        ledger = self.ledgers.setdefault(self.epoch, EpochLedger()) if self.keep_ledger else None
+        ledger = self._ledger() if self.keep_ledger else None
         for meta in packs:
             self.stats.packs += 1
             self.stats.pack_tokens += self.pack_size
@@ -199,11 +205,21 @@ class NeatLoader:
             ledger.replacements.extend(b for _, b in replaced)
             ledger.truncated.extend(int(i) for i in report.get("truncated", []))
 
+    def _ledger(self) -> EpochLedger:
+        """This epoch's ledger; opening a new one forgets all but the last ``ledger_epochs``."""
+        ledger = self.ledgers.get(self.epoch)
+        if ledger is None:
+            ledger = self.ledgers[self.epoch] = EpochLedger()
+            if self.ledger_epochs is not None:
+                for old in sorted(self.ledgers)[: -self.ledger_epochs]:
+                    del self.ledgers[old]
+        return ledger
+
     def _record_tail(self) -> None:
         if not self.keep_ledger:
             return
         plan = self.source.plan_for(self._group_size)
-        ledger = self.ledgers.setdefault(self.epoch, EpochLedger())
+        ledger = self._ledger()
         if self.source.rank == 0:
             ledger.overlong = [int(i) for i in getattr(plan, "dropped_ids", ())]
         # The layout that finishes the epoch decides its tail: replace, never accumulate.

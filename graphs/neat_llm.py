@@ -57,6 +57,7 @@ class NeatLLMConfig:
     multiprocessing_context: str | None = "fork"
     prefetch: int = 2
     keep_ledger: bool = True
+    ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -199,7 +200,14 @@ def neat_llm_graph(
     plan_key = {
         k: v
         for k, v in asdict(cfg).items()
-        if k not in ("num_workers", "multiprocessing_context", "prefetch", "keep_ledger")
+        if k
+        not in (
+            "num_workers",
+            "multiprocessing_context",
+            "prefetch",
+            "keep_ledger",
+            "ledger_epochs",
+        )
     }
     fingerprint = hashlib.sha256(np.ascontiguousarray(total, dtype="<i8").tobytes()).hexdigest()
     return NeatLoader(
@@ -208,4 +216,5 @@ def neat_llm_graph(
         pack_size=cfg.pack_size,
         config={"graph": "neat_llm", "lengths": fingerprint[:16], **plan_key},
         keep_ledger=cfg.keep_ledger,
+        ledger_epochs=cfg.ledger_epochs,
     )

@@ -89,6 +89,7 @@ class NeatVLMConfig:
     prefetch: int = 2
     progress: bool = False
     keep_ledger: bool = True
+    ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
     pp_microbatches: int | None = None  # split media per pipeline-parallel micro-batch
     handler: str | None = None  # registry handler; None: from the processor's class
     mask_options: Mapping[str, Any] | None = None  # to the handler's packed_mask (Gemma)
@@ -338,7 +339,12 @@ def neat_vlm_graph(
 
     config_key = {"graph": "neat_vlm", "lengths": index.fingerprint, **cfg.plan_key()}
     return NeatLoader(
-        pack_source, build, pack_size=cfg.pack_size, config=config_key, keep_ledger=cfg.keep_ledger
+        pack_source,
+        build,
+        pack_size=cfg.pack_size,
+        config=config_key,
+        keep_ledger=cfg.keep_ledger,
+        ledger_epochs=cfg.ledger_epochs,
     )
 
 

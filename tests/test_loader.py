@@ -50,6 +50,7 @@ def make_loader(
     num_packs: int = 13,
     tail: str = "drop",
     seed: int = 0,
+    ledger_epochs: int | None = None,
 ) -> NeatLoader:
     source = PackSource(
         ShufflePlan(num_packs, seed),
@@ -73,7 +74,13 @@ def make_loader(
         )
         return Mapper(Batcher(node, batch_size, drop_last=False), collate)
 
-    return NeatLoader(source, build, pack_size=4, config={"seed": seed, "batch_size": batch_size})
+    return NeatLoader(
+        source,
+        build,
+        pack_size=4,
+        config={"seed": seed, "batch_size": batch_size},
+        ledger_epochs=ledger_epochs,
+    )
 
 
 def run_epochs(loader: NeatLoader, epochs: int) -> list[list[dict[str, Any]]]:
@@ -192,3 +199,19 @@ def test_dead_worker_raises_instead_of_hanging() -> None:
     ):
         list(loader)
     assert time.monotonic() - started < 30
+
+
+def test_ledger_epochs_keeps_only_the_last_epochs() -> None:
+    """A long run's ledgers stay bounded: with ledger_epochs=2 only the last two epochs are
+    kept, and they hold exactly what an unbounded loader records for those epochs."""
+    bounded, full = make_loader(ledger_epochs=2), make_loader()
+    for _ in range(4):
+        list(bounded), list(full)
+        assert len(bounded.ledgers) <= 2
+    assert sorted(bounded.ledgers) == [2, 3]
+    assert sorted(full.ledgers) == [0, 1, 2, 3]
+    for epoch in (2, 3):
+        assert bounded.ledgers[epoch] == full.ledgers[epoch]
+        assert bounded.ledgers[epoch].consumed  # the epoch really was recorded
+    with pytest.raises(ValueError, match="ledger_epochs=0 must be >= 1"):
+        make_loader(ledger_epochs=0)
