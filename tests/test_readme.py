@@ -97,3 +97,20 @@ def test_training_example_reduces_the_loss() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["steps"] == 6
     assert result["losses"][-1] < result["losses"][0]
+
+
+def test_families_table_covers_every_handler_and_names_real_tests() -> None:
+    """Issue #7's table: one row per registered handler, and every test it cites exists."""
+    from neatpack.pipes.registry import HANDLERS
+
+    section = README.split("## Model families", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    handler_cells = " ".join(row.split("|")[2] for row in rows[1:])
+    missing = [name for name in HANDLERS if f"`{name}`" not in handler_cells]
+    assert not missing, f"README families table has no row for handlers {missing}"
+    cited = set(re.findall(r"`(tests/[\w/]+\.py)(?:::[\w\[\]-]+)?`", section))
+    assert cited, "the table cites no tests"
+    absent = sorted(p for p in cited if not (ROOT / p).is_file())
+    assert not absent, f"README families table cites missing test files {absent}"
+    for ref in re.findall(r"`(tests/[\w/]+\.py)::(\w+)", section):
+        assert f"def {ref[1]}(" in (ROOT / ref[0]).read_text(), f"{ref[0]} has no {ref[1]}"
