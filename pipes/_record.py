@@ -1,8 +1,9 @@
 """Raw record -> Record (``docs/data_contracts.md`` section 1): role/content-list form, media
 paths resolved against (and confined to) the media root.
 
-Media blocks are images, videos and audio (``{"type": "audio", "audio": "clip.wav"}``, optionally
-with ``"sampling_rate"``, which is kept for ``pipes/audio.py`` to check against the WAV header).
+Media blocks are images, videos and audio (``{"type": "audio", "audio": "clip.wav"}``). A video's
+``"fps"`` and an audio's ``"sampling_rate"`` are kept as given (the tokenizers check them: the
+timestamps, the WAV header and extractor rate), every other key of a media block is dropped.
 A path is resolved and confined whatever its kind; any other value (an in-memory numpy array,
 a list of frames) is passed through as is, for the family to accept or refuse naming the sample.
 LLaVA form takes ``<image>`` / ``<video>`` / ``<audio>`` placeholders with the ``image(s)`` /
@@ -28,6 +29,9 @@ _LLAVA_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user":
                 "assistant": "assistant"}  # fmt: skip
 _CONVERSATION_KEYS = ("conversation", "messages", "conversations")
 _PASSTHROUGH = ("images_meta", "videos_meta", "audios_meta", "_text_tokens")
+# Media block keys kept as given (the tokenizers check them, naming the sample): a video's frame
+# rate (timestamps) and an audio's sampling rate (checked against the WAV header / extractor).
+_BLOCK_KEYS = {"video": ("fps",), "audio": ("sampling_rate",)}
 
 
 class RecordError(ValueError):
@@ -65,8 +69,9 @@ def _typed_media_block(
             "'url' key"
         )
     block = _media_block(kind, value, sample_id, media_root)
-    if kind == "audio" and item.get("sampling_rate") is not None:
-        block["sampling_rate"] = item["sampling_rate"]  # checked by pipes/audio.py
+    for key in _BLOCK_KEYS.get(kind, ()):
+        if item.get(key) is not None:
+            block[key] = item[key]
     return block
 
 

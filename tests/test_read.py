@@ -241,3 +241,24 @@ def test_hf_dataset_source() -> None:
     assert len(src) == 1
     assert src[0]["conversation"][0]["content"][0]["text"] == "hi"
     assert len(src.content_fingerprint()) == 64
+
+
+def test_a_video_blocks_fps_survives_the_reader(tmp_path: Path) -> None:
+    """A JSONL video block's ``fps`` (the rate its timestamps use) reaches the Record, and so the
+    tokenizers, as it does for an in-memory Record; other extra keys of a media block are
+    dropped."""
+    from neatpack.pipes._conversation import parse_conversation
+
+    row = {"messages": [{"role": "user", "content": [
+        {"type": "video", "video": "v.mp4", "fps": 2.5, "note": "x"},
+        {"type": "image", "image": "a.jpg", "fps": 9}]},
+        {"role": "assistant", "content": "a dog"}]}  # fmt: skip
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    rec = JsonlSource(path, media_root=tmp_path)[0]
+    root = os.path.realpath(tmp_path)
+    assert rec["conversation"][0]["content"] == [
+        {"type": "video", "video": f"{root}/v.mp4", "fps": 2.5},
+        {"type": "image", "image": f"{root}/a.jpg"},
+    ]
+    assert parse_conversation(rec, ()).video_fps == [2.5]
