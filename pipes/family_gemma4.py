@@ -54,6 +54,7 @@ from .family_default import tokenize_default
 from .family_gemma3 import gemma3_packed_mask
 from .labels import RoleMarkers, _tail_alternatives
 from .media import SampleError
+from .tiny_family_models import WITH_AUDIO, init_tiny_model
 
 __all__ = [
     "GEMMA4_MODALITIES",
@@ -350,12 +351,6 @@ def tiny_gemma4_model(
         boa_token_id=int(ids("<|audio>")), eoa_token_index=int(ids("<audio|>")),
         audio_token_id=int(ids("<|audio|>")),
     )  # fmt: skip
-    cfg._attn_implementation = attn
-    for sub in (cfg.text_config, cfg.vision_config, cfg.audio_config):
-        if sub is not None:
-            sub._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = Gemma4ForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return init_tiny_model(
+        Gemma4ForConditionalGeneration, cfg, seed=seed, attn=attn, subconfigs=WITH_AUDIO
+    )

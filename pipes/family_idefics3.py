@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
-from .estimate import LengthEstimator
 from .family_default import tokenize_default
+from .family_image_estimate import images_meta_estimate
 from .labels import RoleMarkers, derive_role_markers
+from .tiny_family_models import init_tiny_model
 
 __all__ = [
     "idefics3_estimate",
@@ -71,6 +72,12 @@ def _count(processor: Any, images: list[Any]) -> int:
     return sum(idefics3_image_tokens(processor, [(im.height, im.width) for im in images]))
 
 
+def _block_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
+    """Each image's whole block (tags and ``<image>`` tokens), the processor's own count."""
+    data = processor._get_num_multimodal_tokens(image_sizes=[list(s) for s in sizes])
+    return [int(b) for b in data.num_image_tokens]
+
+
 def idefics3_markers(processor: Any) -> RoleMarkers:
     """Markers derived from the template by rendering (cached per processor). The template uses
     ``<|im_start|>``, so ``labels.resolve_role_markers`` would take its Qwen fast path
@@ -95,19 +102,7 @@ def tokenize_idefics3(record: Mapping[str, Any], processor: Any, **options: Any)
 def idefics3_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
     """Length after the shift: the text (``LengthEstimator`` in ``mode``, the ``<image>``
     placeholder excluded) plus each image's whole block from ``record["images_meta"]``."""
-    kw: dict[str, Any] = {}
-    if mode != "exact":
-        from ._template_probe import probe_overhead
-
-        kw["overhead"] = probe_overhead(processor)
-    est = LengthEstimator(
-        mode=mode, processor=processor, media_fallback=0, on_missing_media="fallback", **kw
-    )
-    sizes = [[int(m[0]), int(m[1])] for m in record.get("images_meta") or []]
-    blocks = (
-        processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
-    )
-    return est.estimate(record)[0] + sum(int(b) for b in blocks)
+    return images_meta_estimate(record, processor, _block_tokens, mode=mode)
 
 
 def idefics3_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -127,9 +122,19 @@ def tiny_idefics3_model(processor: Any, *, seed: int = 0, attn: str = "eager") -
     tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions)."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
 
+    return tiny_tile_model(
+        processor, Idefics3Config, Idefics3ForConditionalGeneration, seed=seed, attn=attn
+    )
+
+
+def tiny_tile_model(
+    processor: Any, config_cls: Any, model_cls: Any, *, seed: int = 0, attn: str = "eager"
+) -> Any:
+    """The tiny Idefics3-layout model as ``model_cls(config_cls(...))``: Idefics3 and SmolVLM
+    take the same config fields (SmolVLM is Idefics3's architecture under another name)."""
     tok = processor.tokenizer
     side = int(processor.image_processor.max_image_size["longest_edge"])
-    cfg = Idefics3Config(
+    cfg = config_cls(
         vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                        "num_attention_heads": 2, "image_size": side, "patch_size": 7},
         text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64,
@@ -139,11 +144,4 @@ def tiny_idefics3_model(processor: Any, *, seed: int = 0, attn: str = "eager") -
         image_token_id=int(processor.image_token_id),
         scale_factor=2,
     )  # fmt: skip
-    cfg._attn_implementation = attn
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = Idefics3ForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return init_tiny_model(model_cls, cfg, seed=seed, attn=attn)

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
+from .tiny_family_models import init_tiny_model
 
 __all__ = ["load_tiny_internvl_processor", "tiny_internvl_model"]
 
@@ -53,11 +53,4 @@ def tiny_internvl_model(processor: Any, *, seed: int = 0, attn: str = "eager") -
         image_token_id=int(processor.image_token_id),
         image_seq_length=int(processor.image_seq_length),
     )  # fmt: skip
-    cfg._attn_implementation = attn
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = InternVLForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return init_tiny_model(InternVLForConditionalGeneration, cfg, seed=seed, attn=attn)

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from .tiny_family_models import init_tiny_model
+
 __all__ = [
     "kimi_k25_fixed_length_batch",
     "kimi_k25_image_tokens",
@@ -138,11 +140,4 @@ def tiny_kimi_k25_model(processor: Any, *, seed: int = 0, attn: str = "eager") -
         vision_start_token_id=int(tok.convert_tokens_to_ids("<|media_begin|>")),
         vision_end_token_id=int(tok.convert_tokens_to_ids("<|media_end|>")),
     )  # fmt: skip
-    cfg._attn_implementation = attn
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = Kimi_K25ForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return init_tiny_model(Kimi_K25ForConditionalGeneration, cfg, seed=seed, attn=attn)

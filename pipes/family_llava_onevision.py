@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from .estimate import LengthEstimator
 from .family_default import tokenize_default
+from .family_image_estimate import images_meta_estimate
+from .tiny_family_models import init_tiny_model
 
 __all__ = [
     "llava_onevision_estimate",
@@ -80,19 +81,7 @@ def llava_onevision_estimate(
 ) -> int:
     """Length after the shift: the text (``LengthEstimator`` in ``mode``, media placeholders
     excluded) plus the image tokens from ``record["images_meta"]`` (``[height, width]`` each)."""
-    kw: dict[str, Any] = {}
-    if mode != "exact":
-        from ._template_probe import probe_overhead
-
-        kw["overhead"] = probe_overhead(processor)
-    est = LengthEstimator(
-        mode=mode, processor=processor, media_fallback=0, on_missing_media="fallback", **kw
-    )
-    meta = record.get("images_meta") or []
-    sizes = [(int(m[0]), int(m[1])) for m in meta]
-    return est.estimate(record)[0] + (
-        sum(llava_onevision_image_tokens(processor, sizes)) if sizes else 0
-    )
+    return images_meta_estimate(record, processor, llava_onevision_image_tokens, mode=mode)
 
 
 def llava_onevision_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -140,11 +129,4 @@ def tiny_llava_onevision_model(processor: Any, *, seed: int = 0, attn: str = "ea
         vision_feature_layer=-1,
         vision_aspect_ratio=processor.vision_aspect_ratio,
     )  # fmt: skip
-    cfg._attn_implementation = attn
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = LlavaOnevisionForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return init_tiny_model(LlavaOnevisionForConditionalGeneration, cfg, seed=seed, attn=attn)

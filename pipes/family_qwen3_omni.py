@@ -45,11 +45,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-import torch
-
 from .family_qwen_omni import OmniRule, omni_estimate, omni_tokenize
 from .labels import RoleMarkers
 from .media import SampleError
+from .tiny_family_models import WITH_AUDIO, init_tiny_model
 
 __all__ = [
     "QWEN3_OMNI",
@@ -194,10 +193,10 @@ def tiny_qwen3_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager")
         # not a declared field, but get_rope_index reads config.vision_start_token_id
         vision_start_token_id=int(tok.convert_tokens_to_ids(processor.vision_bos_token)),  # type: ignore[call-arg]
     )  # fmt: skip
-    for c in (cfg, cfg.text_config, cfg.vision_config, cfg.audio_config):
-        c._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = Qwen3OmniMoeThinkerForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return init_tiny_model(
+        Qwen3OmniMoeThinkerForConditionalGeneration,
+        cfg,
+        seed=seed,
+        attn=attn,
+        subconfigs=WITH_AUDIO,
+    )

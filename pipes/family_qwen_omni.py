@@ -56,6 +56,7 @@ from .labels import RoleMarkers, conversation_labels, resolve_role_markers
 from .media import SampleError, load_image, load_video
 from .omni_estimate import omni_estimate
 from .omni_positions import qwen_omni_mrope, qwen_omni_position_ids
+from .tiny_family_models import WITH_AUDIO, init_tiny_model
 
 __all__ = [
     "OMNI_MODALITIES",
@@ -381,10 +382,6 @@ def tiny_qwen_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager") 
         # not a declared field, but get_rope_index reads config.vision_start_token_id
         vision_start_token_id=int(tok.convert_tokens_to_ids(processor.vision_bos_token)),  # type: ignore[call-arg]
     )  # fmt: skip
-    for c in (cfg, cfg.text_config, cfg.vision_config, cfg.audio_config):
-        c._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = Qwen2_5OmniThinkerForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return init_tiny_model(
+        Qwen2_5OmniThinkerForConditionalGeneration, cfg, seed=seed, attn=attn, subconfigs=WITH_AUDIO
+    )

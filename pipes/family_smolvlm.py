@@ -24,10 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .estimate import LengthEstimator
-from .family_idefics3 import tokenize_idefics3
+from .family_idefics3 import tiny_tile_model, tokenize_idefics3
+from .family_image_estimate import images_meta_estimate
 
 __all__ = [
     "load_tiny_smolvlm_processor",
@@ -89,40 +87,15 @@ def tokenize_smolvlm(record: Mapping[str, Any], processor: Any, **options: Any) 
 def smolvlm_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
     """Length after the shift: the text (``LengthEstimator`` in ``mode``, the ``<image>``
     placeholder excluded) plus each image's whole block from ``record["images_meta"]``."""
-    kw: dict[str, Any] = {}
-    if mode != "exact":
-        from ._template_probe import probe_overhead
-
-        kw["overhead"] = probe_overhead(processor)
-    est = LengthEstimator(
-        mode=mode, processor=processor, media_fallback=0, on_missing_media="fallback", **kw
-    )
-    sizes = [(int(m[0]), int(m[1])) for m in record.get("images_meta") or []]
-    return int(est.estimate(record)[0]) + sum(smolvlm_image_block_tokens(processor, sizes))
+    return images_meta_estimate(record, processor, smolvlm_image_block_tokens, mode=mode)
 
 
 def tiny_smolvlm_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
     """A tiny random fp32 ``SmolVLMForConditionalGeneration`` for the tiny processor (28 px
-    tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions)."""
+    tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions): the
+    Idefics3 tiny model's config (``family_idefics3.tiny_tile_model``)."""
     from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
 
-    tok = processor.tokenizer
-    side = int(processor.image_processor.max_image_size["longest_edge"])
-    cfg = SmolVLMConfig(
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                       "num_attention_heads": 2, "image_size": side, "patch_size": 7},
-        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64,
-                     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                     "num_key_value_heads": 2, "max_position_embeddings": 4096,
-                     "pad_token_id": tok.pad_token_id},
-        image_token_id=int(processor.image_token_id),
-        scale_factor=2,
-    )  # fmt: skip
-    cfg._attn_implementation = attn
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = SmolVLMForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return tiny_tile_model(
+        processor, SmolVLMConfig, SmolVLMForConditionalGeneration, seed=seed, attn=attn
+    )

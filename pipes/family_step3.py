@@ -38,8 +38,9 @@ from typing import Any
 
 import torch
 
-from .estimate import LengthEstimator
 from .family_default import tokenize_default
+from .family_image_estimate import images_meta_estimate
+from .tiny_family_models import init_tiny_model
 
 __all__ = [
     "load_tiny_step3_processor",
@@ -117,16 +118,7 @@ def tokenize_step3(record: Mapping[str, Any], processor: Any, **options: Any) ->
 def step3_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
     """Length after the shift: the text (``LengthEstimator`` in ``mode``, the ``<im_patch>``
     placeholder excluded) plus each image's whole block from ``record["images_meta"]``."""
-    kw: dict[str, Any] = {}
-    if mode != "exact":
-        from ._template_probe import probe_overhead
-
-        kw["overhead"] = probe_overhead(processor)
-    est = LengthEstimator(
-        mode=mode, processor=processor, media_fallback=0, on_missing_media="fallback", **kw
-    )
-    sizes = [(int(m[0]), int(m[1])) for m in record.get("images_meta") or []]
-    return int(est.estimate(record)[0]) + sum(step3_image_block_tokens(processor, sizes))
+    return images_meta_estimate(record, processor, step3_image_block_tokens, mode=mode)
 
 
 def step3_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -216,11 +208,4 @@ def tiny_step3_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> A
                      "pad_token_id": tok.pad_token_id},
         image_token_id=int(processor.image_token_id),
     )  # fmt: skip
-    cfg._attn_implementation = attn
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = Step3p7ForConditionalGeneration(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+    return init_tiny_model(Step3p7ForConditionalGeneration, cfg, seed=seed, attn=attn)
