@@ -1,11 +1,9 @@
-"""In-memory records with audio for the graph tests (``test_graph_families``,
-``test_graph_more_families``): the JSONL reader (``pipes/_record.py``, ``MEDIA_TYPES``) does not
-accept audio blocks yet, so these tests read through ``Records``, a ``RecordSource`` over
-records with absolute media paths."""
+"""Records with audio for the graph tests (``test_graph_families``, ``test_graph_more_families``),
+written as a JSONL file with media paths relative to the media root and read back through the
+real reader (``JsonlSource``), as a user's dataset would be."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import wave
@@ -14,6 +12,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from neatpack.pipes.read import JsonlSource
 
 RATE = 16000
 
@@ -29,24 +29,22 @@ def _wav(path: Path, rng: random.Random, n: int) -> str:
     return str(path)
 
 
-class Records:
-    """A ``RecordSource`` over in-memory records with absolute media paths: the JSONL reader
-    (``pipes/_record.py``, ``MEDIA_TYPES``) does not accept audio blocks yet."""
-
-    def __init__(self, records: list[dict[str, Any]]) -> None:
-        self.records = records
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
-        return {"sample_id": int(sample_id), **self.records[sample_id]}
-
-    def content_fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.records).encode()).hexdigest()
+def jsonl_source(root: Path, records: list[dict[str, Any]]) -> JsonlSource:
+    """Write ``records`` (media named by absolute paths under ``root``) to a new
+    ``root/records<k>.jsonl`` with the paths made relative to ``root``, and open it with ``root``
+    as the media root."""
+    for record in records:
+        for message in record["conversation"]:
+            for block in message["content"]:
+                kind = block["type"]
+                if kind != "text":
+                    block[kind] = str(Path(block[kind]).relative_to(root))
+    path = root / f"records{len(list(root.glob('records*.jsonl')))}.jsonl"  # never overwritten
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return JsonlSource(path, media_root=root)
 
 
-def omni_corpus(root: Path, n: int = 8) -> Records:
+def omni_corpus(root: Path, n: int = 8) -> JsonlSource:
     """n records: 0-2 WAV clips (0.1-2 s) and 0-1 PNG image per record."""
     rng = random.Random(4)
     words = ("tone", "red", "green", "sound", "the", "cat", "hears", "a", "loud", "note")
@@ -65,4 +63,4 @@ def omni_corpus(root: Path, n: int = 8) -> Records:
         records.append({"conversation": [
             {"role": "user", "content": user},
             {"role": "assistant", "content": [{"type": "text", "text": answer}]}]})  # fmt: skip
-    return Records(records)
+    return jsonl_source(root, records)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from _graph_records import Records, _wav, omni_corpus
+from _graph_records import _wav, jsonl_source, omni_corpus
 from PIL import Image
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
@@ -127,7 +127,7 @@ def test_graph_batch_equals_separate_runs(corpus: Path, family: str) -> None:
     assert float((halved - logits).abs().max()) > 1e-4
 
 
-def _whole_second_corpus(root: Path, n: int = 8, seconds: tuple[int, ...] = (1, 2)) -> Records:
+def _whole_second_corpus(root: Path, n: int = 8, seconds: tuple[int, ...] = (1, 2)) -> JsonlSource:
     """n records: 0-2 clips of ``seconds`` s (whole encoder chunks) and 0-1 image per record."""
     rng = random.Random(5)
     words = ("tone", "red", "green", "sound", "the", "cat", "hears", "a", "loud", "note")
@@ -147,11 +147,11 @@ def _whole_second_corpus(root: Path, n: int = 8, seconds: tuple[int, ...] = (1, 
         records.append({"conversation": [
             {"role": "user", "content": user},
             {"role": "assistant", "content": [{"type": "text", "text": answer}]}]})  # fmt: skip
-    return Records(records)
+    return jsonl_source(root, records)
 
 
 def _omni_batch(
-    source: Records, family: str = "qwen3_omni", **kw: Any
+    source: JsonlSource, family: str = "qwen3_omni", **kw: Any
 ) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     proc = _processor(family)
     cfg = _config(**{"pack_size": 256, **kw})
