@@ -21,8 +21,8 @@ from typing import Any, Final
 import torch
 
 from ._conversation import parse_conversation
-from ._media_meta import _image_size
-from .audio import audio_num_samples, load_audio_block, split_audio_blocks
+from .audio import load_audio_block, split_audio_blocks
+from .audio_estimate import audio_conversation, audio_lengths, image_sizes, text_estimate
 from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
 from .labels import RoleMarkers, _template_text, conversation_labels
 from .media import SampleError, load_image
@@ -159,36 +159,11 @@ def estimate_audio_family(
     if mode not in ("exact", "estimate"):
         raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
     sid: Any = record.get("sample_id")
-    stand_in, where, blocks = split_audio_blocks(record)
-    conv = [
-        dict(m, content=[{"type": "text", "text": c}] if isinstance(c, str) else list(c))
-        for m in stand_in["conversation"]
-        for c in (m["content"],)
-    ]
-    for k, j in where:
-        conv[k]["content"][j] = {"type": "audio"}
-    a_meta = record.get("audios_meta") or [None] * len(blocks)
-    values = [b.get("image", b.get("path")) for m in conv for b in m["content"]
-              if b.get("type") == "image" or (b.get("type") is None and "image" in b)]  # fmt: skip
-    i_meta = record.get("images_meta") or [None] * len(values)
-    if len(a_meta) != len(blocks) or len(i_meta) != len(values):
-        raise ValueError(
-            f"sample_id={sid}: audios_meta / images_meta have {len(a_meta)} / {len(i_meta)} "
-            f"entries for {len(blocks)} audio and {len(values)} image blocks"
-        )
+    conv, where, blocks = audio_conversation(record)
     rate = int(audio_processor(processor).sampling_rate)
-    audio = [
-        family.audio_expansion(
-            processor, audio_num_samples(b.get("audio", b.get("path")), m, rate, sid)
-        )
-        for b, m in zip(blocks, a_meta, strict=True)
-    ]
-    sizes = []
-    for value, m in zip(values, i_meta, strict=True):
-        size = (int(m[0]), int(m[1])) if m is not None else _image_size(value, sid)
-        if isinstance(size, str):
-            raise ValueError(f"sample_id={sid}: {size.replace('_', ' ')}: {value!r:.80}")
-        sizes.append(size)
+    lengths = audio_lengths(record, blocks, rate)
+    audio = [family.audio_expansion(processor, n) for n in lengths]
+    sizes = [(h, w) for h, w in image_sizes(conv, record.get("images_meta"), sid)]
     image = family.image_expansion(processor, sizes) if sizes else []
     media = sum(image) + sum(audio)
     if mode == "exact":
@@ -196,18 +171,4 @@ def estimate_audio_family(
         n_text = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
         # each media placeholder is one token of n_text and expands to its whole run
         return int(n_text - len(image) - len(audio) + media - 1)
-    from ._template_probe import probe_overhead
-    from .estimate import LengthEstimator
-
-    text_only = {**record, "conversation": [
-        {**m, "content": [b for j, b in enumerate(m["content"]) if (k, j) not in where]}
-        for k, m in enumerate(conv)
-    ]}  # fmt: skip
-    est = LengthEstimator(
-        mode="estimate",
-        processor=processor,
-        media_fallback=0,
-        on_missing_media="fallback",
-        overhead=probe_overhead(processor),
-    )
-    return int(est.estimate(text_only)[0] + media)
+    return text_estimate(record, conv, where, processor) + media

@@ -8,33 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .audio import audio_num_samples, split_audio_blocks
+from .audio_estimate import audio_conversation, audio_lengths, image_sizes, text_estimate
 
 if TYPE_CHECKING:
     from .family_qwen_omni import OmniRule
 
 __all__ = ["omni_estimate"]
-
-
-def _image_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
-    """``[height, width]`` per image block: ``images_meta`` entries, else the PIL image or the
-    file header (``_media_meta._image_size``); an unreadable image is a ValueError."""
-    from ._media_meta import _image_size
-
-    values = [b.get("image", b.get("path")) for m in conv for b in m["content"]
-              if b.get("type") == "image" or (b.get("type") is None and "image" in b)]  # fmt: skip
-    meta = list(meta) if meta else [None] * len(values)
-    if len(meta) != len(values):
-        raise ValueError(
-            f"sample_id={sid}: images_meta has {len(meta)} entries for {len(values)} image blocks"
-        )
-    sizes = []
-    for value, m in zip(values, meta, strict=True):
-        size = (int(m[0]), int(m[1])) if m is not None else _image_size(value, sid)
-        if isinstance(size, str):
-            raise ValueError(f"sample_id={sid}: {size.replace('_', ' ')}: {value!r:.80}")
-        sizes.append([size[0], size[1]])
-    return sizes
 
 
 def _video_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
@@ -82,26 +61,11 @@ def omni_estimate(
     if mode not in ("exact", "estimate"):
         raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
     sid = record.get("sample_id")
-    stand_in, where, blocks = split_audio_blocks(record)
-    conv = [
-        dict(m, content=[{"type": "text", "text": c}] if isinstance(c, str) else list(c))
-        for m in stand_in["conversation"]
-        for c in (m["content"],)
-    ]
-    for k, j in where:
-        conv[k]["content"][j] = {"type": "audio"}
-    meta = record.get("audios_meta") or [None] * len(blocks)
-    if len(meta) != len(blocks):
-        raise ValueError(
-            f"sample_id={sid}: audios_meta has {len(meta)} entries for {len(blocks)} audio blocks"
-        )
+    conv, where, blocks = audio_conversation(record)
     rate = int(processor.feature_extractor.sampling_rate)
-    lengths = [
-        audio_num_samples(b.get("audio", b.get("path")), m, rate, sid)
-        for b, m in zip(blocks, meta, strict=True)
-    ]
+    lengths = audio_lengths(record, blocks, rate)
     audio = rule.audio_tokens(processor, lengths)
-    sizes = _image_sizes(conv, record.get("images_meta"), sid)
+    sizes = image_sizes(conv, record.get("images_meta"), sid)
     image = (
         processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
     )
@@ -115,19 +79,6 @@ def omni_estimate(
         n_text = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
         # each placeholder (image / video / audio) is one token of n_text, expanded to its count
         return int(n_text - len(image) - len(audio) + sum(image) + sum(audio) - 1)
-    from ._template_probe import probe_overhead
-    from .estimate import LengthEstimator
-
-    text_only = {**record, "conversation": [
-        {**m, "content": [b for j, b in enumerate(m["content"]) if (k, j) not in where]}
-        for k, m in enumerate(conv)
-    ]}  # fmt: skip
-    est = LengthEstimator(
-        mode="estimate",
-        processor=processor,
-        media_fallback=0,
-        on_missing_media="fallback",
-        overhead=probe_overhead(processor),
-    )
+    n_text = text_estimate(record, conv, where, processor)
     # + <|audio_bos|> / <|audio_eos|> per audio (the estimator sees no audio blocks)
-    return int(est.estimate(text_only)[0] + sum(image) + sum(audio) + 2 * len(audio))
+    return int(n_text + sum(image) + sum(audio) + 2 * len(audio))
