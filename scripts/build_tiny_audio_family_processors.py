@@ -54,7 +54,9 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-_ASSETS = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_tiny_processors import ASSETS, save_processors
+
 
 PHI4_TURNS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 PHI4_MEDIA = {"image_token": "<|image|>", "audio_token": "<|audio|>"}
@@ -80,7 +82,7 @@ PHI4_TEMPLATE = (
 
 def shipped_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
     """The BPE vocabulary (added tokens dropped) and merges of the shipped ``qwen2_vl/``."""
-    data = json.loads((_ASSETS / "qwen2_vl" / "tokenizer.json").read_text(encoding="utf-8"))
+    data = json.loads((ASSETS / "qwen2_vl" / "tokenizer.json").read_text(encoding="utf-8"))
     added = {t["content"] for t in data["added_tokens"]}
     vocab = {k: v for k, v in data["model"]["vocab"].items() if k not in added}
     merges: list[tuple[str, str]] = []
@@ -196,13 +198,7 @@ BUILDERS = {"phi4_multimodal": build_phi4, "nemotron_h_omni": build_nemotron}
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[1]) if len(argv) > 1 else _ASSETS
-    for name, build in BUILDERS.items():
-        folder = out / name
-        folder.mkdir(parents=True, exist_ok=True)
-        build().save_pretrained(str(folder))
-        size = sum(p.stat().st_size for p in folder.iterdir())
-        print(f"{name}: {folder} {sorted(p.name for p in folder.iterdir())} {size} bytes")
+    save_processors(Path(argv[1]) if len(argv) > 1 else ASSETS, BUILDERS)
     return 0
 
 

@@ -34,7 +34,9 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-_ASSETS = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_tiny_processors import ASSETS, save_processors
+
 
 
 def qwen_bpe(**kwargs: Any) -> Any:
@@ -42,7 +44,7 @@ def qwen_bpe(**kwargs: Any) -> Any:
     import transformers as tf
 
     return tf.Qwen2Tokenizer.from_pretrained(
-        str(_ASSETS / "qwen2_vl"), local_files_only=True, **kwargs
+        str(ASSETS / "qwen2_vl"), local_files_only=True, **kwargs
     )
 
 
@@ -154,16 +156,11 @@ BUILDERS = {"kimi_k25": build_kimi_k25, "step3": build_step3, "smolvlm": build_s
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[1]) if len(argv) > 1 else _ASSETS
-    for family, builder in BUILDERS.items():
-        if family == "smolvlm" and importlib.util.find_spec("num2words") is None:
-            print("smolvlm: skipped (SmolVLMProcessor needs `pip install num2words`)")
-            continue
-        folder = out / family
-        folder.mkdir(parents=True, exist_ok=True)
-        builder().save_pretrained(str(folder))
-        size = sum(p.stat().st_size for p in folder.iterdir())
-        print(f"{family}: {folder} {sorted(p.name for p in folder.iterdir())} {size} bytes")
+    builders = dict(BUILDERS)
+    if importlib.util.find_spec("num2words") is None:
+        print("smolvlm: skipped (SmolVLMProcessor needs `pip install num2words`)")
+        del builders["smolvlm"]
+    save_processors(Path(argv[1]) if len(argv) > 1 else ASSETS, builders)
     return 0
 
 

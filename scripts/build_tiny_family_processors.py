@@ -27,6 +27,9 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_tiny_processors import ASSETS, save_processors
+
 GEMMA_VOCAB = 2048
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 GEMMA_EXTRA = {
@@ -285,14 +288,7 @@ BUILDERS = {
 
 
 def main(argv: list[str]) -> int:
-    default = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
-    out = Path(argv[1]) if len(argv) > 1 else default
-    for family, builder in BUILDERS.items():
-        folder = out / family
-        folder.mkdir(parents=True, exist_ok=True)
-        builder().save_pretrained(str(folder))
-        size = sum(p.stat().st_size for p in folder.iterdir())
-        print(f"{family}: {folder} {sorted(p.name for p in folder.iterdir())} {size} bytes")
+    save_processors(Path(argv[1]) if len(argv) > 1 else ASSETS, BUILDERS)
     return 0
 
 

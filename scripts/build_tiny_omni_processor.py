@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_tiny_processors import MAX_PIXELS, MIN_PIXELS
+from build_tiny_processors import ASSETS, MAX_PIXELS, MIN_PIXELS, save_processors
 
 OMNI_TOKENS = {
     "image_token": "<|IMAGE|>",
@@ -187,14 +187,8 @@ def build_qwen3_omni() -> Any:
 
 
 def main(argv: list[str]) -> int:
-    default = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
-    out = Path(argv[1]) if len(argv) > 1 else default
-    for name, build in (("qwen2_5_omni", build_omni), ("qwen3_omni", build_qwen3_omni)):
-        folder = out / name
-        folder.mkdir(parents=True, exist_ok=True)
-        build().save_pretrained(str(folder))
-        size = sum(p.stat().st_size for p in folder.iterdir())
-        print(f"{name}: {folder} {sorted(p.name for p in folder.iterdir())} {size} bytes")
+    builders = {"qwen2_5_omni": build_omni, "qwen3_omni": build_qwen3_omni}
+    save_processors(Path(argv[1]) if len(argv) > 1 else ASSETS, builders)
     return 0
 
 

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,20 @@ def build(family: str, tokenizer: Any) -> Any:
         video_processor=video_processor,
         chat_template=CHAT_TEMPLATE,
     )
+
+
+ASSETS = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
+
+
+def save_processors(out: Path, builders: Mapping[str, Callable[[], Any]]) -> None:
+    """Save each builder's processor under ``out/<name>/`` (``save_pretrained``) and print its
+    files and total size: the last step of every tiny-family build script."""
+    for name, build in builders.items():
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        build().save_pretrained(str(folder))
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        print(f"{name}: {folder} {sorted(p.name for p in folder.iterdir())} {size} bytes")
 
 
 def main(argv: list[str]) -> int:
