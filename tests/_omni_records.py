@@ -14,12 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _family_checks import label_spans, runs
 from PIL import Image
 
 from neatpack.pipes.family_qwen_omni import qwen_omni_pack_media
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
+from neatpack.pipes.registry import tokenize_with_handler
 
 WORDS = (
     "the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "every",
@@ -92,28 +94,21 @@ def _blocks(rec: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [b for m in rec["conversation"] for b in m["content"] if b.get("type") == kind]
 
 
-def _spans(tok: Any, s: dict[str, Any]) -> list[str]:
-    keep, ids = (s["labels"] != -100).tolist(), s["input_ids"].tolist()
-    out, cur = [], []
-    for k, t in zip([*keep, False], [*ids, -1], strict=True):
-        if k:
-            cur.append(t)
-        elif cur:
-            out.append(tok.decode(cur))
-            cur = []
-    return out
+def check_assistant_labels(proc: Any, recs: list[dict[str, Any]]) -> None:
+    """Each record's labels decode to exactly its assistant turns (+ ``<|im_end|>``), no media
+    token is labelled and the attention mask is all ones."""
+    for rec in recs:
+        s = tokenize_with_handler(rec, proc)
+        want = [m["content"][0]["text"] + "<|im_end|>" for m in rec["conversation"]
+                if m["role"] == "assistant"]  # fmt: skip
+        assert label_spans(proc.tokenizer, s) == want, rec["sample_id"]
+        assert bool((s["labels"][s["mm_token_type_ids"] != 0] == -100).all())
+        assert s["attention_mask"].tolist() == [1] * len(s["input_ids"])
 
 
 def _runs(s: dict[str, Any], code: int) -> list[int]:
     """Lengths of the maximal runs of token type ``code``, in order."""
-    out, n = [], 0
-    for t in [*s["mm_token_type_ids"].tolist(), -1]:
-        if t == code:
-            n += 1
-        elif n:
-            out.append(n)
-            n = 0
-    return out
+    return runs(s["mm_token_type_ids"].tolist(), code)
 
 
 def _frames(n: int, w: int = 40, h: int = 60, shade: int = 0) -> list[Image.Image]:
@@ -168,7 +163,7 @@ def check_videos(
         fps = videos[0].get("fps", default_fps)
         assert s["video_second_per_grid"].tolist() == pytest.approx([2 / fps])
         want_text = [rec["conversation"][1]["content"][0]["text"] + "<|im_end|>"]
-        assert _spans(proc.tokenizer, s) == want_text
+        assert label_spans(proc.tokenizer, s) == want_text
         real = len(s["input_ids"]) - 1
         assert estimate(rec, proc) == real
         meta = {**rec, "videos_meta": [[*size, fps] for size in sizes]}
@@ -180,28 +175,68 @@ def check_videos(
         assert torch.equal(torch.as_tensor(theirs)[0].long(), s["mm_token_type_ids"])
 
 
-def packed_vs_separate(model: Any, samples: list[dict[str, Any]], positions: Any) -> float:
+def parity_records(
+    tmp_path: Path, wav_samples: int, red: tuple[int, int], green: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """The packing-parity documents: audio (a WAV of ``wav_samples``) + a ``red`` image, text
+    only, a ``green`` image + two array clips (7000 and 23456 samples); sizes are ``(w, h)``."""
+    rng = random.Random(6)
+    a = str(write_wav(tmp_path / "p.wav", _wave_form(rng, wav_samples)))
+    red_im, green_im = Image.new("RGB", red, (200, 9, 9)), Image.new("RGB", green, (9, 200, 9))
+    return [
+        {"sample_id": 0, "conversation": [
+            {"role": "user", "content": [{"type": "audio", "audio": a},
+                                         {"type": "image", "image": red_im},
+                                         {"type": "text", "text": "what do you hear and see?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "a tone and red"}]}]},
+        {"sample_id": 1, "conversation": [
+            {"role": "user", "content": [{"type": "text", "text": "just words here"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "fine"}]}]},
+        {"sample_id": 2, "conversation": [
+            {"role": "user", "content": [{"type": "image", "image": green_im},
+                                         {"type": "audio", "audio": _wave_form(rng, 7000)},
+                                         {"type": "text", "text": "and these?"},
+                                         {"type": "audio", "audio": _wave_form(rng, 23456)}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "two more sounds"}]}]},
+    ]  # fmt: skip
+
+
+def packed_vs_separate(
+    model: Any, samples: list[dict[str, Any]], positions: Any, *, controls: bool = False
+) -> float:
     """Max abs logit diff between one packed row (``positions(sample)`` per document, 4D
     block-causal mask, ``qwen_omni_pack_media``) and each document alone (the model computing
-    its own positions from a 2-D mask)."""
+    its own positions from a 2-D mask). With ``controls``, each of these must move the packed
+    logits by > 1e-3: a one-document mask, 1-D positions instead of mRoPE, zeroed audio
+    features (the samples must hold audio)."""
     docs = [dict(s, position_ids=positions(s)) for s in samples]
     pack = build_pack(docs, mrope=True)
     media = qwen_omni_pack_media(samples)
-    with torch.no_grad():
-        packed = model(
-            input_ids=pack["input_ids"][None],
-            attention_mask=to_4d_additive_mask(pack["attention_mask"][None]),
-            position_ids=pack["position_ids"][:, None],
-            **media,
-        ).logits[0]
+    doc = pack["attention_mask"][None]
+
+    def run(mask: torch.Tensor, **over: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return model(  # type: ignore[no-any-return]
+                input_ids=pack["input_ids"][None], attention_mask=mask,
+                **{"position_ids": pack["position_ids"][:, None], **media, **over},
+            ).logits[0]  # fmt: skip
+
+    packed = run(to_4d_additive_mask(doc))
     worst, start = 0.0, 0
     keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
             "video_second_per_grid", "input_features", "feature_attention_mask")  # fmt: skip
     for s, n in zip(samples, pack["seq_lens"], strict=True):
         ids = s["input_ids"][:-1][None]
         kw = {k: s[k] for k in keys if k in s}
-        with torch.no_grad():
+        with torch.no_grad():  # the 2-D mask makes the model compute its own mRoPE
             alone = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0]
         worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
         start += n
+    if controls:
+        mask = to_4d_additive_mask(doc)
+        flat = pack["text_position_ids"][None, None].expand(3, 1, -1)  # 1-D: not Omni's
+        silent = torch.zeros_like(media["input_features"])
+        for moved in (run(to_4d_additive_mask((doc > 0).long())), run(mask, position_ids=flat),
+                      run(mask, input_features=silent)):  # fmt: skip
+            assert float((moved - packed).abs().max()) > 1e-3
     return worst

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _family_checks import label_spans, worst_vs_alone
 from PIL import Image
 
 from neatpack.pipes.family_gemma3 import (
@@ -66,18 +67,6 @@ def _images(rec: dict[str, Any]) -> list[Image.Image]:
     return [b["image"] for m in rec["conversation"] for b in m["content"] if b["type"] == "image"]
 
 
-def _spans(tok: Any, s: dict[str, Any]) -> list[str]:
-    keep, ids = (s["labels"] != -100).tolist(), s["input_ids"].tolist()
-    out, cur = [], []
-    for k, t in zip([*keep, False], [*ids, -1], strict=True):
-        if k:
-            cur.append(t)
-        elif cur:
-            out.append(tok.decode(cur))
-            cur = []
-    return out
-
-
 # -- Gemma 3 pan-and-scan ----------------------------------------------------------------------
 
 
@@ -112,7 +101,7 @@ def test_crops_and_soft_tokens_match_the_processor(gemma3_pas: Any) -> None:
         assert runs == 1 + n  # each crop its own run
         text = tok.decode(s["input_ids"])
         assert ("here are some crops" in text) == (n > 0)
-        assert _spans(tok, s) == ["a box<end_of_turn>"]  # labels unchanged by crops
+        assert label_spans(tok, s) == ["a box<end_of_turn>"]  # labels unchanged by crops
     assert {0, 2, 3}.issubset(seen), seen
 
 
@@ -120,7 +109,7 @@ def test_labels_are_unchanged_by_pan_and_scan(gemma3_pas: Any) -> None:
     plain, rng = load_tiny_gemma3_processor(), random.Random(4)
     for rec in (_record(i, rng) for i in range(12)):
         a, b = tokenize_with_handler(rec, plain), tokenize_with_handler(rec, gemma3_pas)
-        assert _spans(plain.tokenizer, a) == _spans(gemma3_pas.tokenizer, b)
+        assert label_spans(plain.tokenizer, a) == label_spans(gemma3_pas.tokenizer, b)
         assert bool((b["labels"][b["mm_token_type_ids"] == 1] == -100).all())
 
 
@@ -244,7 +233,7 @@ def test_gemma4_video_tokens_labels_and_estimate(gemma4: Any) -> None:
                       for b in blocks for k in range(len(b["video"]))]  # fmt: skip
             assert re.findall(r"(\d\d:\d\d) <\|image>", tok.decode(s["input_ids"])) == stamps
         answer = rec["conversation"][1]["content"][0]["text"]
-        assert _spans(tok, s) == [answer + "<turn|>"]
+        assert label_spans(tok, s) == [answer + "<turn|>"]
         real = len(s["input_ids"]) - 1
         assert gemma4_estimate(rec, gemma4) == real, rec["sample_id"]
         rel = (gemma4_estimate(rec, gemma4, mode="estimate") - real) / real
@@ -281,17 +270,7 @@ def test_gemma4_video_packed_equals_separate(gemma4: Any, bidirectional_vision: 
             mm_token_type_ids=mm,
             **gemma4_pack_media(samples),
         ).logits[0]
-    worst, start = 0.0, 0
-    for s, n in zip(samples, pack["seq_lens"], strict=True):
-        kw = {k: s[k] for k in G4_KEYS if k in s}
-        with torch.no_grad():
-            alone = model(
-                input_ids=s["input_ids"][:-1][None],
-                mm_token_type_ids=s["mm_token_type_ids"][:-1][None],
-                **kw,
-            ).logits[0]
-        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
-        start += n
+    worst = worst_vs_alone(model, samples, packed, pack["seq_lens"], G4_KEYS, token_types=True)
     assert worst <= 1e-5, worst
 
 
@@ -352,7 +331,7 @@ def test_gemma4_audio_tokens_labels_and_estimate(gemma4: Any, tmp_path: Path) ->
         assert int(audio.sum()) == sum(want)
         assert s["input_features"].shape[0] == s["input_features_mask"].shape[0] == len(blocks)
         answer = rec["conversation"][1]["content"][0]["text"]
-        assert _spans(tok, s) == [answer + "<turn|>"]
+        assert label_spans(tok, s) == [answer + "<turn|>"]
         real = len(s["input_ids"]) - 1
         assert gemma4_estimate(rec, gemma4) == real, rec["sample_id"]
         meta = {**rec, "audios_meta": [n / 16000 for n in lengths]}
@@ -392,17 +371,8 @@ def test_gemma4_audio_packed_equals_separate(gemma4: Any, tmp_path: Path) -> Non
             ).logits[0]
 
     packed = run()
-    worst, start = 0.0, 0
-    for s, n in zip(samples, pack["seq_lens"], strict=True):
-        kw = {k: s[k] for k in (*G4_KEYS, "input_features", "input_features_mask") if k in s}
-        with torch.no_grad():
-            alone = model(
-                input_ids=s["input_ids"][:-1][None],
-                mm_token_type_ids=s["mm_token_type_ids"][:-1][None],
-                **kw,
-            ).logits[0]
-        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
-        start += n
+    keys = (*G4_KEYS, "input_features", "input_features_mask")
+    worst = worst_vs_alone(model, samples, packed, pack["seq_lens"], keys, token_types=True)
     assert worst <= 1e-5, worst
     silent = run(input_features=torch.zeros_like(media["input_features"]))
     assert float((silent - packed).abs().max()) > 1e-4  # the audio really reaches the logits

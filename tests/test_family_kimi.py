@@ -14,6 +14,12 @@ from typing import Any
 
 import pytest
 import torch
+from _family_checks import (
+    assert_script_rebuilds,
+    check_packed_equals_separate,
+    logits_alone,
+    runs,
+)
 from PIL import Image
 from test_families import _records, _spans, _with_meta
 
@@ -25,9 +31,8 @@ from neatpack.pipes.family_kimi import (
     load_tiny_kimi_k25_processor,
     tiny_kimi_k25_model,
 )
-from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
+from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +43,6 @@ def kimi() -> Any:
 @pytest.fixture(scope="module")
 def model(kimi: Any) -> Any:
     return tiny_kimi_k25_model(kimi)
-
-
-def _runs(ids: torch.Tensor, token: int) -> list[int]:
-    """Lengths of the maximal runs of ``token`` in ``ids``, in order."""
-    out, cur = [], 0
-    for t in [*ids.tolist(), -1]:
-        if t == token:
-            cur += 1
-        elif cur:
-            out.append(cur)
-            cur = 0
-    return out
 
 
 def _answers(rec: dict[str, Any]) -> list[str]:
@@ -74,17 +67,17 @@ def test_kimi_labels_pre_expanded_tokens_and_estimate(kimi: Any, model: Any) -> 
         s = tokenize_with_handler(rec, kimi)
         assert _spans(kimi.tokenizer, s) == _answers(rec), rec["sample_id"]
         sizes = [tuple(m) for m in rec["images_meta"]]
-        runs = _runs(s["input_ids"], pad)
-        assert runs == kimi_k25_image_tokens(kimi, sizes)
-        assert int((s["mm_token_type_ids"] == 1).sum()) == sum(runs)
+        pads = runs(s["input_ids"].tolist(), pad)
+        assert pads == kimi_k25_image_tokens(kimi, sizes)
+        assert int((s["mm_token_type_ids"] == 1).sum()) == sum(pads)
         assert bool((s["labels"][s["mm_token_type_ids"] == 1] == -100).all())
         if sizes:
             grid = s["image_grid_thw"]
-            assert runs == (grid[:, 0] * (grid[:, 1] // 2) * (grid[:, 2] // 2)).tolist()
+            assert pads == (grid[:, 0] * (grid[:, 1] // 2) * (grid[:, 2] // 2)).tolist()
             assert s["pixel_values"].shape[0] == int(grid.prod(-1).sum())
             with torch.no_grad():
                 feats = model.model.get_image_features(s["pixel_values"], grid).pooler_output
-            assert [int(f.shape[0]) for f in feats] == runs
+            assert [int(f.shape[0]) for f in feats] == pads
             n_images += len(sizes)
         real = len(s["input_ids"]) - 1
         assert default_estimate(rec, kimi) == real, rec["sample_id"]
@@ -142,10 +135,7 @@ def test_kimi_rejects_video_and_audio_naming_the_sample(kimi: Any) -> None:
         tokenize_with_handler(bad, kimi)
 
 
-def _alone(model: Any, s: dict[str, Any]) -> torch.Tensor:
-    kw = {k: s[k] for k in ("pixel_values", "image_grid_thw") if k in s}
-    with torch.no_grad():
-        return model(input_ids=s["input_ids"][:-1][None], **kw).logits[0]
+KIMI_KEYS = ("pixel_values", "image_grid_thw")
 
 
 @pytest.mark.parity
@@ -155,18 +145,7 @@ def test_kimi_packed_equals_separate(kimi: Any, model: Any) -> None:
     same row must differ (the mask is really used)."""
     samples = [tokenize_with_handler(r, kimi) for r in _records(3, seed=33)]
     assert sum("pixel_values" in s for s in samples) >= 2
-    inputs = packed_model_inputs(samples, kimi)
-    lens = inputs.pop("seq_lens")
-    with torch.no_grad():
-        packed = model(**inputs).logits[0]
-    worst, start = 0.0, 0
-    for s, n in zip(samples, lens, strict=True):
-        worst = max(worst, float((packed[start : start + n] - _alone(model, s)).abs().max()))
-        start += n
-    assert worst <= 1e-5, worst
-    one_doc = dict(inputs, attention_mask=to_4d_additive_mask(torch.ones(1, sum(lens)).long()))
-    with torch.no_grad():
-        assert float((model(**one_doc).logits[0] - packed).abs().max()) > 1e-3
+    check_packed_equals_separate(model, kimi, samples, KIMI_KEYS)
 
 
 @pytest.mark.parity
@@ -190,7 +169,7 @@ def test_kimi_fixed_length_batch_equals_separate(kimi: Any, model: Any) -> None:
         start = 0
         for s in docs:
             n = len(s["input_ids"]) - 1
-            diff = logits[row, start : start + n] - _alone(model, s)
+            diff = logits[row, start : start + n] - logits_alone(model, s, KIMI_KEYS)
             worst = max(worst, float(diff.abs().max()))
             start += n
     assert worst <= 1e-5, worst
@@ -201,19 +180,8 @@ def test_crop_family_processors_rebuild_byte_for_byte(tmp_path: Any) -> None:
     """``scripts/build_tiny_crop_family_processors.py`` reproduces the committed Kimi K2.5,
     Step3 and (with ``num2words``) SmolVLM files exactly."""
     import importlib.util
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-    script = scripts / "build_tiny_crop_family_processors.py"
-    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
     families = ["kimi_k25", "step3"]
     if importlib.util.find_spec("num2words") is not None:
         families.append("smolvlm")
-    for family in families:
-        shipped = _FOLDER.parent / family
-        names = sorted(p.name for p in shipped.iterdir())
-        assert names == sorted(p.name for p in (tmp_path / family).iterdir())
-        for name in names:
-            assert (tmp_path / family / name).read_bytes() == (shipped / name).read_bytes(), name
+    assert_script_rebuilds("build_tiny_crop_family_processors.py", tmp_path, families)

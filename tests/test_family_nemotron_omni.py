@@ -12,14 +12,13 @@ reason the real hybrid (Mamba-2) stack cannot be packed exactly in transformers 
 
 from __future__ import annotations
 
-import random
-import wave
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _audio_family_records import RATE, _tone, audio_family_records, write_wav
 from PIL import Image
 
 from neatpack.pipes.family_nemotron_omni import (
@@ -31,8 +30,6 @@ from neatpack.pipes.family_nemotron_omni import (
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
 
-RATE = 16000
-WORDS = ("the", "cat", "sat", "on", "a", "mat", "sound", "tone", "red", "blue", "every", "row")
 MEDIA_KEYS = ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")
 
 
@@ -41,50 +38,11 @@ def nemo() -> Any:
     return load_tiny_nemotron_omni_processor()
 
 
-def write_wav(path: Path, samples: np.ndarray, rate: int = RATE) -> str:
-    pcm = np.clip(np.round(samples * 32767), -32768, 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return str(path)
-
-
-def _tone(n: int, hz: float = 440.0) -> np.ndarray:
-    return (0.3 * np.sin(2 * np.pi * hz * np.arange(n) / RATE)).astype(np.float32)
-
-
-def _text(rng: random.Random, lo: int, hi: int) -> str:
-    return " ".join(rng.choices(WORDS, k=rng.randint(lo, hi)))
-
-
 def _records(n: int, seed: int, tmp: Path) -> list[dict[str, Any]]:
     """1-2 turns; user turns with 0-2 audio clips (WAV or array, 0.01-3 s) and 0-2 images."""
-    rng, out = random.Random(seed), []
-    for sid in range(n):
-        conv: list[dict[str, Any]] = []
-        if rng.random() < 0.3:
-            conv.append({"role": "system", "content": _text(rng, 2, 6)})
-        images_meta, audios_meta = [], []
-        for turn in range(rng.randint(1, 2)):
-            user: list[dict[str, Any]] = []
-            for _ in range(rng.choice((0, 0, 1, 2))):
-                h, w = rng.randint(8, 700), rng.randint(8, 700)
-                user.append({"type": "image", "image": Image.new("RGB", (w, h), (9, 99, 199))})
-                images_meta.append([h, w])
-            for k in range(rng.randint(0, 2)):
-                wav = _tone(rng.randint(160, 48000), rng.uniform(100, 900))
-                path = tmp / f"{sid}_{turn}_{k}.wav"
-                value: Any = wav if rng.random() < 0.5 else write_wav(path, wav)
-                user.append({"type": "audio", "audio": value})
-                audios_meta.append(wav.shape[0] / RATE)
-            user.append({"type": "text", "text": _text(rng, 1, 10)})
-            conv += [{"role": "user", "content": user},
-                     {"role": "assistant", "content": _text(rng, 1, 12)}]  # fmt: skip
-        out.append({"sample_id": sid, "conversation": conv, "images_meta": images_meta,
-                    "audios_meta": audios_meta})  # fmt: skip
-    return out
+    return audio_family_records(
+        n, seed, tmp, n_images=lambda r: r.choice((0, 0, 1, 2)), side=(8, 700), min_samples=160
+    )
 
 
 def test_the_registry_picks_nemotron_omni(nemo: Any) -> None:

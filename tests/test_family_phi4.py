@@ -10,14 +10,14 @@ parity through ``registry.packed_model_inputs``.
 
 from __future__ import annotations
 
-import random
-import wave
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _audio_family_records import RATE, _tone, audio_family_records, write_wav
+from _family_checks import assert_script_rebuilds
 from PIL import Image
 
 from neatpack.pipes.family_phi4 import (
@@ -32,8 +32,6 @@ from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
 
-RATE = 16000
-WORDS = ("the", "cat", "sat", "on", "a", "mat", "sound", "tone", "red", "blue", "every", "row")
 MEDIA_KEYS = (
     "image_pixel_values", "image_sizes", "image_attention_mask",
     "audio_input_features", "audio_embed_sizes", "audio_attention_mask",
@@ -45,51 +43,11 @@ def phi4() -> Any:
     return load_tiny_phi4_processor()
 
 
-def write_wav(path: Path, samples: np.ndarray, rate: int = RATE) -> str:
-    pcm = np.clip(np.round(samples * 32767), -32768, 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return str(path)
-
-
-def _tone(n: int, hz: float = 440.0) -> np.ndarray:
-    return (0.3 * np.sin(2 * np.pi * hz * np.arange(n) / RATE)).astype(np.float32)
-
-
-def _text(rng: random.Random, lo: int, hi: int) -> str:
-    return " ".join(rng.choices(WORDS, k=rng.randint(lo, hi)))
-
-
 def _records(n: int, seed: int, tmp: Path) -> list[dict[str, Any]]:
     """1-2 turns; user turns with 0-2 audio clips (WAV or array, 0.03-3 s) and 0-1 image."""
-    rng, out = random.Random(seed), []
-    for sid in range(n):
-        conv: list[dict[str, Any]] = []
-        if rng.random() < 0.3:
-            conv.append({"role": "system", "content": _text(rng, 2, 6)})
-        images_meta, audios_meta = [], []
-        for turn in range(rng.randint(1, 2)):
-            user: list[dict[str, Any]] = []
-            if rng.random() < 0.35:
-                h, w = rng.randint(20, 900), rng.randint(20, 900)
-                user.append({"type": "image", "image": Image.new("RGB", (w, h), (9, 99, 199))})
-                images_meta.append([h, w])
-            for k in range(rng.randint(0, 2)):
-                wav = _tone(rng.randint(500, 48000), rng.uniform(100, 900))
-                value: Any = (
-                    wav if rng.random() < 0.5 else write_wav(tmp / f"{sid}_{turn}_{k}.wav", wav)
-                )
-                user.append({"type": "audio", "audio": value})
-                audios_meta.append(wav.shape[0] / RATE)
-            user.append({"type": "text", "text": _text(rng, 1, 10)})
-            conv += [{"role": "user", "content": user},
-                     {"role": "assistant", "content": _text(rng, 1, 12)}]  # fmt: skip
-        out.append({"sample_id": sid, "conversation": conv, "images_meta": images_meta,
-                    "audios_meta": audios_meta})  # fmt: skip
-    return out
+    return audio_family_records(
+        n, seed, tmp, n_images=lambda r: int(r.random() < 0.35), side=(20, 900), min_samples=500
+    )
 
 
 def test_the_registry_picks_phi4(phi4: Any) -> None:
@@ -312,17 +270,6 @@ def test_the_audio_family_assets_are_small() -> None:
 def test_the_processors_rebuild_byte_for_byte(tmp_path: Path) -> None:
     """``scripts/build_tiny_audio_family_processors.py`` reproduces the committed files of both
     audio families exactly."""
-    import subprocess
-    import sys
-
-    from neatpack.pipes.family_phi4 import _FOLDER
-
-    root = Path(__file__).resolve().parents[1]
-    script = root / "scripts" / "build_tiny_audio_family_processors.py"
-    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
-    for name in ("phi4_multimodal", "nemotron_h_omni"):
-        shipped = _FOLDER.parent / name
-        names = sorted(p.name for p in shipped.iterdir())
-        assert names == sorted(p.name for p in (tmp_path / name).iterdir())
-        for file in names:
-            assert (tmp_path / name / file).read_bytes() == (shipped / file).read_bytes(), file
+    assert_script_rebuilds(
+        "build_tiny_audio_family_processors.py", tmp_path, ["phi4_multimodal", "nemotron_h_omni"]
+    )

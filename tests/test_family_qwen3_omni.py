@@ -18,20 +18,21 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _family_checks import assert_script_rebuilds
 from _omni_records import (
     RATE,
     _audio_rec,
     _blocks,
     _records,
     _runs,
-    _spans,
     _wave_form,
+    check_assistant_labels,
     check_videos,
     packed_vs_separate,
+    parity_records,
     video_records,
     write_wav,
 )
-from PIL import Image
 
 from neatpack.pipes.family_qwen3_omni import (
     _FOLDER,
@@ -48,9 +49,7 @@ from neatpack.pipes.family_qwen_omni import (
     qwen_omni_pack_media,
     qwen_omni_position_ids,
 )
-from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.pack import build_pack
 from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 
@@ -85,17 +84,10 @@ def test_the_processor_is_real_and_registered(omni3: Any) -> None:
 
 
 def test_labels_are_exactly_the_assistant_turns(omni3: Any, tmp_path: Path) -> None:
-    tok = omni3.tokenizer
     recs = _records(10, seed=11, tmp=tmp_path)
     assert sum(len(_blocks(r, "audio")) for r in recs) >= 5
     assert sum(len(_blocks(r, "image")) for r in recs) >= 3
-    for rec in recs:
-        s = tokenize_with_handler(rec, omni3)
-        want = [m["content"][0]["text"] + "<|im_end|>" for m in rec["conversation"]
-                if m["role"] == "assistant"]  # fmt: skip
-        assert _spans(tok, s) == want, rec["sample_id"]
-        assert bool((s["labels"][s["mm_token_type_ids"] != 0] == -100).all())
-        assert s["attention_mask"].tolist() == [1] * len(s["input_ids"])
+    check_assistant_labels(omni3, recs)
 
 
 def test_media_token_counts_match_the_processor(omni3: Any, tmp_path: Path) -> None:
@@ -182,25 +174,7 @@ def test_bad_audio_is_refused_naming_the_sample(omni3: Any, tmp_path: Path) -> N
 
 
 def _parity_samples(omni3: Any, tmp_path: Path) -> list[dict[str, Any]]:
-    rng = random.Random(6)
-    a = str(write_wav(tmp_path / "p.wav", _wave_form(rng, 2 * RATE + 1234)))
-    red, green = Image.new("RGB", (64, 96), (200, 9, 9)), Image.new("RGB", (128, 64), (9, 200, 9))
-    recs = [
-        {"sample_id": 0, "conversation": [
-            {"role": "user", "content": [{"type": "audio", "audio": a},
-                                         {"type": "image", "image": red},
-                                         {"type": "text", "text": "what do you hear and see?"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "a tone and red"}]}]},
-        {"sample_id": 1, "conversation": [
-            {"role": "user", "content": [{"type": "text", "text": "just words here"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "fine"}]}]},
-        {"sample_id": 2, "conversation": [
-            {"role": "user", "content": [{"type": "image", "image": green},
-                                         {"type": "audio", "audio": _wave_form(rng, 7000)},
-                                         {"type": "text", "text": "and these?"},
-                                         {"type": "audio", "audio": _wave_form(rng, 23456)}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "two more sounds"}]}]},
-    ]  # fmt: skip
+    recs = parity_records(tmp_path, 2 * RATE + 1234, (64, 96), (128, 64))
     return [tokenize_qwen3_omni(r, omni3) for r in recs]
 
 
@@ -230,39 +204,13 @@ def test_packed_equals_separate(omni3: Any, thinker: Any, tmp_path: Path) -> Non
     ``qwen_omni_pack_media`` (features right-padded to the widest) == each document alone (the
     model computing its own positions), max abs diff <= 1e-5 fp32 (observed 2.7e-7). Controls,
     each must differ: a one-document mask, 1-D positions, zeroed audio features."""
-    model = thinker
     samples = _parity_samples(omni3, tmp_path)
     widths = {int(s["input_features"].shape[-1]) for s in samples if "input_features" in s}
     assert len(widths) == 2  # the padding path is exercised
-    docs = [dict(s, position_ids=qwen_omni_mrope(s, omni3)) for s in samples]
-    pack = build_pack(docs, mrope=True)
     media = qwen_omni_pack_media(samples)
     assert media["input_features"].shape == (3, 128, max(widths))
-    doc = pack["attention_mask"][None]
-
-    def run(mask: torch.Tensor, **over: Any) -> torch.Tensor:
-        with torch.no_grad():
-            return model(  # type: ignore[no-any-return]
-                input_ids=pack["input_ids"][None], attention_mask=mask,
-                **{"position_ids": pack["position_ids"][:, None], **media, **over},
-            ).logits[0]  # fmt: skip
-
-    packed = run(to_4d_additive_mask(doc))
-    worst, start = 0.0, 0
-    for s, n in zip(samples, pack["seq_lens"], strict=True):
-        kw = {k: s[k] for k in ("pixel_values", "image_grid_thw", "input_features",
-                                "feature_attention_mask") if k in s}  # fmt: skip
-        ids = s["input_ids"][:-1][None]
-        with torch.no_grad():  # the 2-D mask makes the model compute its own mRoPE
-            alone = model(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits[0]
-        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
-        start += n
+    worst = packed_vs_separate(thinker, samples, lambda s: qwen_omni_mrope(s, omni3), controls=True)
     assert worst <= 1e-5, worst
-    assert float((run(to_4d_additive_mask((doc > 0).long())) - packed).abs().max()) > 1e-3
-    flat = pack["text_position_ids"][None, None].expand(3, 1, -1)
-    assert float((run(to_4d_additive_mask(doc), position_ids=flat) - packed).abs().max()) > 1e-3
-    zeroed = run(to_4d_additive_mask(doc), input_features=torch.zeros_like(media["input_features"]))
-    assert float((zeroed - packed).abs().max()) > 1e-3
 
 
 def test_videos_match_the_processor(omni3: Any) -> None:
@@ -285,11 +233,4 @@ def test_packed_with_videos_equals_separate(omni3: Any, thinker: Any) -> None:
 @pytest.mark.slow
 def test_the_processor_rebuilds_byte_for_byte(tmp_path: Path) -> None:
     """``scripts/build_tiny_omni_processor.py`` reproduces the committed files exactly."""
-    import subprocess
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "build_tiny_omni_processor.py"
-    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
-    names = sorted(p.name for p in _FOLDER.iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "qwen3_omni").iterdir())
-    for name in names:
-        assert (tmp_path / "qwen3_omni" / name).read_bytes() == (_FOLDER / name).read_bytes()
+    assert_script_rebuilds("build_tiny_omni_processor.py", tmp_path, ["qwen3_omni"])

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from _family_checks import check_packed_equals_separate
 from PIL import Image
 from test_families import _records, _spans, _with_meta
 
@@ -27,11 +28,9 @@ from neatpack.pipes.family_smolvlm import (
     smolvlm_image_tokens,
     tiny_smolvlm_model,
 )
-from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.registry import (
     get_handler,
-    packed_model_inputs,
     tokenize_with_handler,
 )
 
@@ -98,18 +97,4 @@ def test_smolvlm_packed_equals_separate(smol: Any) -> None:
     model = tiny_smolvlm_model(smol)
     samples = [tokenize_with_handler(r, smol) for r in _records(4, seed=52)]
     assert sum("pixel_values" in s for s in samples) >= 2
-    inputs = packed_model_inputs(samples, smol)
-    lens = inputs.pop("seq_lens")
-    with torch.no_grad():
-        packed = model(**inputs).logits[0]
-    worst, start = 0.0, 0
-    for s, n in zip(samples, lens, strict=True):
-        kw = {k: s[k] for k in ("pixel_values", "pixel_attention_mask") if k in s}
-        with torch.no_grad():
-            alone = model(input_ids=s["input_ids"][:-1][None], **kw).logits[0]
-        worst = max(worst, float((packed[start : start + n] - alone).abs().max()))
-        start += n
-    assert worst <= 1e-5, worst
-    one_doc = dict(inputs, attention_mask=to_4d_additive_mask(torch.ones(1, sum(lens)).long()))
-    with torch.no_grad():
-        assert float((model(**one_doc).logits[0] - packed).abs().max()) > 1e-3
+    check_packed_equals_separate(model, smol, samples, ("pixel_values", "pixel_attention_mask"))

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from _family_checks import check_packed_equals_separate
 from PIL import Image
 from test_families import _records, _spans, _text, _with_meta
 
@@ -30,11 +31,10 @@ from neatpack.pipes.family_step3 import (
     step3_pp_media,
     tiny_step3_model,
 )
-from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.pp_media import microbatch_bounds
-from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
+from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +127,7 @@ def test_step3_bad_input_names_the_sample(step3: Any) -> None:
         tokenize_with_handler(rec, step3)
 
 
-def _alone(model: Any, s: dict[str, Any]) -> torch.Tensor:
-    kw = {k: s[k] for k in ("pixel_values", "pixel_values_local", "num_local_patches") if k in s}
-    with torch.no_grad():
-        return model(input_ids=s["input_ids"][:-1][None], **kw).logits[0]
+STEP3_KEYS = ("pixel_values", "pixel_values_local", "num_local_patches")
 
 
 @pytest.mark.parity
@@ -139,18 +136,7 @@ def test_step3_packed_equals_separate(step3: Any, model: Any) -> None:
     counts concatenated) == each sample alone (<= 1e-5 fp32); a one-document mask differs."""
     samples = [tokenize_with_handler(r, step3) for r in _crop_records(3, seed=43)]
     assert sum(int(s.get("num_local_patches", torch.zeros(1)).sum()) > 0 for s in samples) >= 2
-    inputs = packed_model_inputs(samples, step3)
-    lens = inputs.pop("seq_lens")
-    with torch.no_grad():
-        packed = model(**inputs).logits[0]
-    worst, start = 0.0, 0
-    for s, n in zip(samples, lens, strict=True):
-        worst = max(worst, float((packed[start : start + n] - _alone(model, s)).abs().max()))
-        start += n
-    assert worst <= 1e-5, worst
-    one_doc = dict(inputs, attention_mask=to_4d_additive_mask(torch.ones(1, sum(lens)).long()))
-    with torch.no_grad():
-        assert float((model(**one_doc).logits[0] - packed).abs().max()) > 1e-3
+    check_packed_equals_separate(model, step3, samples, STEP3_KEYS)
 
 
 @pytest.mark.parity
