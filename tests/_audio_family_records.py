@@ -74,3 +74,10 @@ def audio_family_records(
         out.append({"sample_id": sid, "conversation": conv, "images_meta": images_meta,
                     "audios_meta": audios_meta})  # fmt: skip
     return out
+
+
+def _audio_rec(sid: int, value: Any, **extra: Any) -> dict[str, Any]:
+    """One user turn holding one audio block ``value`` (with ``extra`` keys), answer "ok"."""
+    return {"sample_id": sid, "conversation": [
+        {"role": "user", "content": [{"type": "audio", "audio": value, **extra}]},
+        {"role": "assistant", "content": "ok"}]}  # fmt: skip

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.registry import packed_model_inputs
+from neatpack.pipes.registry import packed_model_inputs, tokenize_with_handler
 
 ROOT = Path(__file__).resolve().parents[1]
 PROCESSORS = ROOT / "pipes" / "_assets" / "processors"
@@ -33,6 +33,20 @@ def label_spans(tok: Any, s: dict[str, Any]) -> list[str]:
             out.append(tok.decode(cur))
             cur = []
     return out
+
+
+def estimate_error(recs: Sequence[dict[str, Any]], proc: Any, estimate: Any) -> float:
+    """``estimate(rec, proc)`` (exact mode) == the real length after the shift, with and without
+    ``audios_meta`` / ``images_meta``; returns the worst relative error of
+    ``estimate(rec, proc, mode="estimate")`` against the real length."""
+    worst = 0.0
+    for rec in recs:
+        real = len(tokenize_with_handler(rec, proc)["input_ids"]) - 1
+        assert estimate(rec, proc) == real, rec["sample_id"]
+        bare = {k: v for k, v in rec.items() if k not in ("audios_meta", "images_meta")}
+        assert estimate(bare, proc) == real, rec["sample_id"]
+        worst = max(worst, abs(estimate(rec, proc, mode="estimate") - real) / real)
+    return worst
 
 
 def runs(values: Sequence[int], code: int) -> list[int]:

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _audio_family_records import RATE, _tone, audio_family_records, write_wav
+from _audio_family_records import RATE, _audio_rec, _tone, audio_family_records, write_wav
+from _family_checks import estimate_error
 from PIL import Image
 
 from neatpack.pipes.family_nemotron_omni import (
@@ -80,20 +81,8 @@ def test_length_estimate_against_the_real_length(nemo: Any, tmp_path: Path) -> N
     """exact mode == real length (after the shift), with and without ``audios_meta`` /
     ``images_meta``; estimate mode (text chars / 3 with the probed template overhead, media
     exact) within 30 % (observed -6.5 % to +8.1 % over these 16 samples)."""
-    worst = 0.0
-    for rec in _records(16, seed=4, tmp=tmp_path):
-        real = len(tokenize_with_handler(rec, nemo)["input_ids"]) - 1
-        assert nemotron_omni_estimate(rec, nemo) == real, rec["sample_id"]
-        bare = {k: v for k, v in rec.items() if k not in ("audios_meta", "images_meta")}
-        assert nemotron_omni_estimate(bare, nemo) == real, rec["sample_id"]
-        worst = max(worst, abs(nemotron_omni_estimate(rec, nemo, mode="estimate") - real) / real)
+    worst = estimate_error(_records(16, seed=4, tmp=tmp_path), nemo, nemotron_omni_estimate)
     assert worst <= 0.30, worst
-
-
-def _audio_rec(sid: int, value: Any, **extra: Any) -> dict[str, Any]:
-    return {"sample_id": sid, "conversation": [
-        {"role": "user", "content": [{"type": "audio", "audio": value, **extra}]},
-        {"role": "assistant", "content": "ok"}]}  # fmt: skip
 
 
 @pytest.mark.badinput

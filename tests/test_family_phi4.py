@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _audio_family_records import RATE, _tone, audio_family_records, write_wav
-from _family_checks import assert_script_rebuilds
+from _audio_family_records import RATE, _audio_rec, _tone, audio_family_records, write_wav
+from _family_checks import assert_script_rebuilds, estimate_error
 from PIL import Image
 
 from neatpack.pipes.family_phi4 import (
@@ -94,20 +94,8 @@ def test_length_estimate_against_the_real_length(phi4: Any, tmp_path: Path) -> N
     """exact mode == real length (after the shift), with and without ``audios_meta`` /
     ``images_meta``; estimate mode (text chars / 3 with the probed template overhead, media exact)
     within 30 % (observed max 23 % over these 12 samples, on the short text-only ones)."""
-    worst = 0.0
-    for rec in _records(12, seed=4, tmp=tmp_path):
-        real = len(tokenize_with_handler(rec, phi4)["input_ids"]) - 1
-        assert phi4_estimate(rec, phi4) == real, rec["sample_id"]
-        bare = {k: v for k, v in rec.items() if k not in ("audios_meta", "images_meta")}
-        assert phi4_estimate(bare, phi4) == real, rec["sample_id"]
-        worst = max(worst, abs(phi4_estimate(rec, phi4, mode="estimate") - real) / real)
+    worst = estimate_error(_records(12, seed=4, tmp=tmp_path), phi4, phi4_estimate)
     assert worst <= 0.30, worst
-
-
-def _audio_rec(sid: int, value: Any, **extra: Any) -> dict[str, Any]:
-    return {"sample_id": sid, "conversation": [
-        {"role": "user", "content": [{"type": "audio", "audio": value, **extra}]},
-        {"role": "assistant", "content": "ok"}]}  # fmt: skip
 
 
 @pytest.mark.badinput
