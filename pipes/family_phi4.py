@@ -46,7 +46,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -67,7 +66,6 @@ __all__ = [
     "load_tiny_phi4_processor",
     "phi4_audio_tokens",
     "phi4_estimate",
-    "phi4_handler",
     "phi4_image_tokens",
     "phi4_pack_media",
     "phi4_role_markers",
@@ -78,31 +76,6 @@ PHI4_MODALITIES: Final = AUDIO_FAMILY_MODALITIES
 _FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "phi4_multimodal"
 _IMAGE_KEYS: Final = ("image_pixel_values", "image_sizes", "image_attention_mask")
 _AUDIO_KEYS: Final = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
-
-
-def phi4_handler() -> Any:
-    """The ``phi4`` registry Handler. Its call leaves the modality check to ``tokenize_phi4``:
-    ``family_default.processor_modalities`` looks for ``feature_extractor`` and Phi-4 names its
-    audio sub-processor ``audio_processor``, so the generic check would refuse every audio.
-    Built on call (the registry imports this module before it defines ``Handler``)."""
-    from .registry import Handler
-
-    @dataclass(frozen=True)
-    class Phi4Handler(Handler):
-        def __call__(
-            self, record: Mapping[str, Any], processor: Any, **options: Any
-        ) -> dict[str, Any]:
-            return self.tokenize(record, processor, **options)
-
-    return Phi4Handler(
-        "phi4",
-        tokenize_phi4,
-        modalities=PHI4_MODALITIES,
-        pack_media=phi4_pack_media,
-        description="Phi-4-multimodal: images (448 HD crops) + audio "
-        "(Phi4MultimodalFeatureExtractor, 16 kHz checked); packs need "
-        "family_phi4.phi4_pack_media (pipes/family_phi4.py)",
-    )
 
 
 def load_tiny_phi4_processor() -> Any:

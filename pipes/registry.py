@@ -44,7 +44,7 @@ from .family_nemotron_omni import (
     nemotron_omni_packed_masks,
     tokenize_nemotron_omni,
 )
-from .family_phi4 import phi4_handler
+from .family_phi4 import PHI4_MODALITIES, phi4_pack_media, tokenize_phi4
 from .family_prompt import tokenize_prompt_answer
 from .family_qwen3_omni import tokenize_qwen3_omni
 from .family_qwen_omni import OMNI_MODALITIES, qwen_omni_pack_media, tokenize_qwen_omni
@@ -305,7 +305,18 @@ register_handler(
     ),
     ("Qwen3OmniMoeProcessor",),
 )
-register_handler(phi4_handler(), ("Phi4MultimodalProcessor",))
+register_handler(
+    Handler(
+        "phi4",
+        tokenize_phi4,
+        modalities=PHI4_MODALITIES,
+        pack_media=phi4_pack_media,
+        description="Phi-4-multimodal: images (448 HD crops) + audio "
+        "(Phi4MultimodalFeatureExtractor, 16 kHz checked); packs need "
+        "family_phi4.phi4_pack_media (pipes/family_phi4.py)",
+    ),
+    ("Phi4MultimodalProcessor",),
+)
 register_handler(
     Handler(
         "nemotron_omni",

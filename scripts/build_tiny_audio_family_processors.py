@@ -57,7 +57,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_tiny_processors import ASSETS, save_processors
 
-
 PHI4_TURNS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 PHI4_MEDIA = {"image_token": "<|image|>", "audio_token": "<|audio|>"}
 PHI4_CROPS = 4

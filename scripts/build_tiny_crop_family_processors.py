@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_tiny_processors import ASSETS, save_processors
 
 
-
 def qwen_bpe(**kwargs: Any) -> Any:
     """The tiny Qwen2 BPE shipped in ``qwen2_vl/`` (the other families' base tokenizer)."""
     import transformers as tf
