@@ -33,7 +33,7 @@ from torch import Tensor
 
 from .collate import merge_media, neat_packed_vlm_collater, resolve_mask_format
 from .mask import to_4d_additive_mask
-from .registry import HANDLERS, Handler
+from .registry import Handler, resolve_handler
 
 __all__ = [
     "FAMILY_4D_FORMATS",
@@ -51,20 +51,12 @@ _PROBE_DOC = torch.tensor([[1, 1, 1, 1, 2, 2, 2, 0]])
 _PROBE_MM = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0]])
 
 
-def _handler(handler: str | Handler) -> Handler:
-    if isinstance(handler, Handler):
-        return handler
-    if handler not in HANDLERS:
-        raise ValueError(f"unknown handler {handler=}; registered: {sorted(HANDLERS)}")
-    return HANDLERS[handler]
-
-
 def family_mask_is_block_causal(
     handler: str | Handler, mask_options: Mapping[str, Any] | None = None
 ) -> bool:
     """Whether the handler's packed mask (with ``mask_options``) equals the block-causal mask on
     a probe row with image runs: then document ids alone describe it and every format works."""
-    h = _handler(handler)
+    h = resolve_handler(handler)
     if h.packed_mask is None:
         return True
     got = h.packed_mask(_PROBE_DOC, _PROBE_MM, **dict(mask_options or {}))
@@ -79,7 +71,7 @@ def check_family_mask_format(
     handler: str | Handler, fmt: str, mask_options: Mapping[str, Any] | None = None
 ) -> None:
     """ValueError when mask format ``fmt`` cannot express the family's attention mask."""
-    h = _handler(handler)
+    h = resolve_handler(handler)
     if fmt in FAMILY_4D_FORMATS or family_mask_is_block_causal(h, mask_options):
         return
     raise ValueError(
@@ -96,7 +88,7 @@ def merge_family_media(
 ) -> dict[str, Any]:
     """The media model inputs of ``samples`` (the batch's samples in row, then document order):
     ``Handler.pack_media(samples)``, or each key concatenated on dim 0 without one."""
-    h = _handler(handler)
+    h = resolve_handler(handler)
     if h.pack_media is not None:
         return dict(h.pack_media(samples))
     keys: list[str] = []
@@ -130,7 +122,7 @@ def neat_packed_family_collater(
     batch holds the family's media keys (``Handler.pack_media``) and ``n_media_samples``, the
     number of samples per row with any media.
     """
-    h = _handler(handler)
+    h = resolve_handler(handler)
     fmt = resolve_mask_format(attn_implementation, mask_format)
     check_family_mask_format(h, fmt, mask_options)
     own_mask = h.packed_mask if fmt in FAMILY_4D_FORMATS else None

@@ -28,7 +28,7 @@ from typing import Any, Final
 from torch import Tensor
 
 from .pp_media import VLM_PP_MEDIA_KEY, microbatch_bounds
-from .registry import HANDLERS, Handler
+from .registry import Handler, resolve_handler
 
 __all__ = [
     "FAMILY_MEDIA_AXIS",
@@ -40,14 +40,6 @@ __all__ = [
 
 FAMILY_MEDIA_AXIS: Final[dict[str, int]] = {"idefics3": 1, "smolvlm": 1}
 """Handler name -> the dim its media items lie on (default 0)."""
-
-
-def _handler(handler: str | Handler) -> Handler:
-    if isinstance(handler, Handler):
-        return handler
-    if handler not in HANDLERS:
-        raise ValueError(f"unknown handler {handler=}; registered: {sorted(HANDLERS)}")
-    return HANDLERS[handler]
 
 
 def _sample_media(h: Handler, sample: Mapping[str, Any]) -> dict[str, Any]:
@@ -63,7 +55,7 @@ def family_media_counts(
     ``FAMILY_MEDIA_AXIS`` of ``pack_media([sample])[key]`` summed over the row's samples
     (``rows[r]``: the samples of row ``r``, e.g. ``pack["media_samples"]``; None entries are
     samples without media). A handler without ``pack_media`` contributes ``pixel_values``."""
-    h = _handler(handler)
+    h = resolve_handler(handler)
     axis = FAMILY_MEDIA_AXIS.get(h.name, 0)
     counts: dict[str, list[int]] = {}
     for r, row in enumerate(rows):
@@ -130,7 +122,7 @@ def prepare_family_media_for_pp(
     """Pop the family's media keys of ``batch`` (a collated batch of ``len(rows)`` rows) and store
     per-micro-batch chunks at ``VLM_PP_MEDIA_KEY`` as ``{key: [chunk or None per micro-batch]}``
     (the Qwen-VL layout). ``seq_len``: the fixed row length every micro-batch must have."""
-    h = _handler(handler)
+    h = resolve_handler(handler)
     ids = batch.get("input_ids")
     if not isinstance(ids, Tensor) or ids.dim() != 2 or int(ids.shape[0]) != len(rows):
         raise ValueError(
@@ -164,7 +156,7 @@ def wrap_family_collate_for_pp(
     """Wrap a family collater (packs with ``media_samples`` -> batch, rows padded to
     ``seq_len``, e.g. ``partial(neat_packed_family_collater, handler=..., max_length=seq_len)``)
     so its batches carry media pre-split for ``n_microbatches``."""
-    h = _handler(handler)
+    h = resolve_handler(handler)
     if n_microbatches < 1:
         raise ValueError(f"n_microbatches must be >= 1; got {n_microbatches=}")
 

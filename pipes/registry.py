@@ -59,6 +59,7 @@ __all__ = [
     "get_handler",
     "packed_model_inputs",
     "register_handler",
+    "resolve_handler",
     "tokenize_with_handler",
 ]
 
@@ -151,6 +152,16 @@ def get_handler(processor: Any, name: str | None = None) -> Handler:
             f"register_handler(Handler('<name>', <tokenize fn>), processor_classes=({cls!r},))"
         )
     return handler
+
+
+def resolve_handler(handler: str | Handler) -> Handler:
+    """``handler`` itself, or the registered handler of that name (``ValueError`` naming the
+    registered ones otherwise)."""
+    if isinstance(handler, Handler):
+        return handler
+    if handler not in HANDLERS:
+        raise ValueError(f"unknown handler {handler=}; registered: {sorted(HANDLERS)}")
+    return HANDLERS[handler]
 
 
 def tokenize_with_handler(

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _family_checks import label_spans
 from PIL import Image
 
 from neatpack.pipes.family_gemma3 import (
@@ -67,18 +68,6 @@ def _n_images(rec: dict[str, Any]) -> int:
     return sum(b.get("type") == "image" for m in rec["conversation"] for b in m["content"])
 
 
-def _spans(tok: Any, s: dict[str, Any]) -> list[str]:
-    keep, ids = (s["labels"] != -100).tolist(), s["input_ids"].tolist()
-    out, cur = [], []
-    for k, t in zip([*keep, False], [*ids, -1], strict=True):
-        if k:
-            cur.append(t)
-        elif cur:
-            out.append(tok.decode(cur))
-            cur = []
-    return out
-
-
 def test_gemma3_uses_its_registered_handler(gemma3: Any) -> None:
     assert type(gemma3).__name__ == "Gemma3Processor"
     assert get_handler(gemma3).name == "gemma3"
@@ -93,7 +82,7 @@ def test_gemma3_labels_are_exactly_the_assistant_turns(gemma3: Any) -> None:
             for m in rec["conversation"]
             if m["role"] == "assistant"
         ]
-        assert _spans(tok, s) == want, rec["sample_id"]
+        assert label_spans(tok, s) == want, rec["sample_id"]
         # nothing of the header "<start_of_turn>model\n" nor any user/system token is labelled
         assert int((s["labels"] == tok.convert_tokens_to_ids("<start_of_turn>")).sum()) == 0
 
@@ -215,7 +204,7 @@ def test_gemma4_prefix_after_every_model_turn_and_never_labelled(gemma4: Any) ->
         s = tokenize_with_handler(rec, gemma4)
         answers = [m["content"][0]["text"].strip() for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
-        assert _spans(tok, s) == [a + "<turn|>" for a in answers], rec["sample_id"]
+        assert label_spans(tok, s) == [a + "<turn|>" for a in answers], rec["sample_id"]
         text = tok.decode(s["input_ids"])
         assert text.count("<|turn>model\n" + GEMMA4_THINKING_PREFIX) == len(answers)
         soft = int((s["input_ids"] == gemma4.image_token_id).sum())
@@ -235,9 +224,9 @@ def test_gemma4_seed_style_markers_would_label_the_prefix(gemma4: Any) -> None:
 
     rec = _records(1, seed=7, max_images=0)[0]
     seed_like = tokenize_default(rec, gemma4, text_hook=inject_thinking_prefix)
-    assert _spans(gemma4.tokenizer, seed_like)[0].startswith("<|channel>thought\n<channel|>")
+    assert label_spans(gemma4.tokenizer, seed_like)[0].startswith("<|channel>thought\n<channel|>")
     ours = tokenize_with_handler(rec, gemma4)
-    assert not _spans(gemma4.tokenizer, ours)[0].startswith("<|channel>")
+    assert not label_spans(gemma4.tokenizer, ours)[0].startswith("<|channel>")
     plain = tokenize_with_handler(rec, gemma4, thinking_prefix=False)
     assert "<|channel>" not in gemma4.tokenizer.decode(plain["input_ids"])
 
@@ -317,7 +306,7 @@ def test_llava_onevision_labels_tokens_and_estimate(llava_ov: Any) -> None:
         s = tokenize_with_handler(rec, llava_ov)
         answers = [m["content"][0]["text"] + "<|im_end|>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
-        assert _spans(tok, s) == answers, rec["sample_id"]
+        assert label_spans(tok, s) == answers, rec["sample_id"]
         sizes = [tuple(m) for m in rec["images_meta"]]
         n_img = int((s["input_ids"] == llava_ov.image_token_id).sum())
         assert n_img == sum(llava_onevision_image_tokens(llava_ov, sizes))
@@ -509,7 +498,7 @@ def test_idefics3_labels_tokens_and_estimate(idefics3: Any) -> None:
         s = tokenize_with_handler(rec, idefics3)
         answers = [m["content"][0]["text"] + "<end_of_utterance>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
-        assert [x.lstrip(" ") for x in _spans(tok, s)] == answers, rec["sample_id"]
+        assert [x.lstrip(" ") for x in label_spans(tok, s)] == answers, rec["sample_id"]
         sizes = [tuple(m) for m in rec["images_meta"]]
         n_img = int((s["input_ids"] == idefics3.image_token_id).sum())
         assert n_img == sum(idefics3_image_tokens(idefics3, sizes))
@@ -627,7 +616,7 @@ def test_internvl_through_the_default_handler() -> None:
         s = tokenize_with_handler(rec, proc)
         answers = [m["content"][0]["text"] + "<|im_end|>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
-        assert _spans(tok, s) == answers, rec["sample_id"]
+        assert label_spans(tok, s) == answers, rec["sample_id"]
         sizes = [list(m) for m in rec["images_meta"]]
         want = proc._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
         assert int((s["mm_token_type_ids"] == 1).sum()) == sum(want)
