@@ -27,6 +27,7 @@ from neatpack.pipes.family_nemotron_omni import (
     nemotron_audio_tokens,
     nemotron_image_tokens,
     nemotron_omni_estimate,
+    tiny_nemotron_omni_model,
 )
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
@@ -102,51 +103,6 @@ def test_bad_input_names_the_sample(nemo: Any, tmp_path: Path) -> None:
         with pytest.raises(SampleError, match=words) as info:
             tokenize_with_handler(rec, nemo)
         assert f"sample_id={rec['sample_id']}" in str(info.value)
-
-
-def tiny_nemotron_omni_model(
-    processor: Any, layers: tuple[str, ...] = ("attention", "mlp", "attention", "mlp")
-) -> Any:
-    """Tiny random fp32 model: Nemotron-H text stack (hidden 64, ``layers`` of "attention",
-    "mlp", "mamba"), RADIO vision (hidden 32, 2 layers, patch 16), Parakeet encoder (hidden 32,
-    2 layers, 128 mel bins)."""
-    from transformers.models.nemotron_h_omni import (
-        NemotronH_Omni_Reasoning_V3,
-        NemotronH_Omni_Reasoning_V3_Config,
-    )
-
-    tok = processor.tokenizer
-    cfg = NemotronH_Omni_Reasoning_V3_Config(
-        text_config={
-            "model_type": "nemotron_h", "vocab_size": len(tok), "hidden_size": 64,
-            "layers_block_type": list(layers), "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-            "ssm_state_size": 16, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 1,
-            "chunk_size": 16, "pad_token_id": tok.pad_token_id, "bos_token_id": None,
-            "eos_token_id": tok.eos_token_id,
-        },
-        vision_config={
-            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "patch_size": 16, "image_size": 64, "max_img_size": 256, "num_cls_tokens": 1,
-            "num_registers": 1, "video_temporal_patch_size": 2,
-        },
-        audio_config={
-            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "intermediate_size": 64, "num_mel_bins": 128, "subsampling_conv_channels": 8,
-            "conv_kernel_size": 3, "projection_hidden_size": 64, "projection_bias": False,
-        },
-        vision_hidden_size=32, projector_hidden_size=64,
-        image_token_id=int(processor.image_token_id),
-        audio_token_id=int(processor.audio_token_id),
-        video_token_id=int(processor.video_token_id),
-    )  # fmt: skip
-    for c in (cfg, cfg.text_config, cfg.vision_config, cfg.audio_config):
-        c._attn_implementation = "eager"  # type: ignore[union-attr]
-    torch.manual_seed(0)  # init only: tests own the process
-    model = NemotronH_Omni_Reasoning_V3(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
 
 
 def _parity(model: Any, nemo: Any, docs: list[dict[str, Any]]) -> list[float]:

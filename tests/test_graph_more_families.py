@@ -54,8 +54,8 @@ def _processor(family: str) -> Any:
 
 @cache
 def _model(family: str) -> Any:
-    if family == "nemotron_omni":  # the builder lives with the family's tests (attention-only)
-        from test_family_nemotron_omni import tiny_nemotron_omni_model
+    if family == "nemotron_omni":  # attention-only by default (see the family module)
+        from neatpack.pipes.family_nemotron_omni import tiny_nemotron_omni_model
 
         return tiny_nemotron_omni_model(_processor(family))
     module = importlib.import_module(f"neatpack.pipes.{FAMILIES[family][0]}")
