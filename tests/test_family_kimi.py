@@ -17,11 +17,12 @@ import torch
 from _family_checks import (
     assert_script_rebuilds,
     check_packed_equals_separate,
+    label_spans,
     logits_alone,
     runs,
 )
 from PIL import Image
-from test_families import _records, _spans, _with_meta
+from test_families import _records, _with_meta
 
 from neatpack.pipes.family_default import default_estimate
 from neatpack.pipes.family_kimi import (
@@ -65,7 +66,7 @@ def test_kimi_labels_pre_expanded_tokens_and_estimate(kimi: Any, model: Any) -> 
     worst_rel, n_images = 0.0, 0
     for rec in _with_meta(_records(12, seed=31)):
         s = tokenize_with_handler(rec, kimi)
-        assert _spans(kimi.tokenizer, s) == _answers(rec), rec["sample_id"]
+        assert label_spans(kimi.tokenizer, s) == _answers(rec), rec["sample_id"]
         sizes = [tuple(m) for m in rec["images_meta"]]
         pads = runs(s["input_ids"].tolist(), pad)
         assert pads == kimi_k25_image_tokens(kimi, sizes)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import torch
-from _family_checks import check_packed_equals_separate
+from _family_checks import check_packed_equals_separate, label_spans
 from PIL import Image
-from test_families import _records, _spans, _with_meta
+from test_families import _records, _with_meta
 
 pytest.importorskip("num2words", reason="SmolVLMProcessor imports num2words (test extra)")
 
@@ -58,7 +58,7 @@ def test_smolvlm_labels_tokens_and_estimate(smol: Any) -> None:
         s = tokenize_with_handler(rec, smol)
         answers = [m["content"][0]["text"] + "<end_of_utterance>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
-        assert [x.lstrip(" ") for x in _spans(smol.tokenizer, s)] == answers, rec["sample_id"]
+        assert [x.lstrip(" ") for x in label_spans(smol.tokenizer, s)] == answers, rec["sample_id"]
         sizes = [tuple(m) for m in rec["images_meta"]]
         n_img = int((s["input_ids"] == smol.image_token_id).sum())
         assert n_img == sum(smolvlm_image_tokens(smol, sizes))

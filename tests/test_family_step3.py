@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-from _family_checks import check_packed_equals_separate
+from _family_checks import check_packed_equals_separate, label_spans
 from PIL import Image
-from test_families import _records, _spans, _text, _with_meta
+from test_families import _records, _text, _with_meta
 
 from neatpack.pipes.collate import neat_packed_vlm_collater
 from neatpack.pipes.family_step3 import (
@@ -82,7 +82,7 @@ def test_step3_labels_crop_tokens_and_estimate(step3: Any, model: Any) -> None:
         s = tokenize_with_handler(rec, step3)
         answers = [m["content"][0]["text"] + "<|EOT|>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
-        assert _spans(step3.tokenizer, s) == answers, rec["sample_id"]
+        assert label_spans(step3.tokenizer, s) == answers, rec["sample_id"]
         sizes = [tuple(m) for m in rec["images_meta"]]
         n_patch = int((s["input_ids"] == step3.image_token_id).sum())
         assert n_patch == int((s["mm_token_type_ids"] == 1).sum())
