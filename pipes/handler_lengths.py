@@ -29,6 +29,7 @@ the same record's estimate without media, per sample.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,52 +62,16 @@ def _gemma4(record: Mapping[str, Any], processor: Any, mode: str) -> int:
     return int(_default(record, processor, mode) + per_turn * turns)
 
 
-def _llava(record: Mapping[str, Any], processor: Any, mode: str) -> int:
-    from .family_llava_onevision import llava_onevision_estimate
+def _family(module: str, name: str) -> EstimateFn:
+    """``neatpack.pipes.<module>.<name>(record, processor, mode=mode)``, imported at the first
+    call, as the other estimates here import their family module (importing them all up front
+    would load every family's transformers classes)."""
 
-    return llava_onevision_estimate(record, processor, mode=mode)
+    def estimate(record: Mapping[str, Any], processor: Any, mode: str) -> int:
+        fn = getattr(importlib.import_module(f".{module}", __package__), name)
+        return int(fn(record, processor, mode=mode))
 
-
-def _idefics3(record: Mapping[str, Any], processor: Any, mode: str) -> int:
-    from .family_idefics3 import idefics3_estimate
-
-    return idefics3_estimate(record, processor, mode=mode)
-
-
-def _omni(record: Mapping[str, Any], processor: Any, mode: str) -> int:
-    from .family_qwen_omni import qwen_omni_estimate
-
-    return qwen_omni_estimate(record, processor, mode=mode)
-
-
-def _qwen3_omni(record: Mapping[str, Any], processor: Any, mode: str) -> int:
-    from .family_qwen3_omni import qwen3_omni_estimate
-
-    return qwen3_omni_estimate(record, processor, mode=mode)
-
-
-def _step3(record: Mapping[str, Any], processor: Any, mode: str) -> int:
-    from .family_step3 import step3_estimate
-
-    return step3_estimate(record, processor, mode=mode)
-
-
-def _smolvlm(record: Mapping[str, Any], processor: Any, mode: str) -> int:
-    from .family_smolvlm import smolvlm_estimate
-
-    return smolvlm_estimate(record, processor, mode=mode)
-
-
-def _phi4(record: Mapping[str, Any], processor: Any, mode: str) -> int:
-    from .family_phi4 import phi4_estimate
-
-    return phi4_estimate(record, processor, mode=mode)
-
-
-def _nemotron_omni(record: Mapping[str, Any], processor: Any, mode: str) -> int:
-    from .family_nemotron_omni import nemotron_omni_estimate
-
-    return nemotron_omni_estimate(record, processor, mode=mode)
+    return estimate
 
 
 def _prompt(record: Mapping[str, Any], processor: Any, mode: str) -> int:
@@ -117,16 +82,16 @@ def _prompt(record: Mapping[str, Any], processor: Any, mode: str) -> int:
 
 _ESTIMATES: dict[str, EstimateFn] = {
     "gemma4": _gemma4,
-    "llava_onevision": _llava,
-    "idefics3": _idefics3,
+    "llava_onevision": _family("family_llava_onevision", "llava_onevision_estimate"),
+    "idefics3": _family("family_idefics3", "idefics3_estimate"),
     "chat_template": _default,
-    "qwen_omni": _omni,
-    "qwen3_omni": _qwen3_omni,
+    "qwen_omni": _family("family_qwen_omni", "qwen_omni_estimate"),
+    "qwen3_omni": _family("family_qwen3_omni", "qwen3_omni_estimate"),
     "kimi_k25": _default,
-    "step3": _step3,
-    "smolvlm": _smolvlm,
-    "phi4": _phi4,
-    "nemotron_omni": _nemotron_omni,
+    "step3": _family("family_step3", "step3_estimate"),
+    "smolvlm": _family("family_smolvlm", "smolvlm_estimate"),
+    "phi4": _family("family_phi4", "phi4_estimate"),
+    "nemotron_omni": _family("family_nemotron_omni", "nemotron_omni_estimate"),
     "prompt_answer": _prompt,
 }
 
