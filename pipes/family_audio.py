@@ -23,7 +23,13 @@ import torch
 from ._conversation import parse_conversation
 from .audio import load_audio_block, split_audio_blocks
 from .audio_estimate import audio_conversation, audio_lengths, image_sizes, text_estimate
-from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
+from .family_default import (
+    _check_counts,
+    _forbidden,
+    _mm_types,
+    check_modalities,
+    processor_failure,
+)
 from .labels import RoleMarkers, _template_text, conversation_labels
 from .media import SampleError, load_image
 
@@ -118,9 +124,7 @@ def tokenize_audio_family(
     try:
         out = processor(text=[render_template(processor, conv)], **kwargs)
     except Exception as exc:
-        raise SampleError(
-            sid, "processor_error", f"the processor failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise processor_failure(sid, exc) from exc
     ids = out["input_ids"][0].long()
     mm = _mm_types(ids, processor)
     _check_counts(sid, processor, out, mm, images, family.image_tokens)

@@ -106,6 +106,11 @@ def media_token_ids(processor: Any) -> dict[int, list[int]]:
     return out
 
 
+def processor_failure(sid: Any, exc: Exception, kind: str = "processor_error") -> SampleError:
+    """The ``SampleError`` for a processor call that raised ``exc`` on sample ``sid``."""
+    return SampleError(sid, kind, f"the processor failed: {type(exc).__name__}: {exc}")
+
+
 def _mm_types(ids: Tensor, processor: Any) -> Tensor:
     mm = torch.zeros_like(ids)
     for code, tids in media_token_ids(processor).items():
@@ -211,9 +216,7 @@ def tokenize_default(
             text = text_hook(text)
         out = processor(text=[text], **kwargs)
     except Exception as exc:
-        raise SampleError(
-            sid, "processor_error", f"the processor failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise processor_failure(sid, exc) from exc
     ids = out["input_ids"][0].long()
     mm = _mm_types(ids, processor)
     theirs = out.get("mm_token_type_ids", out.get("token_type_ids"))

@@ -51,7 +51,13 @@ from torch import Tensor
 
 from ._conversation import parse_conversation
 from .audio import load_audio, load_audio_block, split_audio_blocks
-from .family_default import _check_counts, _forbidden, _mm_types, check_modalities
+from .family_default import (
+    _check_counts,
+    _forbidden,
+    _mm_types,
+    check_modalities,
+    processor_failure,
+)
 from .labels import RoleMarkers, conversation_labels, resolve_role_markers
 from .media import SampleError, load_image, load_video
 from .omni_estimate import omni_estimate
@@ -244,10 +250,8 @@ def omni_tokenize(
         text = processor.apply_chat_template(conv, tokenize=False)
         out = processor(text=[text], **kwargs)
     except Exception as exc:
-        raise SampleError(
-            sid,
-            "video_error" if video_src else "processor_error",
-            f"the processor failed: {type(exc).__name__}: {exc}",
+        raise processor_failure(
+            sid, exc, "video_error" if video_src else "processor_error"
         ) from exc
     ids = out["input_ids"][0].long()
     mm = _mm_types(ids, processor)
