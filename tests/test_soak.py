@@ -54,7 +54,7 @@ def _config(root: Path, workers: int) -> NeatVLMConfig:
 
 
 def _rank(root: Path, p: int, rank: int, world: int, port: int, workers: int,
-          resume: Path | None, epochs: int) -> None:  # fmt: skip
+          resume: Path | None, epochs: int, kill_after: int | None) -> None:  # fmt: skip
     os.setpgrp()  # the parent kills this rank and its worker processes together
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)  # fmt: skip
@@ -66,9 +66,11 @@ def _rank(root: Path, p: int, rank: int, world: int, port: int, workers: int,
         loader.load_state_dict(saved["state"])
         step = int(saved["step"])
     out = root / f"phase{p}"
+    taken = 0  # steps of this phase
     while loader.epoch < epochs:
         for _batch in loader:
             step += 1
+            taken += 1
             ckpt = out / f"step{step:05d}"
             ckpt.mkdir(parents=True, exist_ok=True)
             record = {"state": loader.state_dict(), "step": step,
@@ -76,6 +78,8 @@ def _rank(root: Path, p: int, rank: int, world: int, port: int, workers: int,
             torch.save(record, ckpt / f".rank{rank}.tmp")
             os.replace(ckpt / f".rank{rank}.tmp", ckpt / f"rank{rank}.pt")
             dist.barrier()
+            if taken == kill_after:  # wait for the SIGKILL here: a fast phase must not finish
+                time.sleep(600)  # between two polls of the parent and dodge its kill
     final = {"ledgers": {e: vars(x) for e, x in loader.ledgers.items()}, "step": step}
     torch.save(final, out / f".done{rank}.tmp")
     os.replace(out / f".done{rank}.tmp", out / f"done{rank}.pt")
@@ -96,7 +100,7 @@ def _run_phase(root: Path, p: int, phase: Phase, resume: Path | None, epochs: in
     """Run one phase; True when it finished every epoch (not killed)."""
     ctx = mp.get_context("fork")
     port = _free_port()
-    rest = (phase.workers, resume, epochs)
+    rest = (phase.workers, resume, epochs, phase.kill_after)
     procs = [
         ctx.Process(target=_rank, args=(root, p, r, phase.world, port, *rest))
         for r in range(phase.world)
