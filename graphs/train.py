@@ -1,9 +1,31 @@
-"""Feeding batches to a transformers model: which keys go in, and a minimal training step.
+"""Feeding batches to a transformers model: the right target, the right normalizer.
 
-A neatpack batch carries bookkeeping next to the model inputs (``doc_ids``, ``sample_ids``,
-``packs``, ``n_images_per_sample``, ``packed_seq_params``). ``model_inputs(batch)`` keeps only
-what a Hugging Face VLM/LLM forward accepts, and sets ``use_cache=False``: with packing, a
-cache makes transformers ignore the document boundaries carried by ``position_ids``.
+**The label convention (every neatpack output).** Labels are shifted per document when a pack
+is built: ``labels[b, t]`` is the token that must follow ``input_ids[b, t]``, ``-100`` where
+nothing is trained, and no label crosses a document. transformers' causal-LM loss shifts the
+``labels`` it is given once more, unless it also gets ``shift_labels``; so
+:func:`model_inputs` passes the batch's labels as both ``labels`` (which turns the loss on)
+and ``shift_labels`` (which the loss then uses as they are). ``model(**model_inputs(batch)).loss``
+is next-token cross-entropy; feeding ``batch["labels"]`` alone as ``labels`` would score
+every position against the token after next.
+
+**Normalization.** A per-micro-batch mean weights tokens by how they were packed, sharded and
+accumulated. Each batch carries ``num_label_tokens``, ``num_documents`` and ``label_weights``
+(``neatpack.pipes.loss``); :func:`step_normalizer` sums one optimizer step's micro-batches over
+the data-parallel ranks, and ``model_inputs(batch, num_items_in_batch=n)`` makes the model's loss
+``sum / n``. Two conventions (``LOSS_CONVENTIONS``):
+
+* ``"token"`` (default): the mean over every label token of the step;
+* ``"document"``: each document's tokens averaged first, then the mean over the step's
+  documents (:func:`packed_loss` with ``convention="document"``).
+
+DDP and FSDP average gradients over ranks: with a global normalizer multiply each rank's loss
+by the world size (``Trainer`` does so itself when ``average_tokens_across_devices``).
+
+    n = step_normalizer(micro_batches)                      # all-reduced over ranks
+    for b in micro_batches:
+        loss = model(**model_inputs(b, num_items_in_batch=n)).loss * world_size
+        loss.backward()
 
 Which mask format for which attention implementation (``NeatVLMConfig.attn_implementation``):
 
@@ -20,9 +42,24 @@ model attention        batch["attention_mask"] / extra kwargs     note
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["BOOKKEEPING_KEYS", "model_inputs"]
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from neatpack.pipes.loss import CROSS_ENTROPY_IGNORE, LOSS_COUNT_KEYS
+
+__all__ = [
+    "BOOKKEEPING_KEYS",
+    "LOSS_CONVENTIONS",
+    "model_inputs",
+    "packed_loss",
+    "step_normalizer",
+]
+
+LOSS_CONVENTIONS = ("token", "document")
 
 BOOKKEEPING_KEYS = frozenset(
     {
@@ -35,20 +72,134 @@ BOOKKEEPING_KEYS = frozenset(
         "dropped_sample_ids",
         "seq_lens",
         "seq_lens_padded",
+        *LOSS_COUNT_KEYS,
     }
 )
 
 
-def model_inputs(batch: dict[str, Any], *, keep_labels: bool = True) -> dict[str, Any]:
+def model_inputs(
+    batch: Mapping[str, Any],
+    *,
+    keep_labels: bool = True,
+    num_items_in_batch: int | Tensor | None = None,
+) -> dict[str, Any]:
     """The keyword arguments for ``model(**model_inputs(batch))``.
 
+    Drops the bookkeeping keys, sets ``use_cache=False`` (a cache makes transformers ignore the
+    document boundaries carried by ``position_ids``) and passes the (already shifted) labels as
+    ``labels`` and ``shift_labels``, so the model's loss is next-token cross-entropy.
+    ``num_items_in_batch`` (from :func:`step_normalizer`) turns the model's per-batch mean into
+    ``sum / num_items_in_batch``.
+
     >>> model_inputs({"input_ids": 1, "doc_ids": 2, "labels": 3, "packs": []})
-    {'input_ids': 1, 'labels': 3, 'use_cache': False}
+    {'input_ids': 1, 'labels': 3, 'use_cache': False, 'shift_labels': 3}
     """
     out = {k: v for k, v in batch.items() if k not in BOOKKEEPING_KEYS and v is not None}
     if not keep_labels:
         out.pop("labels", None)
+        out.pop("shift_labels", None)
     if "attention_mask" in batch and batch["attention_mask"] is None:
         out["attention_mask"] = None
     out["use_cache"] = False
+    labels = out.get("labels")
+    if labels is not None:
+        # The loss calls .view(-1): an [:, 1:] slice of a padded batch needs a copy first.
+        out["shift_labels"] = labels.contiguous() if isinstance(labels, Tensor) else labels
+    if num_items_in_batch is not None:
+        out["num_items_in_batch"] = num_items_in_batch
     return out
+
+
+def _check_convention(convention: str) -> str:
+    if convention not in LOSS_CONVENTIONS:
+        raise ValueError(f"unknown loss {convention=}; choose one of {LOSS_CONVENTIONS}")
+    return "num_label_tokens" if convention == "token" else "num_documents"
+
+
+def _count(batch: Mapping[str, Any], key: str) -> int:
+    if key not in batch:
+        raise KeyError(
+            f"batch has no {key!r}: build it with a neatpack collater (they attach "
+            f"{LOSS_COUNT_KEYS}) or call neatpack.pipes.loss.add_label_counts(batch)"
+        )
+    return int(batch[key])
+
+
+def step_normalizer(
+    micro_batches: Iterable[Mapping[str, Any]],
+    *,
+    convention: str = "token",
+    group: Any = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """The normalizer of one optimizer step: label tokens (``"token"``) or documents
+    (``"document"``) summed over the step's micro-batches on this rank and, when
+    ``torch.distributed`` is initialized, over the ranks of ``group`` (all-reduce).
+
+    ``device``: where the count lives (NCCL needs a CUDA tensor); CPU by default. Clamped to at
+    least 1 so a step with no labels gives a zero loss, not a division by zero.
+    """
+    key = _check_convention(convention)
+    total = torch.tensor(sum(_count(b, key) for b in micro_batches), dtype=torch.long)
+    if device is not None:
+        total = total.to(device)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return total.clamp_min(1)
+
+
+def packed_loss(
+    logits: Tensor,
+    batch: Mapping[str, Any],
+    *,
+    convention: str = "token",
+    num_items_in_batch: int | Tensor | None = None,
+) -> Tensor:
+    """Cross-entropy of ``logits [B, S, V]`` against the batch's (already shifted) labels.
+
+    ``"token"``: ``sum(ce) / n``; ``"document"``: ``sum(ce * label_weights) / n`` (each
+    document's mean, summed). ``n`` is ``num_items_in_batch`` (one step's
+    :func:`step_normalizer`) or, without it, this batch's own count. The ``"token"`` value equals
+    ``model(**model_inputs(batch, num_items_in_batch=n)).loss``.
+    """
+    key = _check_convention(convention)
+    labels: Tensor = batch["labels"]
+    ce = F.cross_entropy(
+        logits.float().flatten(0, 1),
+        labels.to(logits.device).flatten(),
+        ignore_index=CROSS_ENTROPY_IGNORE,
+        reduction="none",
+    )
+    if convention == "document":
+        ce = ce * batch["label_weights"].to(ce.device).flatten()
+    n = num_items_in_batch if num_items_in_batch is not None else max(_count(batch, key), 1)
+    if isinstance(n, Tensor):
+        n = n.to(ce.device)
+    return ce.sum() / n
+
+
+class TrainerBatches:
+    """A neatpack loader as ``transformers.Trainer``'s train dataloader.
+
+    Yields ``model_inputs(batch)`` (labels and ``shift_labels``: the Trainer counts
+    ``num_items_in_batch`` from ``shift_labels`` and hands it to the model's loss), keeps the
+    loader's length, and delegates ``state_dict`` / ``load_state_dict``. See
+    :class:`NeatLoaderCallback` for checkpointing it with the trainer.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.loader:
+            yield model_inputs(batch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.loader.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from . import mask as M
 from ._tensors import cat_shared
+from .loss import add_label_counts, label_counts
 
 __all__ = [
     "FLASH_FORMATS",
@@ -279,6 +280,7 @@ def neat_packed_vlm_collater(
             batch, pixel_dtype, spatial_merge_size, check_media, tokens, shared=shared_memory
         )
     )
+    out.update(label_counts(out["labels"], doc_ids))
     return out
 
 
@@ -627,7 +629,7 @@ def pad_collate_fn(
     batch.update(
         _collate_media(examples, pixel_dtype, spatial_merge_size, True, shared=shared_memory)
     )
-    return batch
+    return dict(add_label_counts(batch))
 
 
 def default_collate_fn(
@@ -666,7 +668,7 @@ def default_collate_fn(
     batch["sample_ids"] = [[int(s["sample_id"])] for s in samples]
     batch["dropped_sample_ids"] = dropped
     batch.update(_collate_media(samples, None, 2, True))
-    return batch
+    return dict(add_label_counts(batch))
 
 
 def expand_image_tokens(
