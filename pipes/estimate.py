@@ -4,7 +4,11 @@ the real tokenizer (``calibrated``), or by tokenizing the templated text once (`
 ``estimate(record) -> (total, visual)``: ``total`` is the sample's length after the shift
 (``L - 1``) and includes the ``visual`` (image + video) tokens. Text is ``_text_tokens`` when
 present, else ``floor(chars / chars_per_token)``; the chat template's own tokens are added
-from ``TemplateOverhead`` (the peer left them out, so its packs overflowed).
+from ``TemplateOverhead`` (the peer left them out, so its packs overflowed), also to a
+``_text_tokens`` unless ``text_tokens_include_template=True`` says the count already holds
+them. Visual tokens are a precomputed ``_media_tokens`` when present, else each image or video
+sized from ``images_meta`` / ``videos_meta`` (or the image file's header); a placeholder block
+(``{"type": "image"}``) with neither counts ``media_fallback``, listed in ``fallbacks``.
 
 >>> est = LengthEstimator(image=ImageTokenConfig())
 >>> rec = {"sample_id": 0, "images_meta": [[280, 560]], "conversation": [
@@ -359,8 +363,15 @@ def _estimate_sample_length(
     """The seed's signature and return convention: ``text + media`` (no shift, no chat-template
     tokens), or ``(total, media)``; ``example`` is a Record. Differences from the seed (bugs
     there): a video without a video config counts the 500-token fallback instead of 0, image
-    aspect ratios over 200 raise, and video frames are clamped as transformers does.
+    aspect ratios over 200 raise, and video frames are clamped as transformers does; a
+    precomputed ``_media_tokens`` is the media count.
     ``LengthEstimator`` is the full version (template overhead, shift, calibration).
+
+    ``_text_tokens``, when present, is the text count as given: like the seed, this function
+    adds no chat-template tokens to it (nor to ``chars // 3``), so it is a lower bound.
+    ``LengthGroupedSampler`` and ``neat_pack_dataset_vlm`` do add the template's tokens
+    (role markers, default system prompt, vision start/end) to a ``_text_tokens``; pass them
+    ``text_tokens_include_template=True`` when your count already holds them.
 
     >>> rec = {"conversation": [{"role": "user", "content": [{"type": "text", "text": "abcdef"},
     ...        {"type": "image", "image": "x"}]}], "images_meta": [[280, 560]]}

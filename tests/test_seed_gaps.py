@@ -18,8 +18,8 @@ from neatpack.pipes import (
     SampleError,
     neat_pack_dataset_vlm,
 )
-from neatpack.pipes.lengths import build_length_index
 from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.lengths import build_length_index
 from neatpack.pipes.read import JsonlSource
 from neatpack.pipes.source import StateMismatchError
 from neatpack.pipes.synth import write_corpus
@@ -182,12 +182,13 @@ def test_sampler_reaches_raw_records_without_tokenizing(processor: Any) -> None:
     picked = Subset(wrapped, [1, 0, 1])
     assert LengthGroupedSampler(picked, processor=processor).lengths.tolist() == [
         direct[1], direct[0], direct[1]]  # fmt: skip
-    assert wrapped.calls == 0 and twice.calls == 0
+    assert wrapped.calls == 0
+    assert twice.calls == 0
     # an HF datasets.Dataset innermost (Arrow fills every block's missing keys with None)
     rows = [_seed_record([[280, 560]]), _seed_record([[560, 560]])]
     hf = Tokenizing(datasets.Dataset.from_list(rows))
-    from_hf = LengthGroupedSampler(hf, processor=processor)
-    assert from_hf.lengths.tolist() == LengthGroupedSampler(rows, processor=processor).lengths.tolist()
+    from_hf = LengthGroupedSampler(hf, processor=processor).lengths.tolist()
+    assert from_hf == LengthGroupedSampler(rows, processor=processor).lengths.tolist()
     assert hf.calls == 0
 
 
@@ -250,7 +251,8 @@ def test_resume_on_changed_data_says_the_data_changed(processor: Any, tmp_path: 
     assert msg.startswith("the data changed since the state was saved")
     assert f"{data} has content fingerprint {new[:16]}" in msg
     assert f"saved on {data} with {old[:16]}" in msg
-    assert "restore the file" in msg and "without load_state_dict" in msg
+    assert "restore the file" in msg
+    assert "without load_state_dict" in msg
 
 
 # -- _text_tokens: the template on top, unless the count holds it ----------------------------
