@@ -184,6 +184,7 @@ def neat_pack_dataset_vlm(
     """
     from .binpack import greedy_knapsack
     from .estimate import LengthEstimator
+    from .lengths import _estimate_slice
     from .plan import greedy_knapsack_vt_balanced
     from .read import SequenceSource
 
@@ -204,8 +205,11 @@ def neat_pack_dataset_vlm(
     )
     if ds_raw is not None:
         source = ds_raw if hasattr(ds_raw, "content_fingerprint") else SequenceSource(ds_raw)
-        for i in range(len(source)):
-            total, vt = est.estimate(source[i])
+        # the length index's block estimator: raw records on its fast path, the rest one by one
+        totals, visuals, fallbacks = _estimate_slice(source, est, 0, len(source), progress=False)
+        for sid, reasons in fallbacks:
+            est.fallbacks.add(sid, reasons)
+        for i, (total, vt) in enumerate(zip(totals.tolist(), visuals.tolist(), strict=True)):
             total = _aligned(max(total, 0), sequence_alignment)
             if total > pack_size:
                 too_long.append(i)

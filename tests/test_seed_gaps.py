@@ -19,7 +19,7 @@ from neatpack.pipes import (
     neat_pack_dataset_vlm,
 )
 from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
+from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.read import JsonlSource
 from neatpack.pipes.source import StateMismatchError
 from neatpack.pipes.synth import write_corpus
@@ -253,6 +253,21 @@ def test_resume_on_changed_data_says_the_data_changed(processor: Any, tmp_path: 
     assert f"saved on {data} with {old[:16]}" in msg
     assert "restore the file" in msg
     assert "without load_state_dict" in msg
+
+
+def test_resume_with_another_length_estimate_says_so(processor: Any, tmp_path: Path) -> None:
+    data = write_corpus(tmp_path, num_samples=12, seed=3)
+    cfg = NeatVLMConfig(pack_size=1024, media_root=str(tmp_path / "media"), prefetch=0)
+    loader = neat_vlm_graph(data, processor, config=cfg)
+    next(iter(loader))
+    state = loader.state_dict()
+    source = JsonlSource(data, media_root=tmp_path / "media")
+    estimator = LengthEstimator.from_processor(processor)
+    index = build_length_index(source, estimator, progress=False)
+    other = LengthIndex(total=index.total + 1, visual=index.visual, fingerprint="another")
+    resumed = neat_vlm_graph(data, processor, config=cfg, lengths=other)  # same data
+    with pytest.raises(StateMismatchError, match=r"^the length estimate changed .*same data"):
+        resumed.load_state_dict(state)
 
 
 # -- _text_tokens: the template on top, unless the count holds it ----------------------------
