@@ -20,7 +20,7 @@ from neatpack.pipes import (
 )
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
-from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.read import JsonlSource, to_record
 from neatpack.pipes.source import StateMismatchError
 from neatpack.pipes.synth import write_corpus
 from neatpack.pipes.tiny import load_tiny_processor
@@ -119,6 +119,32 @@ def test_materializing_a_placeholder_names_the_sample(processor: Any, tmp_path: 
     list(skip)
     assert skip.ledgers[0].failed == [2]
     assert sorted(skip.ledgers[0].consumed) == [0, 1, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("handler", [None, "qwen_vl", "chat_template"])
+def test_every_tokenize_path_refuses_a_placeholder_by_sample(processor: Any, handler: Any) -> None:
+    from neatpack.pipes.materialize import MaterializeConfig, load_sample
+    from neatpack.pipes.read import SequenceSource
+
+    source = SequenceSource([_seed_record([[280, 560]]), _seed_record([[280, 560]])])
+    config = MaterializeConfig(pack_size=1024, handler=handler)
+    with pytest.raises(SampleError, match=r"sample_id=1 .*image block with no image to load"):
+        load_sample(source, 1, processor, config)
+
+
+def test_fast_raw_estimate_agrees_on_placeholder_records(processor: Any) -> None:
+    est = LengthEstimator.from_processor(processor)
+    records = [
+        _seed_record([[280, 560]]),
+        _seed_record([[280, 560], [560, 560]], videos_meta=[[16, 112, 112, 2.0, 8.0]]),
+        _seed_record(),  # no metadata: the full path decides (a fallback)
+        _seed_record([[280, 560]], _media_tokens=9),
+    ]
+    total, visual, slow = est.estimate_raw_batch(records)
+    assert slow == [2, 3]  # [0] and [1] decided on the fast path
+    for k in (0, 1):
+        full = est.estimate_sample(to_record(records[k], k, None))
+        assert (int(total[k]), int(visual[k])) == (full.total, full.visual)
 
 
 # -- item 2: precomputed _media_tokens --------------------------------------------------------
