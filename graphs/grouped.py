@@ -22,7 +22,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from neatpack.graphs.dist import resolve_rank
-from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.neat_vlm import open_source
 from neatpack.graphs.stages import map_stage, pack_meta
 from neatpack.graphs.watchdog import init_worker
@@ -182,4 +182,5 @@ def grouped_vlm_graph(
         config=key,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
+        data=describe_data(source),
     )

@@ -45,7 +45,13 @@ from neatpack.pipes.source import (
     epoch_slots,
 )
 
-__all__ = ["EpochLedger", "LoaderStats", "NeatLoader", "StateMismatchError"]
+__all__ = [
+    "EpochLedger",
+    "LoaderStats",
+    "NeatLoader",
+    "StateMismatchError",
+    "describe_data",
+]
 
 Batch = dict[str, Any]
 ESTIMATE_WINDOW = 65536
@@ -112,6 +118,7 @@ class NeatLoader:
         keep_ledger: bool = True,
         ledger_epochs: int | None = None,
         initial_epoch: int = 0,
+        data: dict[str, str] | None = None,
     ) -> None:
         if ledger_epochs is not None and ledger_epochs < 1:
             raise ValueError(f"{ledger_epochs=} must be >= 1 (None keeps every epoch's ledger)")
@@ -121,6 +128,10 @@ class NeatLoader:
         shutdown_at_exit(self.root)
         self.pack_size = pack_size
         self.config = dict(config or {})
+        # which data this is ({"source", "fingerprint"}: describe_data), saved with the state
+        # so that a resume on changed data says so (outside the config fingerprint: states
+        # saved before it existed still load)
+        self.data = None if data is None else {str(k): str(v) for k, v in data.items()}
         self.config_fingerprint = hashlib.sha256(
             json.dumps(self.config, sort_keys=True, default=str).encode()
         ).hexdigest()[:16]
@@ -239,12 +250,15 @@ class NeatLoader:
     def state_dict(self) -> dict[str, Any]:
         """A small versioned dict of plain ints and strings (safe for ``weights_only`` loads)."""
         with self._lock:
-            return {
+            state = {
                 "neatpack_loader_version": self.VERSION,
                 "config_fingerprint": self.config_fingerprint,
                 "config": copy.deepcopy({k: _plain(v) for k, v in self.config.items()}),
                 "source": self._source_state(started=True),
             }
+            if self.data is not None:
+                state["data"] = dict(self.data)
+            return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next ``iter()``; refuse other data, config or rank."""
@@ -262,11 +276,7 @@ class NeatLoader:
                 for k in set(state["config"]) | set(self.config)
                 if state["config"].get(k) != _plain(self.config.get(k))
             )
-            raise StateMismatchError(
-                f"the loader config changed since the state was saved: {changed} "
-                f"(saved {[state['config'].get(k) for k in changed]}, now "
-                f"{[_plain(self.config.get(k)) for k in changed]}). Resume with the same config."
-            )
+            raise StateMismatchError(_mismatch_message(state, self.config, self.data, changed))
         # The source checks version, plan and rank now (not at the next iter()) and resolves
         # an elastic resume to the global cursor.
         point = self.source.resume_point(state["source"])
@@ -274,6 +284,60 @@ class NeatLoader:
             self._position = {"epoch": point.epoch, "start": point.start, "local": point.local}
             self._group_size = point.group_size
             self._continue = True
+
+
+def describe_data(source: Any) -> dict[str, str]:
+    """``{"source", "fingerprint"}`` of a record source, for the loader's resume message: its
+    file (``source.path``) or kind and length, and its content fingerprint (``""`` when the
+    source has none)."""
+    path = getattr(source, "path", None)
+    name = str(path) if path is not None else f"{type(source).__name__} of {len(source)} records"
+    try:
+        fingerprint = str(source.content_fingerprint())
+    except (AttributeError, ValueError, TypeError):
+        fingerprint = ""
+    return {"source": name, "fingerprint": fingerprint}
+
+
+def _mismatch_message(
+    state: dict[str, Any], config: dict[str, Any], data: dict[str, str] | None, changed: list[str]
+) -> str:
+    """Why a state does not fit this loader, and what to do: the data first, then the config."""
+    saved_data = state.get("data")
+    others = [k for k in changed if k != "lengths"]
+    rest = (
+        f" The config changed too: {others} (saved {[state['config'].get(k) for k in others]}, "
+        f"now {[_plain(config.get(k)) for k in others]})."
+        if others
+        else ""
+    )
+    if "lengths" in changed and isinstance(saved_data, dict) and data is not None:
+        old, new = str(saved_data.get("fingerprint", "")), data["fingerprint"]
+        if old != new:
+            return (
+                f"the data changed since the state was saved: {data['source']} has content "
+                f"fingerprint {new[:16] or '(none)'}, the state was saved on "
+                f"{saved_data.get('source')} with {old[:16] or '(none)'}. The state's position "
+                "counts packs of the old data's plan, so it cannot continue on other data: "
+                "resume on the data it was saved with (restore the file), or, to train on the "
+                "new data, start it without load_state_dict (a new plan from epoch 0)." + rest
+            )
+        return (
+            f"the length estimate changed since the state was saved (same data, "
+            f"{data['source']}, fingerprint {new[:16]}): the processor, estimate_mode or "
+            "estimator settings differ, so the plan would too. Resume with the ones the state "
+            "was saved with." + rest
+        )
+    what = (
+        " ('lengths' is the length index fingerprint: the data or the length estimate changed)"
+        if "lengths" in changed
+        else ""
+    )
+    return (
+        f"the loader config changed since the state was saved: {changed} "
+        f"(saved {[state['config'].get(k) for k in changed]}, now "
+        f"{[_plain(config.get(k)) for k in changed]}){what}. Resume with the same config."
+    )
 
 
 _INT_KEYS = (

@@ -217,4 +217,9 @@ def neat_llm_graph(
         config={"graph": "neat_llm", "lengths": fingerprint[:16], **plan_key},
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
+        # tokenized samples have no content hash: their lengths stand for the data
+        data={
+            "source": f"{type(data).__name__} of {len(source)} samples",
+            "fingerprint": fingerprint,
+        },
     )

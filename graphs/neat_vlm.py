@@ -37,7 +37,7 @@ from torchdata.nodes import BaseNode, Batcher
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import FamilyPlan, plan_family
-from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.stages import map_stage, pack_meta
 from neatpack.graphs.watchdog import init_worker
 from neatpack.pipes.collate import neat_packed_vlm_collater
@@ -345,6 +345,7 @@ def neat_vlm_graph(
         config=config_key,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
+        data=describe_data(source),
     )
 
 

@@ -32,7 +32,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "tokenize": ("tokenize_conversation", "tokenize_conversations"),
     "labels": ("build_labels", "build_labels_from_template", "derive_role_markers"),
     "mrope": ("MRopeConfig", "compute_mrope_position_ids", "mrope_position_ids"),
-    "pack": ("build_pack", "build_packed_sample", "build_packed_vlm_sample", "shift_sample"),
+    "pack": (
+        "MEDIA_KEYS",
+        "build_pack",
+        "build_packed_sample",
+        "build_packed_vlm_sample",
+        "shift_sample",
+    ),
     "materialize": ("MaterializeConfig", "MaterializeReport", "Materializer", "materialize_pack"),
     "packed_dataset": ("PackedDatasetWrapper", "neat_pack_dataset_vlm"),
     "mask": (
@@ -56,6 +62,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "pad_collate_fn",
     ),
     "pp_media": (
+        "VLM_PP_MEDIA_KEY",
         "chunk_step3_media",
         "chunk_vlm_media",
         "prepare_vlm_media_for_pp",
@@ -85,7 +92,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "nemotron_omni_pack_media",
         "tokenize_nemotron_omni",
     ),
-    "text_pack": ("neat_pack_dataset",),
+    "text_pack": ("CROSS_ENTROPY_IGNORE_IDX", "neat_pack_dataset"),
     "tiny": ("load_tiny_processor",),
     "synth": ("write_corpus",),
 }

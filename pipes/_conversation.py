@@ -13,7 +13,14 @@ from typing import Any, Final, NamedTuple
 from .labels import RoleMarkers
 from .media import SampleError
 
-__all__ = ["ROLES", "Parsed", "forbidden_tokens", "parse_conversation"]
+__all__ = [
+    "ROLES",
+    "Parsed",
+    "check_no_placeholders",
+    "forbidden_tokens",
+    "parse_conversation",
+    "placeholder_message",
+]
 
 ROLES: Final = ("system", "user", "assistant")
 _PLACEHOLDERS: Final = ("<image>", "<video>")
@@ -153,13 +160,7 @@ def parse_conversation(record: Mapping[str, Any], forbidden: tuple[str, ...]) ->
                 continue
             value = b.get(kind, b.get("path"))
             if value is None:
-                raise SampleError(
-                    sid,
-                    "media_count_mismatch",
-                    f"message {k} block {j} is an "
-                    f"{kind} block with no {kind}; the conversation has more {kind} "
-                    f"blocks than {kind}s (fix the record's {kind} list)",
-                )
+                raise SampleError(sid, "media_count_mismatch", placeholder_message(k, j, kind))
             if kind == "image":
                 images.append(value)
             else:
@@ -177,6 +178,29 @@ def parse_conversation(record: Mapping[str, Any], forbidden: tuple[str, ...]) ->
     if not any(m["role"] == "assistant" for m in out):
         raise SampleError(sid, "no_assistant", "no assistant turn: nothing to train on; drop it")
     return Parsed(sid, out, images, videos, video_fps)
+
+
+def placeholder_message(k: int, j: int, kind: str) -> str:
+    """Why a media block with nothing to load (``{"type": "image"}``) cannot be materialized."""
+    return (
+        f"message {k} block {j} is an {kind} block with no {kind} to load (a placeholder: "
+        f"planning can size it from {kind}s_meta, building the sample needs the {kind} "
+        f"itself); give the block its {kind} ({{'type': {kind!r}, {kind!r}: path}}) or fix the "
+        f"record's {kind} list"
+    )
+
+
+def check_no_placeholders(record: Mapping[str, Any]) -> None:
+    """Raise ``SampleError`` naming the sample at its first media block with nothing to load."""
+    conv = record.get("conversation")
+    for k, msg in enumerate(conv if isinstance(conv, list) else []):
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        for j, b in enumerate(content if isinstance(content, list) else []):
+            kind = b.get("type") if isinstance(b, Mapping) else None
+            if kind in ("image", "video") and b.get(kind, b.get("path")) is None:
+                raise SampleError(
+                    record.get("sample_id"), "media_count_mismatch", placeholder_message(k, j, kind)
+                )
 
 
 def forbidden_tokens(processor: Any, tok: Any, markers: RoleMarkers) -> tuple[str, ...]:

@@ -50,6 +50,7 @@ def _estimate(
     img_at: list[int] = []
     img_hw: list[int] = []
     ov, cpt, image, video = est.overhead, est.chars_per_token, est.image, est.video
+    whole = est.text_tokens_include_template
     # Template tokens depend only on the six counts: one round(tokens_of(...)) per distinct
     # shape in the block (a handful), not per record (~0.5 us each).
     template: dict[tuple[int, int, int, int, int, bool], int] = {}
@@ -62,6 +63,9 @@ def _estimate(
             continue
         chars, n_sys, n_user, n_asst, n_img, n_vid, first_sys = st
         nested = "mm_inputs_meta" in raw
+        if ("_media_tokens" in raw or nested) and _raw_meta(raw, "_media_tokens") is not None:
+            slow.append(k)  # a precomputed visual count: the full path reads and checks it
+            continue
         # Metadata for media the record lacks: the full path refuses it.
         if not n_img and ("images_meta" in raw or nested):
             meta = _raw_meta(raw, "images_meta")
@@ -115,11 +119,14 @@ def _estimate(
                 slow.append(k)
                 continue
         else:
+            tt = None
             body = floor(chars / cpt)
         shape = (n_sys, n_user, n_asst, n_img, n_vid, first_sys)
         extra = template.get(shape)
         if extra is None:
             extra = template[shape] = round(ov.tokens_of(*shape))
+        if tt is not None and whole:
+            extra = 0  # the precomputed count already holds the template's tokens
         texts[k] = body + extra + (frame_text.get(k, 0) if n_vid else 0)
     total = np.asarray(texts, np.int64)
     visual = np.zeros(n, np.int64)

@@ -40,6 +40,8 @@ def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
         w, h = value.size
         orientation = value.getexif().get(0x0112, 1)
         return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
+    if value is None:
+        return "image_no_meta"  # a placeholder block without images_meta: nothing to read
     if not isinstance(value, str):
         return "image_not_a_path"
     try:

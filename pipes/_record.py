@@ -9,6 +9,11 @@ a list of frames) is passed through as is, for the family to accept or refuse na
 LLaVA form takes ``<image>`` / ``<video>`` / ``<audio>`` placeholders with the ``image(s)`` /
 ``video(s)`` / ``audio(s)`` keys, by the same rules for each kind.
 
+An image or video block with no ``image`` / ``video``, ``path`` or ``url`` value is a
+*placeholder*, kept as ``{"type": "image"}`` (``is_placeholder``): the seeds plan from such
+records (sizes in ``mm_inputs_meta``), so planning counts it; materializing it refuses the
+sample by id until something fills in the media (e.g. from a top-level column).
+
 >>> to_record({"messages": [{"role": "user", "content": "Hi"}]}, 3, None)["conversation"]
 [{'role': 'user', 'content': [{'type': 'text', 'text': 'Hi'}]}]
 """
@@ -21,14 +26,24 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["MEDIA_TYPES", "RecordError", "raw_text_stats", "resolve_media_path", "to_record"]
+__all__ = [
+    "MEDIA_TYPES",
+    "RecordError",
+    "is_placeholder",
+    "raw_text_stats",
+    "resolve_media_path",
+    "to_record",
+]
 
 MEDIA_TYPES = ("image", "video", "audio")
 ROLES = ("system", "user", "assistant")
+# Media that planning can size from metadata alone (images_meta / videos_meta): a block of these
+# may be a placeholder. Audio has no such metadata, so an audio block needs its sound.
+_PLACEHOLDER_TYPES = ("image", "video")
 _LLAVA_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user",
                 "assistant": "assistant"}  # fmt: skip
 _CONVERSATION_KEYS = ("conversation", "messages", "conversations")
-_PASSTHROUGH = ("images_meta", "videos_meta", "audios_meta", "_text_tokens")
+_PASSTHROUGH = ("images_meta", "videos_meta", "audios_meta", "_text_tokens", "_media_tokens")
 # Media block keys kept as given (the tokenizers check them, naming the sample): a video's frame
 # rate (timestamps) and an audio's sampling rate (checked against the WAV header / extractor).
 _BLOCK_KEYS = {"video": ("fps",), "audio": ("sampling_rate",)}
@@ -59,16 +74,37 @@ def _media_block(kind: str, value: Any, sample_id: int, media_root: str | None) 
     return {"type": kind, kind: value}
 
 
+def is_placeholder(block: Mapping[str, Any]) -> bool:
+    """A Record image or video block with no picture or clip of its own (``{"type": "image"}``):
+    planning counts it (its size from ``images_meta`` / ``videos_meta``), materializing needs
+    the media, which a reader that knows where they are puts into the block first."""
+    kind = block.get("type")
+    return kind in _PLACEHOLDER_TYPES and block.get(kind) is None
+
+
 def _typed_media_block(
     kind: str, item: Mapping[str, Any], sample_id: int, media_root: str | None
 ) -> dict[str, Any]:
-    value = item.get(kind, item.get("path", item.get("url")))
-    if value is None:
+    value = next((item[k] for k in (kind, "path", "url") if item.get(k) is not None), None)
+    if value is None and kind not in _PLACEHOLDER_TYPES:
         raise RecordError(
-            f"sample_id={sample_id}: {kind} block {dict(item)!r} has no {kind!r}, 'path' or "
-            "'url' key"
+            f"sample_id={sample_id}: {kind} block {dict(item)!r:.120} has no {kind!r}, 'path' "
+            "or 'url' key"
         )
-    block = _media_block(kind, value, sample_id, media_root)
+    if value is None:
+        # A placeholder (the seeds plan from these, HF/TRL records put the pictures in a column
+        # of their own): kept as {"type": kind}. Any other key with a value is a typo, not one.
+        extra = {k: v for k, v in item.items()
+                 if v is not None and k not in ("type", *_BLOCK_KEYS.get(kind, ()))}  # fmt: skip
+        if extra:
+            raise RecordError(
+                f"sample_id={sample_id}: {kind} block {dict(item)!r} has no {kind!r}, 'path' or "
+                f"'url' key but has {sorted(extra)}; name the media under {kind!r}, or give a "
+                f"placeholder {{'type': {kind!r}}} with its size in {kind}s_meta"
+            )
+        block: dict[str, Any] = {"type": kind}
+    else:
+        block = _media_block(kind, value, sample_id, media_root)
     for key in _BLOCK_KEYS.get(kind, ()):
         if item.get(key) is not None:
             block[key] = item[key]
@@ -80,7 +116,7 @@ def _block(item: Any, sample_id: int, media_root: str | None) -> dict[str, Any]:
         return {"type": "text", "text": item}
     if not isinstance(item, Mapping):
         raise RecordError(
-            f"sample_id={sample_id}: content item {item!r} is a {type(item).__name__}; "
+            f"sample_id={sample_id}: content item {item!r:.80} is a {type(item).__name__}; "
             "expected a str or a dict block"
         )
     kind = item.get("type")
@@ -270,9 +306,9 @@ def raw_text_stats(raw: Any) -> RawStats | None:
                 if type(text) is not str:
                     return None
                 chars += len(text)
-            elif kind == "image" and item.get("image") is not None:
-                n_img += 1
-            elif kind == "video" and item.get("video") is not None:
+            elif kind == "image" and (item.get("image") is not None or len(item) == 1):
+                n_img += 1  # a path, or a placeholder {"type": "image"}
+            elif kind == "video" and (item.get("video") is not None or len(item) == 1):
                 n_vid += 1
             else:
                 return None  # implicit types, path/url keys, bad blocks: the full path decides

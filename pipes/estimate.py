@@ -4,7 +4,11 @@ the real tokenizer (``calibrated``), or by tokenizing the templated text once (`
 ``estimate(record) -> (total, visual)``: ``total`` is the sample's length after the shift
 (``L - 1``) and includes the ``visual`` (image + video) tokens. Text is ``_text_tokens`` when
 present, else ``floor(chars / chars_per_token)``; the chat template's own tokens are added
-from ``TemplateOverhead`` (the peer left them out, so its packs overflowed).
+from ``TemplateOverhead`` (the peer left them out, so its packs overflowed), also to a
+``_text_tokens`` unless ``text_tokens_include_template=True`` says the count already holds
+them. Visual tokens are a precomputed ``_media_tokens`` when present, else each image or video
+sized from ``images_meta`` / ``videos_meta`` (or the image file's header); a placeholder block
+(``{"type": "image"}``) with neither counts ``media_fallback``, listed in ``fallbacks``.
 
 >>> est = LengthEstimator(image=ImageTokenConfig())
 >>> rec = {"sample_id": 0, "images_meta": [[280, 560]], "conversation": [
@@ -50,6 +54,9 @@ __all__ = [
 ]
 
 MODES = ("estimate", "calibrated", "exact")
+# Fallback reasons that on_missing_media="raise" does not refuse: there is no file to fix (an
+# in-memory value, or a placeholder block whose size is not in images_meta).
+_NOTHING_TO_READ = ("image_not_a_path", "image_no_meta")
 ON_MISSING_MEDIA = ("raise", "fallback")
 
 
@@ -136,6 +143,9 @@ class LengthEstimator:
     processor: Any = field(default=None, repr=False, compare=False)
     tokenizer_id: str = ""
     fallbacks: FallbackCounter = field(default_factory=FallbackCounter, repr=False, compare=False)
+    # Out of the repr (config_key adds it when set), so indexes cached before it existed keep
+    # their fingerprint.
+    text_tokens_include_template: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -149,7 +159,8 @@ class LengthEstimator:
 
     def config_key(self) -> str:
         """What the length-index fingerprint covers: every field that changes a result."""
-        return repr(self)
+        extra = ", text_tokens_include_template=True" if self.text_tokens_include_template else ""
+        return repr(self) + extra
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -228,7 +239,8 @@ class LengthEstimator:
                     f"sample_id={sid}: _text_tokens={tt!r} is not a token count (an integer in "
                     f"[0, 2**40)); fix the field or delete it to estimate from the characters"
                 )
-            text = body + round(self.overhead.tokens(st))
+            whole = tt is not None and self.text_tokens_include_template
+            text = body if whole else body + round(self.overhead.tokens(st))
         return SampleEstimate(max(text + frame_text + visual - 1, 0), visual, reasons)
 
     def estimate_raw_batch(
@@ -241,11 +253,18 @@ class LengthEstimator:
         return estimate_raw_batch(self, raws)
 
     def visual_tokens(self, record: Mapping[str, Any]) -> tuple[int, tuple[str, ...], int]:
-        """``(visual tokens, fallback reasons, text tokens the video frames add)``."""
+        """``(visual tokens, fallback reasons, text tokens the video frames add)``.
+
+        A precomputed ``_media_tokens`` (the seed's sampler field) is the visual count as
+        given: no media is sized and nothing falls back; video metadata, where present, still
+        gives Qwen3-VL's per-frame timestamp text."""
         sid = int(record.get("sample_id", -1))
         images, videos = _media(record)
         images_meta = _aligned_meta(record, "images_meta", len(images), sid)
         videos_meta = _aligned_meta(record, "videos_meta", len(videos), sid)
+        given = _media_tokens(record, sid)
+        if given is not None:
+            images = images_meta = []  # nothing to size
         total, reasons, frame_patches, frame_text = 0, [], 0, 0
         for value, meta in zip(images, images_meta, strict=True):
             if self.image is None:
@@ -263,7 +282,7 @@ class LengthEstimator:
             else:
                 size = _image_size(value, sid)
             if isinstance(size, str):
-                if self.on_missing_media == "raise" and size != "image_not_a_path":
+                if self.on_missing_media == "raise" and size not in _NOTHING_TO_READ:
                     raise EstimateError(
                         f"sample_id={sid}: {size.replace('_', ' ')}: {value!r}; fix the path "
                         "or pass on_missing_media='fallback' to count it as "
@@ -277,6 +296,8 @@ class LengthEstimator:
             except ValueError as e:
                 raise EstimateError(f"sample_id={sid}: image {value!r} size {size}: {e}") from e
         for value, meta in zip(videos, videos_meta, strict=True):
+            if given is not None and (self.video is None or meta is None):
+                continue  # the count is given; no timestamps without metadata
             if self.video is None or meta is None:
                 reasons.append("video_no_config" if self.video is None else "video_no_meta")
                 total += self.media_fallback
@@ -289,7 +310,7 @@ class LengthEstimator:
         timestamps = self.video is not None and self.video.timestamps
         if frame_patches and timestamps and self.mode != "exact":
             frame_text = round(frame_patches * self.overhead.per_video_frame)
-        return total, tuple(reasons), frame_text
+        return (total if given is None else given), tuple(reasons), frame_text
 
     def _exact_timestamp_tokens(self, cfg: VideoTokenConfig, meta: Any) -> int:
         from ._template_probe import text_tokens
@@ -297,6 +318,19 @@ class LengthEstimator:
         frames, fps = _frames_fps(meta)
         texts = cfg.timestamp_texts(frames, fps)
         return 2 * len(texts) + sum(text_tokens(self.processor, t) for t in texts)
+
+
+def _media_tokens(record: Mapping[str, Any], sid: int) -> int | None:
+    """A record's precomputed ``_media_tokens``, validated, or None."""
+    mt = record.get("_media_tokens")
+    if mt is None:
+        return None
+    if type(mt) in (int, float) and 0 <= mt < MAX_TEXT_TOKENS and mt == int(mt):
+        return int(mt)
+    raise EstimateError(
+        f"sample_id={sid}: _media_tokens={mt!r:.80} is not a token count (an integer in "
+        "[0, 2**40)); fix the field or delete it to estimate the media from their sizes"
+    )
 
 
 def text_stats(record: Mapping[str, Any]) -> TextStats:
@@ -329,8 +363,15 @@ def _estimate_sample_length(
     """The seed's signature and return convention: ``text + media`` (no shift, no chat-template
     tokens), or ``(total, media)``; ``example`` is a Record. Differences from the seed (bugs
     there): a video without a video config counts the 500-token fallback instead of 0, image
-    aspect ratios over 200 raise, and video frames are clamped as transformers does.
+    aspect ratios over 200 raise, and video frames are clamped as transformers does; a
+    precomputed ``_media_tokens`` is the media count.
     ``LengthEstimator`` is the full version (template overhead, shift, calibration).
+
+    ``_text_tokens``, when present, is the text count as given: like the seed, this function
+    adds no chat-template tokens to it (nor to ``chars // 3``), so it is a lower bound.
+    ``LengthGroupedSampler`` and ``neat_pack_dataset_vlm`` do add the template's tokens
+    (role markers, default system prompt, vision start/end) to a ``_text_tokens``; pass them
+    ``text_tokens_include_template=True`` when your count already holds them.
 
     >>> rec = {"conversation": [{"role": "user", "content": [{"type": "text", "text": "abcdef"},
     ...        {"type": "image", "image": "x"}]}], "images_meta": [[280, 560]]}

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from ._conversation import check_no_placeholders
 from ._record import RecordError
 from .media import SampleError
 from .mrope import MRopeConfig
@@ -124,9 +125,9 @@ def load_sample(source: Any, sample_id: int, processor: Any, config: Materialize
         options: dict[str, Any] = {"label_policy": config.label_policy}
         if config.fake_image:
             options["fake_image"] = True
-        return tokenize_with_handler(
-            source[sample_id], processor, handler=config.handler, **options
-        )
+        record = source[sample_id]
+        check_no_placeholders(record)  # the Qwen-VL path checks it while parsing
+        return tokenize_with_handler(record, processor, handler=config.handler, **options)
     return tokenize_conversation(
         source[sample_id], processor, fake_image=config.fake_image,
         label_policy=config.label_policy,

@@ -80,6 +80,8 @@ class PackedDatasetWrapper(Dataset[Pack]):
         self.has_mrope = get_rope_index is not None
         self.max_retries = max_retries
         self.seed = seed
+        # neat_pack_dataset_vlm's FallbackCounter: media items planned by a fallback, with ids
+        self.fallbacks: Any = None
 
     def __len__(self) -> int:
         return len(self.bins)
@@ -150,6 +152,8 @@ def neat_pack_dataset_vlm(
     processor: Any = None,
     balance_media_tokens: bool = True,
     sequence_alignment: int = 1,
+    *,
+    text_tokens_include_template: bool = False,
 ) -> PackedDatasetWrapper:
     """Plan packs from estimated lengths and return a lazy `PackedDatasetWrapper`.
 
@@ -158,9 +162,29 @@ def neat_pack_dataset_vlm(
     estimated at half the capacity, so packs hold 2 samples in index order (seed behaviour).
     Samples estimated longer than `pack_size` raise a ValueError naming them unless
     `drop_long_samples=True` (the seed kept them and produced empty packs, B3).
+
+    Planning reads no media: a media block may be a placeholder (`{"type": "image"}`) sized
+    by `mm_inputs_meta: {"images_meta": [[h, w], ...], "videos_meta": [...]}` (smart_resize
+    with the processor's settings), or by a precomputed `_media_tokens`. A media item with
+    neither, or every item when `processor` is None, counts the seed's 500 tokens; those are
+    listed by reason with their sample ids in the returned wrapper's `fallbacks`. Only
+    materializing (`wrapper[k]`) needs the pixels.
+
+    Text is a precomputed `_text_tokens` or chars / 3, plus the chat template's own tokens
+    (role markers, default system prompt, vision start/end), which the seed's precompute
+    script leaves out (its packs overflowed). If your `_text_tokens` already count the
+    template, pass `text_tokens_include_template=True`.
+
+    >>> recs = [{"conversation": [{"role": "user", "content": [{"type": "image"}, "What?"]},
+    ...                           {"role": "assistant", "content": "A cat."}],
+    ...          "mm_inputs_meta": {"images_meta": None}}] * 3
+    >>> packed = neat_pack_dataset_vlm(recs, pack_size=2048, ds_raw=recs)
+    >>> packed.bins, dict(packed.fallbacks.counts)
+    ([[0, 1, 2]], {'image_no_config': 3})
     """
     from .binpack import greedy_knapsack
     from .estimate import LengthEstimator
+    from .lengths import _estimate_slice
     from .plan import greedy_knapsack_vt_balanced
     from .read import SequenceSource
 
@@ -173,11 +197,19 @@ def neat_pack_dataset_vlm(
     visual: list[int] = []
     valid: list[int] = []
     too_long: list[int] = []
+    whole = text_tokens_include_template
+    est = (
+        LengthEstimator.from_processor(processor, text_tokens_include_template=whole)
+        if processor
+        else LengthEstimator(text_tokens_include_template=whole)
+    )
     if ds_raw is not None:
         source = ds_raw if hasattr(ds_raw, "content_fingerprint") else SequenceSource(ds_raw)
-        est = LengthEstimator.from_processor(processor) if processor else LengthEstimator()
-        for i in range(len(source)):
-            total, vt = est.estimate(source[i])
+        # the length index's block estimator: raw records on its fast path, the rest one by one
+        totals, visuals, fallbacks = _estimate_slice(source, est, 0, len(source), progress=False)
+        for sid, reasons in fallbacks:
+            est.fallbacks.add(sid, reasons)
+        for i, (total, vt) in enumerate(zip(totals.tolist(), visuals.tolist(), strict=True)):
             total = _aligned(max(total, 0), sequence_alignment)
             if total > pack_size:
                 too_long.append(i)
@@ -205,7 +237,9 @@ def neat_pack_dataset_vlm(
     else:
         bins = bins[:max_packs]
     bins = [[valid[i] for i in b] for b in bins]
-    return PackedDatasetWrapper(
+    wrapper = PackedDatasetWrapper(
         dataset, bins, pack_size, padding_idx=padding_idx,
         sequence_alignment=sequence_alignment, get_rope_index=get_rope_index,
     )  # fmt: skip
+    wrapper.fallbacks = est.fallbacks
+    return wrapper

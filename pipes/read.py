@@ -112,6 +112,21 @@ def _media_root(media_root: str | os.PathLike[str] | None) -> str | None:
     return None if media_root is None else os.path.realpath(media_root)
 
 
+_TOO_DEEP = "more levels than Python's recursion limit; no real record is"
+
+
+def _convert(raw: Any, sid: int, media_root: str | None, where: str = "") -> Record:
+    """``to_record``, with a record too deeply nested to convert or quote (``repr`` recurses)
+    refused as a ``RecordError`` naming it instead of a ``RecursionError`` from deep inside."""
+    try:
+        return to_record(raw, sid, media_root)
+    except RecursionError:
+        raise RecordError(
+            f"{where}(sample_id={sid}) is nested too deeply to read ({_TOO_DEEP}); fix or "
+            "delete that record"
+        ) from None
+
+
 class JsonlSource:
     """A JSONL file with random access through a byte-offset index built in one pass.
 
@@ -160,6 +175,11 @@ class JsonlSource:
                 f"malformed JSON in {self.path} line {self.line_number(sample_id)} "
                 f"(sample_id={sample_id}): {e}; fix or delete that line"
             ) from e
+        except RecursionError:  # json recurses per level: a hostile line would escape unnamed
+            raise RecordError(
+                f"{self.path} line {self.line_number(sample_id)} (sample_id={sample_id}) is "
+                f"nested too deeply to read ({_TOO_DEEP}); fix or delete that line"
+            ) from None
         if not isinstance(obj, dict):
             raise RecordError(
                 f"{self.path} line {self.line_number(sample_id)} (sample_id={sample_id}) holds a "
@@ -168,7 +188,9 @@ class JsonlSource:
         return obj
 
     def __getitem__(self, sample_id: int) -> Record:
-        return to_record(self.raw(sample_id), int(sample_id), self.media_root)
+        raw = self.raw(sample_id)
+        return _convert(raw, int(sample_id), self.media_root, f"{self.path} line "
+                        f"{self.line_number(sample_id)} ")  # fmt: skip
 
     def iter_raw(self, start: int, stop: int) -> Iterator[Any]:
         """Parsed JSON of ids ``start..stop-1`` in order, read in ~8 MiB blocks (the length
@@ -223,8 +245,8 @@ class JsonlSource:
                         pass
                 try:
                     out.append(json.loads(block[a:b]))
-                except ValueError:
-                    out.append(None)
+                except (ValueError, RecursionError):
+                    out.append(None)  # source[id] raises the error naming the line
         return out
 
     def content_fingerprint(self) -> str:
@@ -291,6 +313,10 @@ class JsonListSource:
                 data = json.load(f)
             except ValueError as e:
                 raise RecordError(f"malformed JSON in {self.path}: {e}") from e
+            except RecursionError:
+                raise RecordError(
+                    f"{self.path} is nested too deeply to read ({_TOO_DEEP}); fix that record"
+                ) from None
         if not isinstance(data, list):
             raise RecordError(
                 f"{self.path} holds a {type(data).__name__}; JsonListSource expects a JSON list "
@@ -304,7 +330,7 @@ class JsonListSource:
 
     def __getitem__(self, sample_id: int) -> Record:
         sid = _check_id(sample_id, len(self))
-        return to_record(self._records[sid], sid, self.media_root)
+        return _convert(self._records[sid], sid, self.media_root, f"{self.path} record {sid} ")
 
     def iter_raw(self, start: int, stop: int) -> Iterator[Any]:
         return iter(self._records[start:stop])
@@ -330,7 +356,7 @@ class SequenceSource:
 
     def __getitem__(self, sample_id: int) -> Record:
         sid = _check_id(sample_id, len(self))
-        return to_record(self.records[sid], sid, self.media_root)
+        return _convert(self.records[sid], sid, self.media_root)
 
     def iter_raw(self, start: int, stop: int) -> Iterator[Any]:
         return (self.records[i] for i in range(start, stop))
@@ -364,7 +390,7 @@ class HFDatasetSource:
 
     def __getitem__(self, sample_id: int) -> Record:
         sid = _check_id(sample_id, len(self))
-        return to_record(self.ds[sid], sid, self.media_root)
+        return _convert(self.ds[sid], sid, self.media_root)
 
     def content_fingerprint(self) -> str:
         fp = getattr(self.ds, "_fingerprint", None)

@@ -26,37 +26,130 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
-__all__ = ["LengthGroupedSampler", "estimate_lengths"]
+__all__ = ["LengthGroupedSampler", "estimate_lengths", "raw_records"]
+
+
+def raw_records(dataset: Any) -> tuple[Any, npt.NDArray[np.int64] | None]:
+    """The raw records under ``dataset`` without calling its ``__getitem__``: ``(source, ids)``.
+
+    Follows ``.dataset`` attributes (a tokenizing wrapper's raw data, as the seed does) to the
+    innermost object: a neatpack ``RecordSource`` as is, a Python list or tuple as a
+    ``SequenceSource``, a Hugging Face ``datasets.Dataset`` as an ``HFDatasetSource``; any other
+    innermost object is indexed itself. ``ids`` maps the outer index to the source's id where a
+    level on the way is a ``torch.utils.data.Subset`` (its ``indices``), else ``None``.
+
+    >>> class Tokenizing:  # a wrapper whose __getitem__ would tokenize
+    ...     def __init__(self, raw): self.dataset = raw
+    ...     def __len__(self): return len(self.dataset)
+    ...     def __getitem__(self, i): raise RuntimeError("tokenizes")
+    >>> src, ids = raw_records(Tokenizing([{"messages": [{"role": "user", "content": "hi"}]}]))
+    >>> type(src).__name__, ids, src[0]["conversation"][0]["content"]
+    ('SequenceSource', None, [{'type': 'text', 'text': 'hi'}])
+    """
+    from .read import HFDatasetSource, RecordSource, SequenceSource
+
+    obj, ids, seen = dataset, None, set()
+    while not isinstance(obj, RecordSource) and id(obj) not in seen:
+        inner = getattr(obj, "dataset", None)
+        if inner is None:
+            break
+        seen.add(id(obj))
+        picked = getattr(obj, "indices", None)
+        if picked is not None:  # a Subset: outer index i is inner index indices[i]
+            arr = np.asarray(picked, dtype=np.int64)
+            ids = arr if ids is None else arr[ids]
+        obj = inner
+    if isinstance(obj, RecordSource):
+        source: Any = obj
+    elif isinstance(obj, list | tuple):
+        source = SequenceSource(obj)
+    elif hasattr(obj, "features") and hasattr(obj, "_fingerprint"):  # datasets.Dataset
+        source = HFDatasetSource(obj)
+    else:
+        source = _Indexed(obj)
+    n = len(source) if ids is None else ids.size
+    if dataset is not obj and hasattr(dataset, "__len__") and len(dataset) != n:
+        raise ValueError(
+            f"the dataset has {len(dataset)} samples but the raw records under its .dataset "
+            f"chain ({type(obj).__name__}) give {n}; pass lengths=<one int per sample>"
+        )
+    return source, ids
+
+
+class _Indexed:
+    """Records from any indexable object (``to_record`` on ``obj[i]``), for ``raw_records``."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __len__(self) -> int:
+        return len(self.obj)
+
+    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+        from ._record import to_record
+
+        return to_record(self.obj[sample_id], int(sample_id), None)
+
+
+class _Picked:
+    """``source[ids[i]]`` as item ``i`` (a Subset on the way to the raw records)."""
+
+    def __init__(self, source: Any, ids: npt.NDArray[np.int64]) -> None:
+        self.source, self.ids = source, ids
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.source[int(self.ids[i])]
 
 
 def estimate_lengths(
     dataset: Any, processor: Any = None, estimator: Any = None
 ) -> npt.NDArray[np.int64]:
-    """Total estimated tokens of every Record in ``dataset`` (``dataset[i]``, ``i < len``).
+    """Total estimated tokens of every sample of ``dataset``, from its raw records
+    (``raw_records``: never through a tokenizing wrapper's ``__getitem__``).
 
     Uses ``estimator`` (a ``LengthEstimator``), else one built from ``processor``, else the
-    processor-free default (``_text_tokens`` or chars / 3, 500 tokens per media item, counted
-    in ``estimator.fallbacks``).
+    processor-free default (``_text_tokens`` or chars / 3, 500 tokens per media item). Media
+    items estimated by a fallback are counted, with sample ids, in ``estimator.fallbacks``.
     """
+    from ._record import RecordError
     from .estimate import LengthEstimator
+    from .lengths import _estimate_slice
 
     if estimator is None:
         estimator = LengthEstimator.from_processor(processor) if processor else LengthEstimator()
-    out = np.empty(len(dataset), dtype=np.int64)
-    for i in range(len(dataset)):
-        record = dataset[i]
-        if not isinstance(record, dict) or "conversation" not in record:
-            got = f"keys {sorted(record)}" if isinstance(record, dict) else type(record).__name__
-            raise ValueError(
-                f"sample {i}: LengthGroupedSampler needs Records with a 'conversation', got "
-                f"{got}. Pass lengths=<one int per sample> (e.g. a LengthIndex's total) instead."
-            )
-        out[i] = estimator.estimate(record)[0]
-    return out
+    source, ids = raw_records(dataset)
+    if ids is not None:
+        source = _Picked(source, ids)
+    try:
+        total, _, fallbacks = _estimate_slice(source, estimator, 0, len(source), progress=False)
+    except RecordError as e:
+        raise type(e)(
+            f"{e}. LengthGroupedSampler estimates lengths from the raw conversations under the "
+            "dataset (its .dataset chain); give records with a conversation, or pass "
+            "lengths=<one int per sample> (e.g. a LengthIndex's total) instead"
+        ) from e
+    for sid, reasons in fallbacks:
+        estimator.fallbacks.add(sid, reasons)
+    return total
 
 
 class LengthGroupedSampler(Sampler[int]):
     """Sample ids grouped by total tokens: chunks of ``batch_size`` shuffled per epoch.
+
+    Lengths: ``lengths=`` as given, else estimated from the raw records under ``dataset``
+    (``raw_records``: through its ``.dataset`` chain, never its ``__getitem__``) by
+    ``estimator`` or ``LengthEstimator.from_processor(processor)``: text is a precomputed
+    ``_text_tokens`` or chars / 3, media a precomputed ``_media_tokens`` or their sizes
+    (``images_meta`` / ``videos_meta``, also under ``mm_inputs_meta``, or the image files),
+    and a media item with neither (a ``{"type": "image"}`` placeholder without metadata, or no
+    processor) counts 500 tokens, listed with its sample id in ``sampler.fallbacks``.
+    The chat template's own tokens (role markers, default system prompt, vision start/end)
+    are added to ``_text_tokens``, which the seed's precompute script counts without them;
+    if your ``_text_tokens`` already include the template, pass
+    ``text_tokens_include_template=True`` (or set it on your ``estimator``).
 
     ``max_length`` (optional) keeps samples with ``length <= max_length + length_slack``
     (the seed's 512-token slack for low estimates); the others are in ``dropped_ids``.
@@ -84,6 +177,7 @@ class LengthGroupedSampler(Sampler[int]):
         estimator: Any = None,
         length_slack: int = 512,
         truncate_to: int | None = None,
+        text_tokens_include_template: bool = False,
     ) -> None:
         super().__init__()
         if seed < 0:
@@ -94,8 +188,24 @@ class LengthGroupedSampler(Sampler[int]):
         self.batch_size = max(1, int(batch_size))  # as the seed: 0 or less means 1
         self.max_length = max_length
         self.epoch = 0
+        from .estimate import FallbackCounter, LengthEstimator
+
+        self.fallbacks = FallbackCounter()
         if lengths is None:
-            arr = estimate_lengths(dataset, processor, estimator)
+            if estimator is None:
+                whole = text_tokens_include_template
+                estimator = (
+                    LengthEstimator.from_processor(processor, text_tokens_include_template=whole)
+                    if processor is not None
+                    else LengthEstimator(text_tokens_include_template=whole)
+                )
+            elif text_tokens_include_template:
+                raise ValueError(
+                    "text_tokens_include_template=True with an estimator: set it on the "
+                    "estimator (LengthEstimator(..., text_tokens_include_template=True))"
+                )
+            arr = estimate_lengths(dataset, estimator=estimator)
+            self.fallbacks = estimator.fallbacks
         else:
             arr = np.asarray(lengths)
             if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):

@@ -32,7 +32,10 @@ import torch
 from .binpack import greedy_knapsack
 from .pack import build_packed_sample
 
-__all__ = ["neat_pack_dataset"]
+__all__ = ["CROSS_ENTROPY_IGNORE_IDX", "neat_pack_dataset"]
+
+#: The seed's label value for "no loss here" (``llm/neat_packing.py``): padding, prompts, masks.
+CROSS_ENTROPY_IGNORE_IDX = -100
 
 _KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
 
@@ -68,7 +71,7 @@ def _sample(row: int, raw: Any) -> dict[str, torch.Tensor]:
             raise ValueError(
                 f"row {row}: loss_mask {tuple(mask.shape)} != input_ids {tuple(ids.shape)}"
             )
-        labels = labels.masked_fill(mask == 0, -100)
+        labels = labels.masked_fill(mask == 0, CROSS_ENTROPY_IGNORE_IDX)
     return {"input_ids": ids, "labels": labels}
 
 

@@ -128,7 +128,7 @@ def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
 def test_length_count_mismatch_and_non_records() -> None:
     with pytest.raises(ValueError, match="one per sample"):
         LengthGroupedSampler([{}, {}, {}], lengths=[1, 2])
-    with pytest.raises(ValueError, match=r"sample 0: .*Pass lengths="):
+    with pytest.raises(ValueError, match=r"sample_id=0: no conversation.*pass lengths="):
         LengthGroupedSampler([{"input_ids": [1, 2]}])
     with pytest.raises(ValueError, match="epoch=-1"):
         LengthGroupedSampler(None, lengths=[1]).set_epoch(-1)
