@@ -210,7 +210,7 @@ def neat_llm_graph(
         max_length=cfg.pack_size,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
-        **({"boundaries": True} if boundaries else {}),
+        boundaries=boundaries,
     )
     if cp_rank is not None:
         batch_step = ContextParallelShard(batch_step, cfg.cp_size, cp_rank)

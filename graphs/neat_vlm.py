@@ -337,7 +337,7 @@ def neat_vlm_graph(
             on_failure=cfg.on_bad_sample,
             fake_image=cfg.fake_image,
             seed=cfg.seed,
-            **({} if cfg.cp_size == 1 else {"alignment": 2 * cfg.cp_size}),
+            alignment=1 if cfg.cp_size == 1 else 2 * cfg.cp_size,
             **({} if family is None else family.materialize_options),
         ),
     )
@@ -350,7 +350,7 @@ def neat_vlm_graph(
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
         **({} if family is None else family.collate_options),
-        **({"boundaries": True} if boundaries else {}),
+        boundaries=boundaries,
     )
     if cp_rank is not None:
         batch_step = ContextParallelShard(batch_step, cfg.cp_size, cp_rank)

@@ -213,22 +213,23 @@ def attention_work_per_rank(doc_ids: Tensor, cp_size: int) -> list[int]:
     """Causal attention work of each CP rank: the (query, key) pairs its local queries attend.
 
     A query at offset ``i`` of its document's padded span attends ``i + 1`` keys (a row's
-    padding run counts as one causal segment, as in THD). With the head-and-tail split every
-    rank gets exactly the same work.
+    padding run counts as one causal segment, as in THD). Closed form per span: chunk ``k`` of
+    ``c`` tokens costs ``k * c * c + c * (c + 1) / 2``, so chunks ``r`` and ``2 * cp - 1 - r``
+    cost the same for every rank: the head-and-tail split is exactly balanced.
 
     >>> attention_work_per_rank(torch.ones(1, 8, dtype=torch.long), 2)
     [18, 18]
     """
-    spans = _row_spans(doc_ids)
-    work = []
-    for r in range(cp_size):
-        total = 0
-        for sp in spans:
-            idx = cp_split_indices(sp, cp_size, r)
-            starts = list(accumulate(sp, initial=0))
-            offset = np.asarray(idx) - np.asarray(starts)[np.searchsorted(starts, idx, "right") - 1]
-            total += int((offset + 1).sum())
-        work.append(total)
+    _check_cp(cp_size)
+    unit = 2 * cp_size
+    work = [0] * cp_size
+    for spans in _row_spans(doc_ids):
+        for n in spans:
+            if n % unit:
+                raise ValueError(f"a span of {n} tokens is not a multiple of 2 * {cp_size=}")
+            c = n // unit
+            for r in range(cp_size):
+                work[r] += sum(k * c * c + c * (c + 1) // 2 for k in (r, unit - 1 - r))
     return work
 
 

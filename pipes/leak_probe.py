@@ -112,7 +112,7 @@ class LeakReport:
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The language model's decoder layers: the longest ``ModuleList`` outside the vision tower
     whose length is the text config's ``num_hidden_layers``."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     n = int(getattr(text, "num_hidden_layers", 0) or 0)
     for name, module in model.named_modules():
@@ -223,7 +223,7 @@ def probe_packing_leak(
     before = _run(model, inputs, layers)
     after = _run(model, changed, layers)
     kinds = dict(stateful_layers(getattr(model, "config", {})))
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     names = list(getattr(text_cfg, "layer_types", None) or [])
     others = [
@@ -246,7 +246,7 @@ def _synthetic_batch(model: nn.Module, *, boundaries: bool, mask_format: str) ->
     from .collate import neat_packed_vlm_collater
     from .pack import build_pack
 
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = int(getattr(text, "vocab_size", 0) or getattr(config, "vocab_size", 0) or 0)
     special = {
@@ -312,7 +312,7 @@ def check_packing(
     ``cu_seq_lens``) in ``mask_format`` (default: the model's attention implementation, sdpa
     when it is a flash one on CPU). ``allow_leak=True`` returns the report instead of raising.
     """
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     impl = str(getattr(config, "_attn_implementation", None) or "sdpa")
     device = next(model.parameters()).device
     if mask_format is None:
