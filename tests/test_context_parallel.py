@@ -3,6 +3,8 @@ reassemble to the unsplit batch, equal attention work per CP rank, the graphs' c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -162,3 +164,41 @@ def test_llm_graph_with_cp_size_emits_balanced_shards() -> None:
     assert len(set(attention_work_per_rank(full["doc_ids"], 2))) == 1
     with pytest.raises(ValueError, match="2 \\* cp_size must divide"):
         NeatLLMConfig(pack_size=130, cp_size=2)
+
+
+def test_vlm_graph_cp_shards_and_boundaries(tmp_path: Path) -> None:
+    """neat_vlm_graph with cp_size: aligned documents (media included), per-rank shards that
+    reassemble with their mRoPE positions, media placement indices, and boundaries turned on
+    from a hybrid model's config."""
+    from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+    from neatpack.pipes import tiny_hybrid_model
+    from neatpack.pipes.synth import write_corpus
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    data = write_corpus(str(tmp_path), num_samples=12)
+    processor = load_tiny_processor()
+    cfg = NeatVLMConfig(
+        pack_size=2048,
+        cp_size=2,
+        attn_implementation="thd",
+        media_root=str(tmp_path / "media"),
+        shuffle=False,
+    )
+    hybrid = tiny_hybrid_model("qwen3_5").config
+    full = next(iter(neat_vlm_graph(data, processor, config=cfg, model=hybrid)))
+    assert full["seq_idx"].dtype == torch.int32  # boundaries on from the config
+    spans = full["packed_seq_params"]["cu_seqlens_q_padded"].diff()
+    assert (spans % 4 == 0).all()
+    assert full["position_ids"].shape[0] == 4  # text row + mRoPE rows
+    shards = [
+        next(iter(neat_vlm_graph(data, processor, config=cfg, model=hybrid, cp_rank=r)))
+        for r in range(2)
+    ]
+    for key in ("input_ids", "labels", "position_ids", "mm_token_type_ids", "seq_idx"):
+        assert torch.equal(_reassemble(shards, key, full[key]), full[key]), key
+    n_media = int((full["mm_token_type_ids"] != 0).sum())
+    assert n_media > 0
+    placed = sorted(int(i) for sh in shards for i in sh["cp_media_index"])
+    assert placed == list(range(n_media))
+    for sh in shards:  # every rank keeps the whole batch's media for the vision tower
+        assert torch.equal(sh["pixel_values"], full["pixel_values"])
