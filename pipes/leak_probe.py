@@ -315,10 +315,9 @@ def check_packing(
     config: Any = getattr(model, "config", None)
     impl = str(getattr(config, "_attn_implementation", None) or "sdpa")
     device = next(model.parameters()).device
-    if mask_format is None:
-        mask_format = impl if impl in ("sdpa", "eager") or device.type == "cuda" else "sdpa"
-        if mask_format.startswith("flash") is False and mask_format not in ("sdpa", "eager"):
-            mask_format = "sdpa"
+    if mask_format is None:  # the model's own implementation, where this device can run it
+        flash_ok = device.type == "cuda" and impl.startswith("flash")
+        mask_format = impl if impl in ("sdpa", "eager") or flash_ok else "sdpa"
     batch = _synthetic_batch(model, boundaries=True, mask_format=mask_format)
     try:
         report = probe_packing_leak(model, batch, tolerance=tolerance)
