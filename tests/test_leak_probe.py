@@ -79,6 +79,15 @@ def test_check_packing_names_layers_and_fix() -> None:
     assert not check_packing(tiny_model("qwen2")).leaks
 
 
+def test_check_packing_on_mrope_vlms_finds_no_leak() -> None:
+    """The synthetic row of a Qwen-VL model carries [3, B, S] mRoPE positions (as the graph's
+    batches do): attention-only VLMs pack exactly."""
+    for family in ("qwen2_5_vl", "qwen3_vl"):
+        report = check_packing(tiny_model(family))
+        assert report.max_change == 0.0, (family, str(report))
+        assert len(report.layers) == tiny_model(family).config.text_config.num_hidden_layers
+
+
 def test_graph_refuses_a_leaking_model_unless_allowed() -> None:
     records = [{"input_ids": list(range(1, n + 1))} for n in (9, 12, 5, 7)]
     cfg = NeatLLMConfig(pack_size=32, attn_implementation="sdpa")
