@@ -31,6 +31,8 @@ from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.neat_vlm import BatchStep
 from neatpack.graphs.stages import map_stage, pack_meta
 from neatpack.graphs.watchdog import init_worker
+from neatpack.pipes.context_parallel import ContextParallelShard, cp_padded_lengths
+from neatpack.pipes.leak_probe import packing_boundaries
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.read import JsonlSource
@@ -58,10 +60,18 @@ class NeatLLMConfig:
     prefetch: int = 2
     keep_ledger: bool = True
     ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
+    boundaries: bool = False  # seq_idx + cu_seq_lens for linear-attention / SSM layers
+    allow_packing_leak: bool = False  # pack a model whose leak probe fails (#20)
+    cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
             raise ValueError(f"{self.pack_size=} must be at least 2 tokens")
+        if self.cp_size < 1 or (self.cp_size > 1 and self.pack_size % (2 * self.cp_size)):
+            raise ValueError(
+                f"{self.cp_size=} must be >= 1 and 2 * cp_size must divide {self.pack_size=} "
+                "(every document and the row are split into 2 * cp_size chunks)"
+            )
         if self.batch_size < 1:
             raise ValueError(f"{self.batch_size=} must be >= 1")
         if self.tail not in TAIL_POLICIES:
@@ -137,14 +147,14 @@ def token_lengths(source: TokenSource) -> np.ndarray:
 class LLMPackStep:
     """Map function: a pack reference -> a packed text sample (picklable)."""
 
-    def __init__(self, source: TokenSource, padding_idx: int) -> None:
-        self.source, self.padding_idx = source, padding_idx
+    def __init__(self, source: TokenSource, padding_idx: int, alignment: int = 1) -> None:
+        self.source, self.padding_idx, self.alignment = source, padding_idx, alignment
         self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
         init_worker(self.owner_pid)
         samples = [self.source[i] for i in ref["sample_ids"]]
-        pack = dict(build_pack(samples, padding_idx=self.padding_idx))
+        pack = dict(build_pack(samples, padding_idx=self.padding_idx, alignment=self.alignment))
         real = int(sum(pack["seq_lens"]))
         pack["meta"] = pack_meta(ref, real_tokens=real, estimated_tokens=real)
         return pack
@@ -157,16 +167,30 @@ def neat_llm_graph(
     rank: int | None = None,
     world_size: int | None = None,
     lengths: np.ndarray | None = None,
+    model: Any = None,
+    cp_rank: int | None = None,
 ) -> NeatLoader:
-    """Build this rank's checkpointable loader of packed text batches."""
+    """Build this rank's checkpointable loader of packed text batches.
+
+    ``model`` (a model or its transformers config) turns on ``seq_idx`` / ``cu_seq_lens`` for
+    hybrid models, and a hybrid model is probed first: packing it when its layers leak across
+    documents raises ``PackingLeakError`` unless ``allow_packing_leak`` (docs/long_context.md).
+    ``cp_size > 1`` plans and packs documents padded to a multiple of ``2 * cp_size``;
+    ``cp_rank`` then makes every batch that context-parallel rank's shard
+    (``pipes/context_parallel.py``).
+    """
     cfg = config or NeatLLMConfig()
+    boundaries = packing_boundaries(
+        model, boundaries=cfg.boundaries, allow_leak=cfg.allow_packing_leak
+    )
     rank, world_size = resolve_rank(rank, world_size)
     source = TokenSource(data)
     total = token_lengths(source) if lengths is None else np.asarray(lengths, dtype=np.int64)
+    planned = total if cfg.cp_size == 1 else cp_padded_lengths(total, cfg.cp_size)
 
     def plan_for(group_size: int) -> PackPlan:
         return plan_packs(
-            total,
+            planned,
             cfg.pack_size,
             max_packs=cfg.max_packs,
             overlong=cfg.overlong,
@@ -178,15 +202,18 @@ def neat_llm_graph(
     pack_source = PackSource(
         plan_for, rank=rank, world_size=world_size, batch_size=cfg.batch_size, tail=cfg.tail
     )
-    step = LLMPackStep(source, cfg.padding_idx)
+    step = LLMPackStep(source, cfg.padding_idx, 2 * cfg.cp_size if cfg.cp_size > 1 else 1)
 
-    batch_step = BatchStep(
+    batch_step: Any = BatchStep(
         step,
         padding_idx=cfg.padding_idx,
         max_length=cfg.pack_size,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
+        boundaries=boundaries,
     )
+    if cp_rank is not None:
+        batch_step = ContextParallelShard(batch_step, cfg.cp_size, cp_rank)
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
         return map_stage(
@@ -207,8 +234,13 @@ def neat_llm_graph(
             "prefetch",
             "keep_ledger",
             "ledger_epochs",
+            "boundaries",
+            "allow_packing_leak",
+            "cp_size",
         )
     }
+    if cfg.cp_size > 1:  # only when set: older checkpoints keep their key
+        plan_key["cp_size"] = cfg.cp_size
     fingerprint = hashlib.sha256(np.ascontiguousarray(total, dtype="<i8").tobytes()).hexdigest()
     return NeatLoader(
         pack_source,

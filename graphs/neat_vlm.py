@@ -93,6 +93,9 @@ class NeatVLMConfig:
     pp_microbatches: int | None = None  # split media per pipeline-parallel micro-batch
     handler: str | None = None  # registry handler; None: from the processor's class
     mask_options: Mapping[str, Any] | None = None  # to the handler's packed_mask (Gemma)
+    boundaries: bool = False  # seq_idx + cu_seq_lens for linear-attention / SSM layers (#20)
+    allow_packing_leak: bool = False  # pack a model whose leak probe fails (#20)
+    cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size (#20)
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -113,6 +116,11 @@ class NeatVLMConfig:
             raise ValueError(
                 f"{self.pp_microbatches=} must be between 1 and {self.batch_size=} (one "
                 "micro-batch needs at least one pack row)"
+            )
+        if self.cp_size < 1 or (self.cp_size > 1 and self.pack_size % (2 * self.cp_size)):
+            raise ValueError(
+                f"{self.cp_size=} must be >= 1 and 2 * cp_size must divide {self.pack_size=} "
+                "(every document and the row are split into 2 * cp_size chunks)"
             )
         if self.handler is not None:
             from neatpack.pipes.registry import HANDLERS
@@ -144,6 +152,8 @@ class NeatVLMConfig:
         key = {k: v for k, v in asdict(self).items() if k in keep}
         if self.handler is not None:  # only when set: older checkpoints keep their key
             key["handler"] = self.handler
+        if self.cp_size > 1:  # only when set: older checkpoints keep their key
+            key["cp_size"] = self.cp_size
         return key
 
 
@@ -253,13 +263,24 @@ def neat_vlm_graph(
     rank: int | None = None,
     world_size: int | None = None,
     lengths: LengthIndex | None = None,
+    model: Any = None,
+    cp_rank: int | None = None,
 ) -> NeatLoader:
     """Build this rank's checkpointable loader of packed VLM batches.
 
     ``rank`` / ``world_size`` default to ``torch.distributed`` when it is initialized, else
     0 / 1. ``lengths`` skips building the length index (it is cached under ``cache_dir``).
+    ``model`` (a model or its config) turns on boundaries for hybrid models and refuses to pack
+    a model whose layers leak across documents (``pipes/leak_probe.py``; docs/long_context.md).
+    ``cfg.cp_size > 1`` plans and packs documents padded to a multiple of ``2 * cp_size``;
+    ``cp_rank`` then makes every batch that context-parallel rank's shard.
     """
     cfg = config or NeatVLMConfig()
+    from neatpack.pipes.leak_probe import packing_boundaries
+
+    boundaries = packing_boundaries(
+        model, boundaries=cfg.boundaries, allow_leak=cfg.allow_packing_leak
+    )
     family: FamilyPlan | None = plan_family(processor, cfg)  # None: Qwen-VL; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(data, cfg.media_root)
@@ -285,9 +306,13 @@ def neat_vlm_graph(
     if estimator is not None and index.fallback_ids.size:
         source = _EstimateChecked(source, estimator, index.fallback_ids.tolist())
 
+    from neatpack.pipes.context_parallel import ContextParallelShard, cp_padded_lengths
+
+    planned = index.total if cfg.cp_size == 1 else cp_padded_lengths(index.total, cfg.cp_size)
+
     def plan_for(group_size: int) -> PackPlan:
         return plan_packs(
-            index.total,
+            planned,
             cfg.pack_size,
             visual=index.visual,
             packing_ratio=cfg.packing_ratio,
@@ -312,19 +337,23 @@ def neat_vlm_graph(
             on_failure=cfg.on_bad_sample,
             fake_image=cfg.fake_image,
             seed=cfg.seed,
+            alignment=1 if cfg.cp_size == 1 else 2 * cfg.cp_size,
             **({} if family is None else family.materialize_options),
         ),
     )
     step = PackStep(materializer, np.asarray(index.total))
 
-    batch_step = BatchStep(
+    batch_step: Any = BatchStep(
         step,
         pp_microbatches=cfg.pp_microbatches,
         padding_idx=padding_idx,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
         **({} if family is None else family.collate_options),
+        boundaries=boundaries,
     )
+    if cp_rank is not None:
+        batch_step = ContextParallelShard(batch_step, cfg.cp_size, cp_rank)
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
         node: BaseNode[Any] = map_stage(

@@ -93,6 +93,28 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "tokenize_nemotron_omni",
     ),
     "text_pack": ("CROSS_ENTROPY_IGNORE_IDX", "neat_pack_dataset"),
+    "boundaries": (
+        "add_boundaries",
+        "boundary_kwargs",
+        "needs_boundaries",
+        "stateful_layers",
+        "to_seq_idx",
+    ),
+    "leak_probe": (
+        "LeakReport",
+        "PackingLeakError",
+        "check_packing",
+        "probe_packing_leak",
+    ),
+    "tiny_hybrid_models": ("TINY_HYBRID_FAMILIES", "tiny_hybrid_model"),
+    "context_parallel": (
+        "ContextParallelShard",
+        "attention_work_per_rank",
+        "context_parallel_shards",
+        "cp_padded_lengths",
+        "cp_split_indices",
+        "shard_for_context_parallel",
+    ),
     "tiny": ("load_tiny_processor",),
     "synth": ("write_corpus",),
 }

@@ -193,6 +193,7 @@ def neat_packed_vlm_collater(
     spatial_merge_size: int = 2,
     check_media: bool = True,
     shared_memory: bool = False,
+    boundaries: bool = False,
 ) -> dict[str, Any]:
     """Pad a list of packs to ``[B, S]`` and build the attention inputs for one backend.
 
@@ -218,6 +219,8 @@ def neat_packed_vlm_collater(
     dtype unless ``pixel_dtype`` is given (the seed casts to bf16). ``shared_memory=True`` (set by
     the prebuilt graphs in their worker processes) concatenates the packs' pixels straight into
     shared memory, so handing the batch to the main process copies them no second time.
+    ``boundaries=True`` adds ``seq_idx`` and ``cu_seq_lens_q/k`` / ``max_length_q/k`` to every
+    format, for models with linear-attention, SSM or conv layers (``pipes/boundaries.py``).
 
     Packs in the data contract's form (int64 CPU tensors, ``seq_lens_padded`` or ``seq_lens``
     matching the document ids) take a fast path: each integer output is padded by one
@@ -281,6 +284,11 @@ def neat_packed_vlm_collater(
         )
     )
     out.update(label_counts(out["labels"], doc_ids))
+    if boundaries:
+        from .boundaries import boundary_kwargs
+
+        for key, value in boundary_kwargs(doc_ids, doc_lengths, validate=False).items():
+            out.setdefault(key, value)
     return out
 
 

@@ -113,6 +113,7 @@ def neat_packed_family_collater(
     mask_format: str | None = None,
     mask_options: Mapping[str, Any] | None = None,
     shared_memory: bool = False,
+    boundaries: bool = False,
 ) -> dict[str, Any]:
     """Packs built with a family handler (``materialize_pack`` with ``handler=...``: media per
     sample in ``pack["media_samples"]``) -> one batch. See the module docstring.
@@ -134,6 +135,7 @@ def neat_packed_family_collater(
         pad_to_multiple_of=pad_to_multiple_of,
         check_media=False,
         shared_memory=shared_memory,
+        boundaries=boundaries,
     )
     if own_mask is not None:
         doc_ids: Tensor = out["doc_ids"]
