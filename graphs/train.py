@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from neatpack.pipes.loss import CROSS_ENTROPY_IGNORE, LOSS_COUNT_KEYS
+from neatpack.pipes.loss import CROSS_ENTROPY_IGNORE_IDX, LOSS_COUNT_KEYS
 
 __all__ = [
     "BOOKKEEPING_KEYS",
@@ -168,7 +168,7 @@ def packed_loss(
     ce = F.cross_entropy(
         logits.float().flatten(0, 1),
         labels.to(logits.device).flatten(),
-        ignore_index=CROSS_ENTROPY_IGNORE,
+        ignore_index=CROSS_ENTROPY_IGNORE_IDX,
         reduction="none",
     )
     if convention == "document":

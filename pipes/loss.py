@@ -32,14 +32,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["CROSS_ENTROPY_IGNORE", "LOSS_COUNT_KEYS", "add_label_counts", "label_counts"]
+__all__ = ["CROSS_ENTROPY_IGNORE_IDX", "LOSS_COUNT_KEYS", "add_label_counts", "label_counts"]
 
-CROSS_ENTROPY_IGNORE = -100
+#: The seed's label value for "no loss here" (``llm/neat_packing.py``): padding, prompts, masks.
+CROSS_ENTROPY_IGNORE_IDX = -100
 LOSS_COUNT_KEYS = ("num_label_tokens", "num_documents", "label_weights")
 
 
 def label_counts(
-    labels: Tensor, doc_ids: Tensor | None = None, *, ignore_index: int = CROSS_ENTROPY_IGNORE
+    labels: Tensor, doc_ids: Tensor | None = None, *, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX
 ) -> dict[str, Any]:
     """Label-token count, document count and per-token document weights of one batch.
 
@@ -71,7 +72,7 @@ def label_counts(
 
 
 def add_label_counts(
-    batch: MutableMapping[str, Any], *, ignore_index: int = CROSS_ENTROPY_IGNORE
+    batch: MutableMapping[str, Any], *, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX
 ) -> MutableMapping[str, Any]:
     """Attach :func:`label_counts` to a collated batch (in place; returned for chaining).
 

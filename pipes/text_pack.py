@@ -30,12 +30,10 @@ from typing import Any
 import torch
 
 from .binpack import greedy_knapsack
+from .loss import CROSS_ENTROPY_IGNORE_IDX
 from .pack import build_packed_sample
 
 __all__ = ["CROSS_ENTROPY_IGNORE_IDX", "neat_pack_dataset"]
-
-#: The seed's label value for "no loss here" (``llm/neat_packing.py``): padding, prompts, masks.
-CROSS_ENTROPY_IGNORE_IDX = -100
 
 _KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
 
