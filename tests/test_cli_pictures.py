@@ -160,13 +160,13 @@ def test_plan_png_one_pack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_plan_png_overlong_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = write_records(tmp_path / "long.jsonl", 400, long_every=7, seed=3)
+    data = write_records(tmp_path / "long.jsonl", 3000, long_every=7, seed=3)
     png = tmp_path / "long.png"
-    report = plan_png(capsys, data, png, 4096, 2, "--overlong", "drop")
-    plan = expected_plan(data, 4096, 2, overlong="drop")
+    report = plan_png(capsys, data, png, 4096, 8, "--overlong", "drop")
+    plan = expected_plan(data, 4096, 8, overlong="drop")
     assert report["overlong"]["count"] == plan.dropped_ids.size > 0
     assert report["overlong"]["first_ids"][:3] == [0, 7, 14]
-    check_picture(png, plan, 4096, 2)
+    check_picture(png, plan, 4096, 8)
 
 
 def test_plan_png_100k_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
