@@ -200,3 +200,16 @@ def test_truncated_answer_does_not_label_padding(proc: Any, side: str) -> None:
         # the whole row keeps its labels, ending with <|im_end|>
         full = labels[1][labels[1] != -100]
         assert int(full[-1]) == im_end
+
+
+def test_robust_collate_docstring_examples() -> None:
+    import doctest
+
+    from neatpack.pipes import collate, packed_dataset
+
+    for obj in (collate.RobustCollate, packed_dataset.PackedDatasetWrapper.robust_collate):
+        runner = doctest.DocTestRunner()
+        for test in doctest.DocTestFinder().find(obj):
+            runner.run(test)
+        assert runner.summarize(verbose=False).attempted > 0
+        assert runner.summarize(verbose=False).failed == 0
