@@ -110,7 +110,11 @@ for i in range(repeats):
 print("RESULTS " + json.dumps(results))
 '''
 
-EXPECTED = {"exception": 1, "keyboard_interrupt": -2}  # an uncaught exception / SIGINT
+# An uncaught exception exits with 1. An uncaught KeyboardInterrupt exits by SIGINT (-2), or
+# with 1 when any thread runs ``exec`` / ``eval`` of a string while the interpreter exits (the
+# prefetch thread finishing its batch, e.g. a dataclass or namedtuple being created): CPython
+# 3.11 resets its "unhandled KeyboardInterrupt" flag in every such call. Both are clean exits.
+EXPECTED = {"exception": (1,), "keyboard_interrupt": (-2, 1)}
 MODES = ["one_batch", "break", "exception", "gc", "keyboard_interrupt", "unstarted", "close"]
 
 
@@ -131,11 +135,11 @@ def _leave(tmp_path: Path, graph: str, mode: str, repeats: int = REPEATS) -> lis
 
 
 def _check(results: list[Any], mode: str) -> None:
-    want = EXPECTED.get(mode, 0)
+    want = EXPECTED.get(mode, (0,))
     bad = [
         (code, err)
         for code, err in results
-        if code != want or "terminate called" in err or "Exception ignored" in err
+        if code not in want or "terminate called" in err or "Exception ignored" in err
     ]
     assert not bad, f"{len(bad)}/{len(results)} runs ended badly (want exit {want}): {bad[:2]}"
     if mode == "exception":
