@@ -20,6 +20,11 @@ Epochs: each ``iter(loader)`` runs one epoch. After ``load_state_dict`` the next
 the saved epoch (a state saved inside the loop after the epoch's last batch continues with an
 empty remainder; a state saved after the loop continues with the next epoch), so a trainer that
 reads ``loader.epoch`` never gains or loses an epoch.
+
+Leaving a loader: ``break``, an exception, dropping the loader or the iterator, ``Ctrl-C`` and
+interpreter exit all stop the graph's background threads (prefetch, pin memory, mapper
+threads) and worker processes, so a script ends cleanly however it leaves. ``loader.close()``
+(or ``with neat_vlm_graph(...) as loader:``) does it now and waits for the batch in flight.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import copy
 import hashlib
 import json
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,7 +42,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from neatpack.graphs.watchdog import WorkerWatchdog, shutdown_at_exit
+from neatpack.graphs.watchdog import STOP_TIMEOUT_S, WorkerWatchdog, shutdown_at_exit, stop_graph
 from neatpack.pipes.source import (
     PackRef,
     PackSource,
@@ -146,6 +152,29 @@ class NeatLoader:
         self._position: dict[str, Any] = {"epoch": initial_epoch, "start": 0, "local": 0}
         self._group_size = source.world_size
         self._continue = True  # next iter() continues _position instead of a new epoch
+        self._active: weakref.ref[Iterator[Batch]] | None = None  # the running epoch iterator
+        # Dropping the loader stops its threads (an iterator that was never advanced has none
+        # of the generator's own cleanup); interpreter exit is shutdown_at_exit's job.
+        self._finalizer = weakref.finalize(self, stop_graph, self.root, 0.0)
+        self._finalizer.atexit = False
+
+    def __enter__(self) -> NeatLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the running epoch's iterator, the graph's background threads and its worker
+        processes, waiting for the batch in flight (at most ``STOP_TIMEOUT_S`` s). Like a
+        ``break``: ``state_dict()`` still gives the position, and the next ``iter(loader)``
+        starts the graph again. Idempotent; ``with loader:`` calls it on leaving the block.
+        """
+        active = self._active() if self._active is not None else None
+        if active is not None and hasattr(active, "close"):
+            active.close()
+        self._active = None
+        stop_graph(self.root, STOP_TIMEOUT_S)
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank (the same on every rank; for progress bars)."""
@@ -163,10 +192,15 @@ class NeatLoader:
             self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
             self._group_size = self.source.world_size
         self._continue = False
+        # A previous iterator's threads may still be building a batch from the same nodes:
+        # they must be gone before reset() starts new ones on the same source.
+        stop_graph(self.root, STOP_TIMEOUT_S)
         self.source.seek(self._source_state(started=False))
         self.root.reset()
         self._record_tail()
-        return self._batches()
+        batches = self._batches()
+        self._active = weakref.ref(batches)
+        return batches
 
     def _batches(self) -> Iterator[Batch]:
         self._watchdog.start()
@@ -184,7 +218,11 @@ class NeatLoader:
                     self._account(batch)
                 yield batch
         finally:
+            # break, an exception, Ctrl-C, the iterator dropped: tell the graph's threads to
+            # stop now without waiting for the batch in flight (interpreter exit, close() and
+            # the next iter() wait for them).
             self._watchdog.stop()
+            stop_graph(self.root, 0.0)
 
     def _account(self, batch: Batch) -> None:
         packs = batch.get("packs", [])

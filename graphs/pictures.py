@@ -19,6 +19,7 @@ an integer factor ``f`` so one pixel is always ``f`` whole tokens (``f x f`` mas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,7 +203,12 @@ def _bar_panel(
     ylabel: str,
     xticks: Sequence[tuple[float, str]] = (),
 ) -> None:
-    """Grouped bars: ``values[g, k]`` is bar ``k`` of group ``g``; axes, title, labels."""
+    """Grouped bars: ``values[g, k]`` is bar ``k`` of group ``g``; axes, title, labels.
+
+    Group ``g`` spans ``slot = (right - left - 2) / G`` pixels from ``left + 1``; its bars are
+    ``max(1, slot / (K + 1))`` wide; a bar is ``round(v / max * (height - 1))`` pixels tall but
+    at least 1 for any ``v > 0`` (0: nothing drawn), resting on the row above ``bottom``.
+    """
     left, top, right, bottom = box
     font = _font()
     draw.text((left, top - 26), title, fill=INK, font=_font(13))
@@ -223,11 +229,18 @@ def _bar_panel(
     bar = max(1.0, slot / (k + 1))
     for i in range(g):
         for j in range(k):
-            x0 = left + 1 + i * slot + j * bar
-            h = values[i, j] / vmax * (bottom - top)
-            if h > 0:
-                color = RANK_COLORS[j % len(RANK_COLORS)]
-                draw.rectangle([x0, bottom - h, x0 + max(bar - 1, 1), bottom - 1], fill=color)
+            if values[i, j] <= 0:
+                continue  # an empty bin draws nothing
+            # Whole pixel columns, so narrow bars (64 steps x 8 ranks: 1.4 px each) never
+            # overlap their neighbour: bar j of group i starts at floor(left+1+i*slot+j*bar).
+            start = left + 1 + i * slot + j * bar
+            x0 = math.floor(start)
+            x1 = max(x0, math.floor(start + bar) - 1 - (1 if bar >= 3 else 0))
+            # At least one pixel tall: a bin of 1 pack next to one of 10,000 is under a pixel
+            # (and PIL refuses a rectangle whose top is below its bottom), but it is not empty.
+            h = max(1, round(values[i, j] / vmax * (bottom - top - 1)))
+            color = RANK_COLORS[j % len(RANK_COLORS)]
+            draw.rectangle([x0, bottom - h, x1, bottom - 1], fill=color)
     for pos, label in xticks:
         x = left + 1 + pos * slot
         draw.line([(x, bottom), (x, bottom + 4)], fill=INK)

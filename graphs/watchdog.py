@@ -20,18 +20,22 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
 __all__ = [
+    "STOP_TIMEOUT_S",
     "WorkerWatchdog",
     "die_with_parent",
+    "graph_threads",
     "init_worker",
     "keep_freed_memory",
     "mapper_iters",
     "quiet_forked_iterator_gc",
     "shutdown_at_exit",
+    "stop_graph",
 ]
 
 _PR_SET_PDEATHSIG = 1
@@ -104,25 +108,42 @@ def keep_freed_memory() -> bool:
 
 
 _exit_roots: Any = None
+#: How long closing a graph waits for its background threads: the batch in flight is finished
+#: first (a prefetch thread cannot be interrupted inside torch), seconds for large packs.
+STOP_TIMEOUT_S = 60.0
+# Threads told to stop that were still finishing their item; joined at interpreter exit.
+_lingering: set[threading.Thread] = set()
+_lingering_lock = threading.Lock()
 
 
 def _shutdown_all() -> None:
-    """Stop every live mapper iterator and drop the node's reference to it, so its ``__del__``
-    runs now, while ``multiprocessing`` still works, instead of during interpreter teardown."""
-    for root in list(_exit_roots or ()):
+    """At interpreter exit: stop every graph's threads and worker processes, and wait for them.
+
+    A daemon thread still running when the interpreter finalizes is killed by ``pthread_exit``
+    the next time it takes the GIL; inside a torch op (a prefetch thread building a batch) that
+    unwinds through C++ and aborts the process: "terminate called without an active exception",
+    exit code 134. So every thread is joined here, before finalization. Each mapper iterator is
+    also dropped from its node, so its ``__del__`` does not run during teardown, after
+    ``multiprocessing``'s globals are gone.
+    """
+    roots = list(_exit_roots or ())
+    for root in roots:
+        with contextlib.suppress(Exception):  # best effort at interpreter exit
+            stop_graph(root, timeout=STOP_TIMEOUT_S)
+    for root in roots:
         for owner, name, it in _mapper_slots(root):
-            with contextlib.suppress(Exception):  # best effort at interpreter exit
+            with contextlib.suppress(Exception):
                 it._shutdown()
                 setattr(owner, name, None)
+    _join(_take_lingering(), STOP_TIMEOUT_S)
 
 
 def shutdown_at_exit(root: BaseNode[Any]) -> None:
-    """Stop the worker processes of ``root``'s graph at interpreter exit (held weakly).
-
-    Without this, torchdata 0.11's ``_ParallelMapperIter.__del__`` runs during interpreter
-    teardown, after ``multiprocessing``'s globals are gone, and prints "Exception ignored in
-    ... AttributeError: 'NoneType' object has no attribute 'maxsize'" at the end of every
-    script that kept a loader alive. ``atexit`` handlers run before that teardown.
+    """Stop the threads and worker processes of ``root``'s graph at interpreter exit (held
+    weakly); see :func:`_shutdown_all`. Without it a script that takes one batch and exits
+    aborts in about half the runs (the prefetch thread is inside torch), and torchdata 0.11's
+    ``_ParallelMapperIter.__del__`` prints "Exception ignored in ... AttributeError: 'NoneType'
+    object has no attribute 'maxsize'" during teardown. ``atexit`` handlers run before both.
     """
     global _exit_roots
     if _exit_roots is None:
@@ -134,27 +155,89 @@ def shutdown_at_exit(root: BaseNode[Any]) -> None:
     _exit_roots.add(root)
 
 
+def _take_lingering() -> list[threading.Thread]:
+    with _lingering_lock:
+        threads = list(_lingering)
+        _lingering.clear()
+    return threads
+
+
+def _join(threads: list[threading.Thread], timeout: float) -> list[threading.Thread]:
+    """Join ``threads`` within one shared ``timeout``; those still alive go to ``_lingering``."""
+    deadline = time.monotonic() + timeout
+    alive: list[threading.Thread] = []
+    for t in threads:
+        if t is threading.current_thread() or not t.is_alive():
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            alive.append(t)
+    with _lingering_lock:
+        _lingering.update(alive)
+    return alive
+
+
+def graph_threads(root: BaseNode[Any]) -> list[threading.Thread]:
+    """The live background threads of ``root``'s graph: prefetch / pin-memory threads, and each
+    ``ParallelMapper``'s reader, sort and (``method="thread"``) worker threads."""
+    return [t for t in _threads(root, stop=False) if t.is_alive()]
+
+
+def _threads(root: BaseNode[Any], *, stop: bool) -> list[threading.Thread]:
+    """The graph's background threads; with ``stop``, each is told to stop first."""
+    threads: list[threading.Thread] = []
+    for _, _, obj in _walk(root):
+        if hasattr(obj, "_stop_event") and hasattr(obj, "_thread"):  # Prefetcher, PinMemory
+            if stop:
+                obj._stop_event.set()
+            threads.append(obj._thread)
+        elif hasattr(obj, "_workers") and hasattr(obj, "_out_q"):  # a ParallelMapper
+            if stop:
+                obj._stop.set()
+                obj._mp_stop.set()
+            for name in ("_read_thread", "_sort_thread"):
+                t = getattr(obj, name, None)
+                if isinstance(t, threading.Thread):
+                    threads.append(t)
+            threads.extend(w for w in obj._workers if isinstance(w, threading.Thread))
+    return threads
+
+
+def stop_graph(root: BaseNode[Any], timeout: float = STOP_TIMEOUT_S) -> list[threading.Thread]:
+    """Tell every background thread of ``root``'s graph to stop, then wait up to ``timeout``
+    seconds for them (each finishes the item it is building). Returns the threads still alive;
+    they are joined again at interpreter exit. ``timeout=0`` only signals. Idempotent."""
+    return _join(_threads(root, stop=True), timeout)
+
+
 _CHILD_ATTRS = ("source", "_it", "root", "_source")
+
+
+def _walk(root: BaseNode[Any]) -> list[tuple[Any, str, Any]]:
+    """``(owner, attribute, child)`` for every object reachable from ``root`` through the
+    attributes nodes and torchdata's iterators keep their children in."""
+    found: list[tuple[Any, str, Any]] = []
+    seen: set[int] = {id(root)}
+    stack: list[Any] = [root]
+    while stack:
+        obj = stack.pop()
+        for name in _CHILD_ATTRS:
+            child = getattr(obj, name, None)
+            if child is None or id(child) in seen:
+                continue
+            seen.add(id(child))
+            found.append((obj, name, child))
+            stack.append(child)
+    return found
 
 
 def _mapper_slots(root: BaseNode[Any]) -> list[tuple[Any, str, Any]]:
     """``(owner, attribute, iterator)`` for each live ``_ParallelMapperIter`` under ``root``."""
-    found: list[tuple[Any, str, Any]] = []
-    seen: set[int] = set()
-    stack: list[Any] = [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        for name in _CHILD_ATTRS:
-            child = getattr(obj, name, None)
-            if child is None:
-                continue
-            if hasattr(child, "_workers") and hasattr(child, "_out_q") and id(child) not in seen:
-                found.append((obj, name, child))
-            stack.append(child)
-    return found
+    return [
+        (owner, name, child)
+        for owner, name, child in _walk(root)
+        if hasattr(child, "_workers") and hasattr(child, "_out_q")
+    ]
 
 
 def mapper_iters(root: BaseNode[Any]) -> list[Any]:

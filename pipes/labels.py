@@ -309,18 +309,53 @@ def _find(ids: list[int], pattern: list[int], start: int) -> int:
         k += 1
 
 
+def _real_length(row: Sequence[int], pad_id: int | None, markers: RoleMarkers) -> int:
+    """Tokens before the trailing run of ``pad_id`` (right padding). A pad id that is also the
+    end marker cannot be told apart from a real end of turn, so nothing is cut then (a span
+    closes at the first such token anyway)."""
+    n = len(row)
+    if pad_id is None or pad_id in markers.end:
+        return n
+    while n and row[n - 1] == pad_id:
+        n -= 1
+    return n
+
+
+def _pad_token_id(processor_or_tokenizer: Any) -> int | None:
+    pad = getattr(_tokenizer(processor_or_tokenizer), "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) else None
+
+
 def build_labels(
-    input_ids: Tensor, processor_or_tokenizer: Any, *, markers: RoleMarkers | None = None
+    input_ids: Tensor,
+    processor_or_tokenizer: Any,
+    *,
+    markers: RoleMarkers | None = None,
+    attention_mask: Tensor | None = None,
 ) -> Tensor:
-    """Labels for ``input_ids`` ([L] or [B, L]): ids on assistant spans, ``-100`` elsewhere."""
+    """Labels for ``input_ids`` ([L] or [B, L]): ids on assistant spans, ``-100`` elsewhere.
+
+    Padding is never labelled, also after a turn cut before its end marker (truncated): with
+    ``attention_mask`` (same shape, 0 = padding) the masked positions are ``-100``; without it
+    a row's trailing run of the tokenizer's ``pad_token_id`` is taken as padding.
+    """
     if input_ids.dim() not in (1, 2):
         raise ValueError(f"input_ids must be [L] or [B, L], got shape {tuple(input_ids.shape)}")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+            f"{tuple(input_ids.shape)}; pass the mask the tokenizer returned with these ids"
+        )
     markers = markers or resolve_role_markers(processor_or_tokenizer)
+    pad_id = None if attention_mask is not None else _pad_token_id(processor_or_tokenizer)
     rows = input_ids.reshape(-1, input_ids.shape[-1])
     labels = torch.full_like(rows, IGNORE_INDEX, dtype=torch.long)
     for r, row in enumerate(rows.tolist()):
-        for a, b in assistant_spans(row, markers):
+        real = row[: _real_length(row, pad_id, markers)]
+        for a, b in assistant_spans(real, markers):
             labels[r, a:b] = rows[r, a:b]
+    if attention_mask is not None:
+        labels[attention_mask.reshape(rows.shape) == 0] = IGNORE_INDEX
     return labels.reshape(input_ids.shape)
 
 
@@ -328,12 +363,20 @@ def build_labels_from_template(
     input_ids_batch: Tensor,
     conversations: Sequence[Sequence[Mapping[str, Any]]],
     processor: Any,
+    *,
+    attention_mask: Tensor | None = None,
 ) -> Tensor:
     """The seed's signature: labels for a ``[B, L]`` batch from the template's role markers.
 
     Unlike the seed, there is no silent fallback to BPE re-matching of assistant texts: the number
     of assistant turns found in row ``b`` must equal the assistant messages of
     ``conversations[b]`` (a truncated final turn still counts), else ``ValueError`` naming the row.
+
+    Labels stop at a row's real tokens (the seed labelled the padding after an answer truncated
+    before its stop token, peer bug B11): pass ``attention_mask`` (the tokenizer's, 0 on
+    padding) to say exactly which tokens are real; without it (the seed's call) a row's trailing
+    run of the tokenizer's ``pad_token_id`` is padding. Rows ``[.. <|im_start|> assistant \\n
+    7 8 <pad> <pad>]`` get labels ``[.. -100 -100 -100 7 8 -100 -100]``.
     """
     if input_ids_batch.dim() != 2 or input_ids_batch.shape[0] != len(conversations):
         raise ValueError(
@@ -349,4 +392,4 @@ def build_labels_from_template(
                 f"row {b}: found {got} assistant turn(s) in input_ids but the conversation has "
                 f"{want}; the ids were not rendered with this processor's template"
             )
-    return build_labels(input_ids_batch, processor, markers=markers)
+    return build_labels(input_ids_batch, processor, markers=markers, attention_mask=attention_mask)

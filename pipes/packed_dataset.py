@@ -14,8 +14,9 @@ node graph (`materialize_pack` in a `ParallelMapper`). Seed bugs fixed here:
 * B20: `max_retries` is used: a failing inner sample is replaced deterministically
   (`random.Random(f"{seed}:{sample_id}:{attempt}")`), at most `max_retries` times.
 * mRoPE with `sequence_alignment > 1` works (the seed raised NotImplementedError).
-* B1: `robust_collate` no longer delegates to the inner (unpacked) dataset; it returns the
-  collate function unchanged (retries belong to sample loading, done above).
+* B1 / B12: `robust_collate` no longer delegates to the inner (unpacked) dataset: a failing
+  collate is retried on replacement *packs* of this dataset, drawn from an RNG seeded by
+  (`seed`, attempt, ids), never the global one; failures are logged and listed with their ids.
 * B2: `max_packs` keeps the first packs in creation order, before the balancing order.
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from .collate import RobustCollate
 from .mrope import compute_mrope_position_ids
 from .pack import Pack, concat_shifted, shift_sample
 
@@ -135,9 +137,24 @@ class PackedDatasetWrapper(Dataset[Pack]):
         }  # fmt: skip
         return pack
 
-    def robust_collate(self, collate_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Returns `collate_fn` unchanged (seed bug B1: the seed retried with unpacked samples)."""
-        return collate_fn
+    def robust_collate(self, collate_fn: Callable[..., Any]) -> RobustCollate:
+        """Wrap `collate_fn`: a batch whose collate raises is replaced by packs of this dataset.
+
+        Up to `max_retries` attempts; replacement pack indices come from `seed`, the attempt
+        and the failing batch's sample ids (the same on every rank, run and worker), whether or
+        not the inner dataset has a `robust_collate` of its own (the seed delegated to it and
+        retried with unpacked samples, B1). Every failure is logged and recorded, with the
+        sample ids and pack indices, in the wrapper's `failures` and in the retried batch's
+        `"collate_failures"`; when every attempt fails a `RuntimeError` names the batches.
+
+        >>> ds = PackedDatasetWrapper([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[0]], 8)
+        >>> collate = ds.robust_collate(lambda packs: [p["sample_ids"] for p in packs])
+        >>> collate([{"broken": True}])  # KeyError: retried with pack 0 of the dataset
+        [[0]]
+        >>> collate.failures[0]["replacement"]
+        [0]
+        """
+        return RobustCollate(self, collate_fn, self.max_retries, seed=self.seed)
 
 
 def neat_pack_dataset_vlm(

@@ -239,7 +239,7 @@ def test_packed_dataset_wrapper_seed_compat(source: JsonlSource, proc: Any) -> N
     assert p1["report"]["replaced"][0][0] == 4
     empty = ds[2]
     assert empty["position_ids"].shape == (3, 0)  # B4: the rank survives an empty pack
-    assert ds.robust_collate(len) is len
+    assert ds.robust_collate(len).dataset is ds  # B1: retries with this wrapper's packs
     with pytest.raises(ValueError, match="input_ids"):
         PackedDatasetWrapper(inner, [[0]], 64, get_rope_index=lambda x: x)
 
