@@ -72,7 +72,10 @@ class NeatVLMConfig:
     packing_ratio: float = 1.0  # plan to this fraction of pack_size: headroom for estimate error
     seed: int = 0
     shuffle: bool = True
-    estimate_mode: str = "estimate"
+    # exact: real lengths (one batched template + tokenizer call per block of the index), so
+    # packs fill to the brim and nothing is cut; "estimate" / "calibrated" build faster
+    # (bench_utilization.py has the trade-off table)
+    estimate_mode: str = "exact"
     media_root: str | None = None
     cache_dir: str | None = None
     overlong: str = "raise"  # a single sample longer than the pack: raise or drop (counted)
