@@ -45,6 +45,7 @@ from neatpack.pipes.collate_family import neat_packed_family_collater
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
+from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.pp_media import prepare_vlm_media_for_pp
 from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
@@ -285,6 +286,8 @@ def neat_vlm_graph(
             on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
         )
     index = lengths
+    # Overlong samples are known now: say so (by modality, with the fixes) before any batch.
+    check_overlong(index.total, index.visual, cfg.pack_size, source, cfg.overlong)
     if estimator is not None and index.fallback_ids.size:
         source = _EstimateChecked(source, estimator, index.fallback_ids.tolist())
 
