@@ -197,13 +197,13 @@ def _estimate_ids(
     batch = getattr(estimator, "estimate_samples", None)
     if batch is not None and len(ids) > 1 and getattr(estimator, "mode", "") == "exact":
         try:
-            return [tuple(s) for s in batch([source[sid] for sid in ids])]  # type: ignore[misc]
+            return [tuple(s) for s in batch([source[sid] for sid in ids])]
         except RecordError:
             pass  # one by one below: the same error, or the same skips, as without batching
     out: list[tuple[int, int, tuple[str, ...]]] = []
     for sid in ids:
         try:
-            out.append(tuple(estimator.estimate_sample(source[sid])))  # type: ignore[arg-type]
+            out.append(tuple(estimator.estimate_sample(source[sid])))
         except RecordError:
             if on_error == "raise":
                 raise
