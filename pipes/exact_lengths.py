@@ -80,7 +80,7 @@ def exact_samples(
         media.append(est.visual_tokens(record))
     try:
         texts = templated_text_tokens_batch(est.processor, [r["conversation"] for r in records])
-    except Exception:
+    except Exception:  # redone one by one: the record at fault raises its own error
         return [est.estimate_sample(r) for r in records]
     return [
         SampleEstimate(max(text + frame_text + visual - 1, 0), visual, reasons)
