@@ -45,6 +45,7 @@ from neatpack.pipes.collate_family import neat_packed_family_collater
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
+from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.pp_media import prepare_vlm_media_for_pp
 from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
@@ -72,7 +73,10 @@ class NeatVLMConfig:
     packing_ratio: float = 1.0  # plan to this fraction of pack_size: headroom for estimate error
     seed: int = 0
     shuffle: bool = True
-    estimate_mode: str = "estimate"
+    # exact: real lengths (one batched template + tokenizer call per block of the index), so
+    # packs fill to the brim and nothing is cut; "estimate" / "calibrated" build faster
+    # (bench_utilization.py has the trade-off table)
+    estimate_mode: str = "exact"
     media_root: str | None = None
     cache_dir: str | None = None
     overlong: str = "raise"  # a single sample longer than the pack: raise or drop (counted)
@@ -303,6 +307,8 @@ def neat_vlm_graph(
             on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
         )
     index = lengths
+    # Overlong samples are known now: say so (by modality, with the fixes) before any batch.
+    check_overlong(index.total, index.visual, cfg.pack_size, source, cfg.overlong)
     if estimator is not None and index.fallback_ids.size:
         source = _EstimateChecked(source, estimator, index.fallback_ids.tolist())
 

@@ -30,6 +30,7 @@ import numpy.typing as npt
 from neatpack.graphs.cli import UsageError, _load_processor, _writable
 from neatpack.pipes.binpack import OVERLONG_POLICIES, lower_bound
 from neatpack.pipes.lengths import LengthIndex
+from neatpack.pipes.overlong import OverlongSummary, summarize_overlong
 from neatpack.pipes.plan import PackPlan
 
 __all__ = [
@@ -202,7 +203,10 @@ def _length_index(
     error = ""
     try:
         source = open_source(args.data, args.media_root)
-        estimator = LengthEstimator.from_processor(processor, on_missing_media=missing or "raise")
+        estimator = LengthEstimator.from_processor(
+            processor, mode=getattr(args, "estimate_mode", "exact"),
+            on_missing_media=missing or "raise",
+        )  # fmt: skip
         before = set(os.listdir(args.cache_dir)) if args.cache_dir and os.path.isdir(
             args.cache_dir) else set()  # fmt: skip
         index = build_length_index(source, estimator, cache_dir=args.cache_dir, progress=True)
@@ -223,17 +227,21 @@ def _line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _check_overlong(index: LengthIndex, pack_size: int, overlong: str) -> None:
+def _check_overlong(
+    index: LengthIndex, pack_size: int, overlong: str, args: argparse.Namespace
+) -> OverlongSummary:
+    """The graph's summary of the samples longer than the pack (by modality, with the fixes):
+    a usage error under ``--overlong raise``, printed with the report under ``drop``."""
+    from neatpack.graphs.neat_vlm import open_source
+
     total = np.asarray(index.total)
-    bad = np.flatnonzero(total > pack_size)
-    if overlong == "raise" and bad.size:
-        shown = ", ".join(str(i) for i in bad[:FIRST_IDS].tolist())
-        raise UsageError(
-            f"{bad.size} sample(s) are longer than --pack-size {pack_size} (ids {shown}"
-            f"{' ...' if bad.size > FIRST_IDS else ''}; longest {int(total.max())} tokens): "
-            f"pass --overlong drop to leave them out, or a --pack-size of at least "
-            f"{int(total.max())}"
-        )
+    source = open_source(args.data, args.media_root) if (total > pack_size).any() else None
+    summary = summarize_overlong(total, index.visual, pack_size, source)
+    if overlong == "raise" and summary.count:
+        text = summary.message("raise").replace("overlong='drop'", "--overlong drop")
+        text = text.replace("pack_size", "--pack-size")
+        raise UsageError(" ".join(line.strip() for line in text.splitlines()))  # one line
+    return summary
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -248,13 +256,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with _output(args.png) as png:
         processor = _load_processor(args.processor)
         index, reused = _length_index(args, processor, args.missing_media)
-        _check_overlong(index, args.pack_size, args.overlong)
+        overlong = _check_overlong(index, args.pack_size, args.overlong, args)
         plan = plan_packs(
             index.total, args.pack_size, visual=index.visual, packing_ratio=args.packing_ratio,
             overlong=args.overlong, world_size=args.world_size, seed=args.seed,
         )  # fmt: skip
         report = {"data": str(args.data), **plan_report(index, plan, world_size=args.world_size)}
         report["length_index_reused"] = reused
+        report["overlong"].update(overlong.as_dict())
+        if overlong.count:
+            report["overlong"]["message"] = overlong.message(args.overlong)
         if png is not None:
             from neatpack.graphs.pictures import plan_picture
 
@@ -286,6 +297,11 @@ def _plan_text(r: dict[str, Any]) -> str:
         f"  steps               {r['steps']} of {r['world_size']} rank(s), "
         f"{r['tail_packs']} tail pack(s)",
         f"  overlong samples    {r['overlong']['count']} {r['overlong']['first_ids'] or ''}",
+        *(
+            ("    " + line for line in r["overlong"]["message"].splitlines())
+            if "message" in r["overlong"]
+            else ()
+        ),
         f"  estimator fallbacks {r['fallbacks']['count']} {r['fallbacks']['first_ids'] or ''}"
         f"{' ' + str(r['fallbacks']['reasons']) if r['fallbacks']['reasons'] else ''}",
         f"  step imbalance      visual max/mean: {imb('visual')}",
@@ -315,7 +331,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             raise UsageError("--png FILE is required: where to write the picture")
         processor = _load_processor(args.processor)
         index, _ = _length_index(args, processor)
-        _check_overlong(index, args.pack_size, args.overlong)
+        _check_overlong(index, args.pack_size, args.overlong, args)
         if not np.any(np.asarray(index.total) <= args.pack_size):
             raise UsageError(
                 f"nothing to inspect: {args.data!r} has {len(index)} sample(s), none within "
@@ -324,7 +340,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         config = NeatVLMConfig(
             pack_size=args.pack_size, batch_size=args.batch_size, media_root=args.media_root,
             cache_dir=args.cache_dir, seed=args.seed, overlong=args.overlong, num_workers=0,
-            prefetch=0, attn_implementation="sdpa",
+            prefetch=0, attn_implementation="sdpa", estimate_mode=args.estimate_mode,
         )  # fmt: skip
         loader = neat_vlm_graph(args.data, processor, config=config, lengths=index)
         try:
@@ -389,6 +405,12 @@ def _common_arguments(p: argparse.ArgumentParser) -> None:
         choices=OVERLONG_POLICIES,
         default="raise",
         help="a sample longer than the pack: raise (default) or drop (counted)",
+    )
+    p.add_argument(
+        "--estimate-mode",
+        choices=("exact", "estimate"),
+        default="exact",
+        help="length index: exact (default, as the graph: real lengths) or estimate (faster)",
     )
     p.add_argument("--seed", type=int, default=0, help="plan seed (epoch order)")
     p.add_argument("--json", action="store_true", help="print one JSON object")  # fmt: skip

@@ -22,6 +22,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "estimate": ("EstimateError", "LengthEstimator", "TemplateOverhead"),
     "media_tokens": ("ImageTokenConfig", "VideoTokenConfig", "smart_resize"),
     "lengths": ("LengthIndex", "build_length_index"),
+    "exact_lengths": ("exact_samples", "templated_text_tokens_batch"),
+    "overlong": ("OverlongError", "OverlongSummary", "overlong_summary", "summarize_overlong"),
     "length_source": ("LengthSource",),
     "binpack": ("best_fit_decreasing", "greedy_knapsack", "lower_bound", "overlong_ids"),
     "plan": ("PackPlan", "greedy_knapsack_vt_balanced", "plan_packs"),

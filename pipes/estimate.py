@@ -243,6 +243,15 @@ class LengthEstimator:
             text = body if whole else body + round(self.overhead.tokens(st))
         return SampleEstimate(max(text + frame_text + visual - 1, 0), visual, reasons)
 
+    def estimate_samples(self, records: Sequence[Mapping[str, Any]]) -> list[SampleEstimate]:
+        """``estimate_sample`` of each record; ``exact`` mode renders and tokenizes the whole
+        list in one template call and one tokenizer call (``exact_lengths.exact_samples``)."""
+        if self.mode == "exact":
+            from .exact_lengths import exact_samples
+
+            return exact_samples(self, records)
+        return [self.estimate_sample(r) for r in records]
+
     def estimate_raw_batch(
         self, raws: Sequence[Any]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:

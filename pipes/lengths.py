@@ -171,22 +171,44 @@ def _estimate_slice(
     ):
         for block in _raw_blocks(source, start, stop, 8192):
             t, v, slow = estimator.estimate_raw_batch(block)
-            for j in slow:
-                sid = start + k + j
-                try:
-                    t[j], v[j], reasons = estimator.estimate_sample(source[sid])
-                except RecordError:
-                    if on_error == "raise":
-                        raise
-                    t[j], v[j], reasons = 0, 0, ("record_error",)
+            for j, (tj, vj, reasons) in zip(
+                slow,
+                _estimate_ids(source, estimator, [start + k + j for j in slow], on_error),
+                strict=True,
+            ):
+                t[j], v[j] = tj, vj
                 if reasons:
-                    fallbacks.append((sid, reasons))
+                    fallbacks.append((start + k + j, reasons))
             total[k : k + len(block)], visual[k : k + len(block)] = t, v
             k += len(block)
             bar.update(len(block))
     if k != n:
         raise RuntimeError(f"source yielded {k} records for ids {start}..{stop - 1}, not {n}")
     return total, visual, fallbacks
+
+
+def _estimate_ids(
+    source: Any, estimator: Any, ids: list[int], on_error: str
+) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``(total, visual, fallback reasons)`` of ``source[id]`` for each id. An estimator with
+    ``estimate_samples`` (``exact`` mode: one template and one tokenizer call for the lot) gets
+    them all at once; any record error there redoes the ids one by one, so which record raises
+    (or is skipped as ``record_error``) is decided exactly as the one-by-one loop decides it."""
+    batch = getattr(estimator, "estimate_samples", None)
+    if batch is not None and len(ids) > 1 and getattr(estimator, "mode", "") == "exact":
+        try:
+            return [tuple(s) for s in batch([source[sid] for sid in ids])]
+        except RecordError:
+            pass  # one by one below: the same error, or the same skips, as without batching
+    out: list[tuple[int, int, tuple[str, ...]]] = []
+    for sid in ids:
+        try:
+            out.append(tuple(estimator.estimate_sample(source[sid])))
+        except RecordError:
+            if on_error == "raise":
+                raise
+            out.append((0, 0, ("record_error",)))
+    return out
 
 
 def build_length_index(

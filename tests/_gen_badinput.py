@@ -390,7 +390,7 @@ def _cases() -> list[Case]:
             _msgs("Summarize.", "x" * HUGE_CHARS),
             "overlong",
             "plan",
-            r"sample \d+ \(length \d+\).*pass overlong='drop'",
+            r"longer than pack_size=\d+ tokens|sample \d+ \(length \d+\).*pass overlong='drop'",
         ),
         # -- the estimate is too low: the materializer's overflow policy ------------------
         Case(

@@ -142,12 +142,30 @@ def test_graph_raise_names_the_record_and_the_fix(
     _ok, case = write_bad_corpus(tmp_path, ["ok_text", name])
     policies = {"on_bad_sample": "raise", "overlong": "raise", "overflow": "raise"}
     assert case.outcome(**policies) == "raise"
+    # An estimate short of the real length (the overflow case lies in _text_tokens) exists in
+    # estimate mode only: the default exact index knows the real length (next test).
+    mode = {"estimate_mode": "estimate"} if case.kind == "overflow" else {}
     # RecordError, SampleError, the plan's and the materializer's errors: ValueError subclasses
     with pytest.raises(ValueError, match=case.error) as info:
-        list(_graph(tmp_path, processor, pack_size=512, **policies))
+        list(_graph(tmp_path, processor, pack_size=512, **policies, **mode))
     message = str(info.value)
     assert re.search(case.error, message), message
     assert _names_the_record(message, case), message
+
+
+def test_default_exact_index_refuses_the_overflow_case_at_plan_time(
+    tmp_path: Path, processor: Any
+) -> None:
+    """The record whose _text_tokens understate it overflows its pack in estimate mode; the
+    default exact index measures it, so the plan names it as overlong before any pack."""
+    _ok, case = write_bad_corpus(tmp_path, ["ok_text", "overflow"])
+    with pytest.raises(ValueError, match=r"text: 1 sample, \d+ tokens.*samples \[1\]"):
+        _graph(tmp_path, processor, pack_size=512, overflow="raise")  # at build, before a batch
+    with pytest.warns(UserWarning, match="longer than pack_size=512"):
+        loader = _graph(tmp_path, processor, pack_size=512, overlong="drop", overflow="raise")
+    list(loader)
+    assert loader.ledgers[0].overlong == [case.sample_id]
+    assert loader.ledgers[0].truncated == []
 
 
 # -- end to end: skip / replace count every bad record ------------------------------------
@@ -214,7 +232,7 @@ def test_graph_overlong_drop_is_in_the_ledger(
 @pytest.mark.parametrize("overflow", ["truncate", "drop"])
 def test_graph_overflow_policy_is_counted(overflow: str, tmp_path: Path, processor: Any) -> None:
     (case,) = write_bad_corpus(tmp_path, ["overflow"])
-    loader = _graph(tmp_path, processor, pack_size=512, overflow=overflow)
+    loader = _graph(tmp_path, processor, pack_size=512, overflow=overflow, estimate_mode="estimate")
     batches = list(loader)
     ledger = loader.ledgers[0]
     want = case.outcome(on_bad_sample="raise", overlong="raise", overflow=overflow)

@@ -35,8 +35,12 @@ def test_bench_utilization_quick() -> None:
         "--workers",
         "0",
         "--modes",
-        "estimate@1.0,exact@1.0",
+        "default,estimate@1.0,exact@1.0",
     )
+    default = out["metrics"]["default"]
+    assert default["estimate_mode"] == "exact"
+    assert default["samples_truncated"] == default["samples_dropped"] == 0
+    assert all(row["index_build_s"] > 0 for row in out["metrics"].values())
     exact = out["metrics"]["exact@1.0"]
     assert exact["packs_overflowed"] == 0, "exact lengths never overflow a pack"
     assert exact["real_over_estimated_max"] == 1.0

@@ -52,7 +52,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def index(corpus: Path) -> LengthIndex:
     source = open_source(corpus / "data.jsonl", str(corpus / "media"))
-    estimator = LengthEstimator.from_processor(load_tiny_processor("qwen2_vl"))
+    estimator = LengthEstimator.from_processor(load_tiny_processor("qwen2_vl"), mode="exact")
     return build_length_index(source, estimator, progress=False)
 
 
@@ -95,7 +95,7 @@ def test_plan_json_matches_the_plan(
     assert r["lower_bound"] == lower_bound(total, PACK) <= r["packs"]
     assert r["estimated_tokens"] == int(total.sum())  # nothing dropped: every sample planned
     assert r["estimated_utilization"] == pytest.approx(total.sum() / (len(plan) * PACK), abs=1e-4)
-    assert r["overlong"] == {"count": 0, "first_ids": []}
+    assert r["overlong"] == {"count": 0, "first_ids": [], "pack_size": PACK, "by_modality": {}}
     assert r["fallbacks"]["count"] == 0
     assert r["steps"] == len(plan) // 2
     assert r["tail_packs"] == len(plan) % 2
@@ -146,7 +146,20 @@ def test_plan_overlong_drop_counts_them(
     r = json.loads(out)
     over = np.flatnonzero(index.total > pack).tolist()
     assert over, "the corpus should have samples over 400 tokens"
-    assert r["overlong"] == {"count": len(over), "first_ids": over[:10]}
+    assert r["overlong"]["count"] == len(over)
+    assert r["overlong"]["first_ids"] == over[:10]
+    # by modality, as the graph reports them at build time (test_overlong.py)
+    groups = r["overlong"]["by_modality"]
+    assert sum(g["count"] for g in groups.values()) == len(over)
+    assert set(groups) <= {"image", "text"}  # this corpus has no video or audio
+    for g in groups.values():
+        assert max(index.total[g["first_ids"]]) <= g["max_tokens"]
+        assert g["min_tokens"] > pack
+    assert r["overlong"]["message"].startswith(f"{len(over)} sample(s) are longer than")
+    rc, out, _ = run(capsys, "plan", *base(corpus, pack), "--overlong", "drop")
+    assert rc == 0
+    assert "Fixes: overlong='drop' leaves them out" in out
+    assert f"pack_size >= {int(index.total.max())} fits them all" in out
     assert r["estimated_tokens"] == int(index.total[index.total <= pack].sum())
     assert r["fill_pct"]["max"] <= 100.0
 
