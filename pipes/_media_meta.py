@@ -38,14 +38,14 @@ def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
 
     if isinstance(value, Image.Image):
         w, h = value.size
-        orientation = value.getexif().get(0x0112, 1)
+        orientation = _orientation(value)
         return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
     if not isinstance(value, str):
         return "image_not_a_path"
     try:
         with Image.open(value) as im:  # lazy: reads the header only, no decode
             w, h = im.size
-            orientation = im.getexif().get(0x0112, 1)
+            orientation = _orientation(im)
     except FileNotFoundError:
         return "image_missing"
     except Image.DecompressionBombError as e:  # not an OSError: it would escape unnamed
@@ -57,6 +57,15 @@ def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
     except (UnidentifiedImageError, OSError, SyntaxError):
         return "image_unreadable"
     return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
+
+
+def _orientation(im: Any) -> int:
+    """EXIF orientation read from the header. A PNG's ``getexif()`` decodes the whole image
+    when no eXIf chunk came before the pixel data (PIL looks for one after it): a PNG without
+    an early eXIf chunk counts as unrotated, so that planning never decodes pixels."""
+    if im.format == "PNG" and "exif" not in im.info and not getattr(im, "_exif", None):
+        return 1
+    return int(im.getexif().get(0x0112, 1))
 
 
 def _frames_fps(meta: Any) -> tuple[int, float | None]:

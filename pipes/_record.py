@@ -159,6 +159,9 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
     """Convert one raw record into a Record dict (see the module docstring)."""
     if not isinstance(raw, Mapping):
         raise RecordError(f"sample_id={sample_id}: record is a {type(raw).__name__}, not a dict")
+    from .formats import normalize_format  # hub formats (TRL, the_cauldron, OpenAI, ...)
+
+    raw = normalize_format(raw, sample_id)
     key = next((k for k in _CONVERSATION_KEYS if k in raw), None)
     if key is None:
         raise RecordError(

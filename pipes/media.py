@@ -151,8 +151,13 @@ def load_image(
         None if isinstance(max_image_pixels, str) else max_image_pixels, max_image_pixels == "pil"
     )
     if isinstance(src, Image.Image):
-        _check_size(src, f"<PIL {src.mode} {src.size}>", sample_id, limit)
-        return to_rgb(src)
+        where = f"<PIL {src.format or src.mode} {src.size}>"
+        _check_size(src, where, sample_id, limit)
+        try:  # a lazily opened image (encoded bytes, pipes/formats.py) decodes here
+            src.load()
+            return to_rgb(src)
+        except (SyntaxError, OSError, ValueError) as exc:
+            raise _decode_error(sample_id, f"image {where}", exc) from exc
     if not isinstance(src, str | os.PathLike):
         raise SampleError(
             sample_id,
@@ -175,13 +180,16 @@ def load_image(
             "downscale the file or raise PIL.Image.MAX_IMAGE_PIXELS if you trust the source",
         ) from exc
     except (UnidentifiedImageError, SyntaxError, OSError, ValueError) as exc:
-        truncated = "truncated" in str(exc).lower() or "broken data stream" in str(exc).lower()
-        raise SampleError(
-            sample_id,
-            "truncated_image" if truncated else "corrupt_image",
-            f"image file {path!r} cannot be decoded ({type(exc).__name__}: {exc}); "
-            "re-export or drop it",
-        ) from exc
+        raise _decode_error(sample_id, f"image file {path!r}", exc) from exc
+
+
+def _decode_error(sample_id: Any, where: str, exc: BaseException) -> SampleError:
+    truncated = "truncated" in str(exc).lower() or "broken data stream" in str(exc).lower()
+    return SampleError(
+        sample_id,
+        "truncated_image" if truncated else "corrupt_image",
+        f"{where} cannot be decoded ({type(exc).__name__}: {exc}); re-export or drop it",
+    )
 
 
 def load_video(src: Any, *, sample_id: Any) -> Any:
