@@ -19,6 +19,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SequenceSource",
         "to_record",
     ),
+    "formats": ("FORMATS", "normalize_format"),
     "estimate": ("EstimateError", "LengthEstimator", "TemplateOverhead"),
     "media_tokens": ("ImageTokenConfig", "VideoTokenConfig", "smart_resize"),
     "lengths": ("LengthIndex", "build_length_index"),
