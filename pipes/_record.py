@@ -195,7 +195,9 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
             v = meta.get(k)
         if v is not None:
             record[k] = v
-    return record
+    from .video import fill_video_meta  # video files: videos_meta from the container header
+
+    return fill_video_meta(record)
 
 
 RawStats = tuple[int, int, int, int, int, int, bool]

@@ -193,10 +193,14 @@ def _decode_error(sample_id: Any, where: str, exc: BaseException) -> SampleError
 
 
 def load_video(src: Any, *, sample_id: Any) -> Any:
-    """A video is a list of frames (PIL images -> RGB, arrays as given) or an existing file path
-    (decoded later by the processor's video backend)."""
-    if isinstance(src, str | os.PathLike):
-        return existing_media_file(src, "video", sample_id)
+    """A video is a list of frames (PIL images -> RGB, arrays as given), an existing file path
+    or encoded bytes (both decoded here by ``pipes/video.py``, PyAV: ``neatpack[video]``)."""
+    if isinstance(src, str | os.PathLike | bytes):
+        from .video import decode_video
+
+        if not isinstance(src, bytes):
+            src = existing_media_file(src, "video", sample_id)
+        return decode_video(src, sample_id)
     if isinstance(src, Sequence) and len(src) > 0:
         frames: list[Any] = []
         for k, f in enumerate(src):

@@ -1,0 +1,154 @@
+"""Video files (pipes/video.py): mp4 / webm / mkv encoded here with PyAV, planned from the
+container's metadata (no decode) and decoded in the workers; through ``neat_vlm_graph`` the
+estimated lengths equal the real ones. Needs PyAV (``neatpack[video]``, in the test extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes import SequenceSource
+from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.lengths import build_length_index
+from neatpack.pipes.media import SampleError
+from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.tokenize import tokenize_conversation
+
+av = pytest.importorskip("av")
+
+from neatpack.pipes.video import decode_video, probe_video  # noqa: E402
+
+CODECS = {"mp4": "libx264", "webm": "libvpx", "mkv": "mpeg4"}
+
+
+def encode(path: Path, n: int = 20, w: int = 64, h: int = 56, fps: int = 8) -> Path:
+    """A test video of ``n`` frames: a moving bar, so frames differ."""
+    with av.open(str(path), "w") as c:
+        s = c.add_stream(CODECS[path.suffix[1:]], rate=fps)
+        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+        for i in range(n):
+            a = np.full((h, w, 3), 30, np.uint8)
+            a[:, (i * 3) % w, :] = 250
+            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return path
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("video")
+    out = {ext: encode(root / f"v.{ext}", n=12 + 4 * k) for k, ext in enumerate(CODECS)}
+    out["long"] = encode(root / "long.mp4", n=40, fps=10)
+    return out
+
+
+def record(path: Any, q: str = "what happens?") -> dict[str, Any]:
+    user = [{"type": "video", "video": path}, {"type": "text", "text": q}]
+    return {"messages": [{"role": "user", "content": user},
+                         {"role": "assistant", "content": "a bar moves right"}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("ext", sorted(CODECS))
+def test_probe_reads_the_container_without_decoding(ext: str, videos: dict[str, Path]) -> None:
+    frames, h, w, fps, duration = probe_video(str(videos[ext]))
+    decoded = decode_video(str(videos[ext]))
+    assert (frames, h, w, fps) == (len(decoded), 56, 64, 8.0)
+    assert duration == pytest.approx(frames / 8)
+    assert decoded[0].shape == (56, 64, 3)
+    assert not np.array_equal(decoded[0], decoded[-1])
+    assert len(decode_video(videos[ext].read_bytes())) == frames  # encoded bytes too
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_video_files_plan_exactly_and_batch(family: str, videos: dict[str, Path]) -> None:
+    proc = load_tiny_processor(family)
+    source = SequenceSource([record(str(videos[k])) for k in ("mp4", "webm", "mkv", "long")])
+    est = LengthEstimator.from_processor(proc, mode="exact")
+    index = build_length_index(source, est, progress=False)
+    assert index.fallback_counts == {}  # every video planned from its container metadata
+    real = {}
+    for sid in range(len(source)):
+        s = tokenize_conversation(source[sid], proc)
+        real[sid] = s
+        assert int(index.total[sid]) == len(s["input_ids"]) - 1, (family, sid)
+        assert int(index.visual[sid]) == int((s["mm_token_type_ids"] == 2).sum()), (family, sid)
+    cfg = NeatVLMConfig(pack_size=4096, batch_size=1, shuffle=False, estimate_mode="exact")
+    seen = []
+    for batch in neat_vlm_graph(source, proc, config=cfg):
+        ids = [i for row in batch["sample_ids"] for i in row]
+        seen += ids
+        want = torch.cat([real[i]["video_grid_thw"] for i in ids])
+        assert torch.equal(batch["video_grid_thw"], want)
+        assert torch.equal(
+            batch["pixel_values_videos"], torch.cat([real[i]["pixel_values_videos"] for i in ids])
+        )
+    assert set(seen) == set(range(len(source)))
+
+
+def test_hf_videos_column_with_bytes(videos: dict[str, Path]) -> None:
+    proc = load_tiny_processor("qwen2_vl")
+    raw = {"messages": [
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "what happens?"}]},
+        {"role": "assistant", "content": "a bar moves right"}],
+        "videos": [{"bytes": videos["webm"].read_bytes(), "path": None}]}  # fmt: skip
+    s = tokenize_conversation(SequenceSource([raw])[0], proc)
+    want = tokenize_conversation(SequenceSource([record(str(videos["webm"]))])[0], proc)
+    assert torch.equal(s["input_ids"], want["input_ids"])
+    assert torch.equal(s["pixel_values_videos"], want["pixel_values_videos"])
+
+
+def test_bad_videos_are_named_errors(
+    videos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = videos["mp4"].read_bytes()
+    (tmp_path / "junk.mp4").write_bytes(b"\x00" * 500)
+    (tmp_path / "cut.mp4").write_bytes(data[: len(data) * 2 // 3])
+    # planning counts a fallback; the worker's decode refuses the file, naming the sample
+    source = SequenceSource([record(str(tmp_path / n)) for n in ("junk.mp4", "cut.mp4")])
+    assert "videos_meta" not in source[0]
+    proc = load_tiny_processor()
+    with pytest.raises(SampleError, match=r"sample_id=0 \[video_error\]: video file .*junk"):
+        tokenize_conversation(source[0], proc)
+    with pytest.raises(SampleError, match=r"sample_id=1 \[video_error\]: video file .*cut"):
+        tokenize_conversation(source[1], proc)
+    import neatpack.pipes.video as video_mod
+
+    monkeypatch.setattr(video_mod, "MAX_VIDEO_BYTES", 1000)
+    with pytest.raises(SampleError, match=r"sample_id=5 \[video_error\].*too large"):
+        decode_video(str(videos["mp4"]), 5)
+
+
+def test_zero_frame_video_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "empty.mkv"
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("mpeg4", rate=8)
+        s.width, s.height, s.pix_fmt = 32, 32, "yuv420p"
+    with pytest.raises(SampleError, match=r"sample_id=2 \[video_error\].*(empty|unreadable)"):
+        probe_video(str(path), 2)
+
+
+def test_bad_video_is_counted_by_the_skip_policy(videos: dict[str, Path], tmp_path: Path) -> None:
+    proc = load_tiny_processor()
+    (tmp_path / "junk.mkv").write_bytes(b"\x1a\x45\xdf\xa3" + b"\x00" * 300)
+    recs = [record(str(videos["mp4"])), record(str(tmp_path / "junk.mkv"))]
+    cfg = NeatVLMConfig(pack_size=4096, shuffle=False, on_bad_sample="skip")
+    loader = neat_vlm_graph(recs, proc, config=cfg)
+    got = [i for b in loader for row in b["sample_ids"] for i in row]
+    assert set(got) == {0}
+
+
+def test_missing_decoder_names_the_extra(videos: dict[str, Path], monkeypatch: Any) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "av", None)  # as if PyAV were not installed
+    source = SequenceSource([record(str(videos["mp4"]))])
+    assert "videos_meta" not in source[0]  # planning falls back (counted), nothing raised
+    with pytest.raises(ImportError, match=r"pip install 'neatpack\[video\]'"):
+        tokenize_conversation(source[0], load_tiny_processor())
