@@ -20,6 +20,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "to_record",
     ),
     "formats": ("FORMATS", "normalize_format"),
+    "shards": ("ParquetSource", "ShardIndexError", "TarShardSource"),
+    "video": ("decode_video", "probe_video"),
     "estimate": ("EstimateError", "LengthEstimator", "TemplateOverhead"),
     "media_tokens": ("ImageTokenConfig", "VideoTokenConfig", "smart_resize"),
     "lengths": ("LengthIndex", "build_length_index"),

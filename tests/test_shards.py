@@ -188,3 +188,34 @@ def test_bad_shards_are_named(tmp_path: Path) -> None:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 nope")
     with pytest.raises(ShardIndexError, match=r"bad.parquet.*unreadable"):
         ParquetSource(tmp_path / "bad.parquet")
+
+
+def test_elastic_resume_two_to_three_ranks_over_tar_shards(
+    samples: Any, processor: Any, tmp_path: Path
+) -> None:
+    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.lengths import build_length_index
+
+    write_tars(tmp_path, samples, per=3)
+    source = TarShardSource(sorted(tmp_path.glob("*.tar")))
+    index = build_length_index(
+        source, LengthEstimator.from_processor(processor, mode="exact"), progress=False
+    )
+    cfg = NeatVLMConfig(pack_size=160, batch_size=1, seed=1)
+
+    def loader(rank: int, world: int) -> Any:
+        return neat_vlm_graph(source, processor, config=cfg, rank=rank, world_size=world,
+                              lengths=index)  # fmt: skip
+
+    old = [loader(r, 2) for r in range(2)]
+    for x in old:
+        next(iter(x))
+    states = [x.state_dict() for x in old]
+    new = [loader(r, 3) for r in range(3)]
+    for r, x in enumerate(new):
+        x.load_state_dict(states[r % 2])
+    assert len({len(list(x)) for x in new}) == 1  # every rank the same number of steps
+    consumed = [i for x in old + new for i in x.ledgers[0].consumed]
+    dropped = [i for x in new for i in x.ledgers[0].tail_dropped]
+    assert_exactly_once(consumed, range(N), excused=dropped)
+    assert len(consumed) >= N - 2
