@@ -235,9 +235,10 @@ def test_datasets_corrupt_pixels_fail_in_the_worker_naming_the_sample(
     with pytest.raises(SampleError, match=r"sample_id=1 \[(truncated|corrupt)_image\]"):
         list(loader)
     skip = NeatVLMConfig(pack_size=512, batch_size=2, shuffle=False, on_bad_sample="skip")
-    got = [sid for b in neat_vlm_graph(ds, processor, config=skip) for ids in b["sample_ids"]
-           for sid in ids]  # fmt: skip
+    skipping = neat_vlm_graph(ds, processor, config=skip)
+    got = [sid for b in skipping for ids in b["sample_ids"] for sid in ids]
     assert set(got) == set(range(N)) - {1}
+    assert skipping.ledgers[0].failed == [1]  # counted, by id
 
 
 def test_sequence_source_reads_every_format(corpus: Any) -> None:

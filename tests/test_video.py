@@ -134,14 +134,21 @@ def test_zero_frame_video_is_refused(tmp_path: Path) -> None:
         probe_video(str(path), 2)
 
 
-def test_bad_video_is_counted_by_the_skip_policy(videos: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 1])
+def test_bad_video_is_counted_by_the_skip_policy(
+    workers: int, videos: dict[str, Path], tmp_path: Path
+) -> None:
+    # workers=1: decoded in a forked worker (PyAV opens each container there, after the fork)
     proc = load_tiny_processor()
     (tmp_path / "junk.mkv").write_bytes(b"\x1a\x45\xdf\xa3" + b"\x00" * 300)
     recs = [record(str(videos["mp4"])), record(str(tmp_path / "junk.mkv"))]
-    cfg = NeatVLMConfig(pack_size=4096, shuffle=False, on_bad_sample="skip")
+    cfg = NeatVLMConfig(pack_size=4096, shuffle=False, on_bad_sample="skip", num_workers=workers)
     loader = neat_vlm_graph(recs, proc, config=cfg)
-    got = [i for b in loader for row in b["sample_ids"] for i in row]
+    batches = list(loader)
+    got = [i for b in batches for row in b["sample_ids"] for i in row]
     assert set(got) == {0}
+    assert loader.ledgers[0].failed == [1]  # counted, by id
+    assert any(b.get("video_grid_thw") is not None for b in batches)
 
 
 def test_missing_decoder_names_the_extra(videos: dict[str, Path], monkeypatch: Any) -> None:
