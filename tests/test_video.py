@@ -159,3 +159,28 @@ def test_missing_decoder_names_the_extra(videos: dict[str, Path], monkeypatch: A
     assert "videos_meta" not in source[0]  # planning falls back (counted), nothing raised
     with pytest.raises(ImportError, match=r"pip install 'neatpack\[video\]'"):
         tokenize_conversation(source[0], load_tiny_processor())
+
+
+def test_datasets_video_feature_is_read_undecoded(videos: dict[str, Path]) -> None:
+    datasets = pytest.importorskip("datasets")
+    text = datasets.Value("string")
+    features = datasets.Features({
+        "messages": [{"role": text, "content": [{"type": text, "text": text}]}],
+        "videos": datasets.List(datasets.Video())})  # fmt: skip
+    rows = [{"messages": [
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "what happens?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "a bar moves right"}]}],
+        "videos": [{"bytes": videos[ext].read_bytes(), "path": None}]}
+        for ext in ("mp4", "webm")]  # fmt: skip
+    ds = datasets.Dataset.from_list(rows, features=features)
+    proc = load_tiny_processor("qwen2_5_vl")
+    cfg = NeatVLMConfig(pack_size=4096, shuffle=False, estimate_mode="exact")
+    got = list(neat_vlm_graph(ds, proc, config=cfg))
+    want = [tokenize_conversation(SequenceSource([record(str(videos[e]))])[0], proc)
+            for e in ("mp4", "webm")]  # fmt: skip
+    ids = [i for b in got for row in b["sample_ids"] for i in row]
+    assert sorted(ids) == [0, 1]
+    grids = torch.cat([b["video_grid_thw"] for b in got])
+    assert torch.equal(grids, torch.cat([want[i]["video_grid_thw"] for i in ids]))
+    pixels = torch.cat([b["pixel_values_videos"] for b in got])
+    assert torch.equal(pixels, torch.cat([want[i]["pixel_values_videos"] for i in ids]))
