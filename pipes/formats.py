@@ -156,6 +156,16 @@ def _columns(raw: Mapping[str, Any], sample_id: int) -> dict[str, list[Any] | No
     return out
 
 
+def _has_url_block(turns: list[Any]) -> bool:
+    for msg in turns:
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, Mapping) and block.get("type") in _URL_TYPES:
+                    return True
+    return False
+
+
 def _messages(raw: Mapping[str, Any], key: str, sample_id: int) -> dict[str, Any] | None:
     """HF/TRL placeholders filled from the columns, OpenAI URL blocks converted; None when the
     record needs neither (it then goes to ``to_record`` unchanged)."""
@@ -164,6 +174,8 @@ def _messages(raw: Mapping[str, Any], key: str, sample_id: int) -> dict[str, Any
         return None
     cols = _columns(raw, sample_id)
     has_cols = any(c is not None for c in cols.values())
+    if not has_cols and not _has_url_block(turns):
+        return None
     used = dict.fromkeys(_KINDS, 0)
     changed = False
     messages: list[Any] = []
@@ -278,6 +290,13 @@ def normalize_format(raw: Mapping[str, Any], sample_id: int) -> Mapping[str, Any
         return _cauldron(raw, sample_id)
     else:
         return raw
+    turns = raw[key]
+    if (
+        "images" not in raw
+        and "videos" not in raw
+        and (not isinstance(turns, list) or not _has_url_block(turns))
+    ):
+        return raw  # the common case, kept cheap: the slow path calls this per record
     return _messages(raw, key, sample_id) or raw
 
 
