@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import glob
 import hashlib
+import io
 import json
 import os
 import tarfile
@@ -166,8 +167,10 @@ class TarShardSource:
             raise RecordError(f"{where}: no .json member (members {sorted(members)}); add one")
         with open(path, "rb") as f:
 
-            def read(ext: str) -> bytes:
+            def read(ext: str) -> Any:
                 offset, size = members[ext]
+                if ext.rsplit(".", 1)[-1] in IMAGE_EXTS:  # header now, pixels in the worker
+                    return _member_image(path, offset, size, f"{where} member .{ext}")
                 f.seek(offset)
                 return f.read(size)
 
@@ -194,6 +197,63 @@ class TarShardSource:
 
     def content_fingerprint(self) -> str:
         return self._fingerprint
+
+
+class MemberFile(io.RawIOBase):
+    """A read-only window ``[offset, offset + size)`` of a file (a tar member), opened on the
+    first read in the reading process (``os.pread``: no shared file position). ``bytes_read``
+    counts what was read, so tests can check that planning reads headers only."""
+
+    def __init__(self, path: str, offset: int, size: int) -> None:
+        super().__init__()
+        self.path, self.offset, self.size = path, offset, size
+        self.pos = self.bytes_read = 0
+        self._fd: int | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + pos)
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self.size - self.pos)
+        if n <= 0:
+            return 0
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        data = os.pread(self._fd, n, self.offset + self.pos)
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        self.bytes_read += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        super().close()
+
+
+def _member_image(path: str, offset: int, size: int, where: str) -> Any:
+    """A PIL image opened lazily over a tar member: ``Image.open`` reads its header (the length
+    index needs the size only); ``load_image`` in the worker reads and decodes the rest."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        return Image.open(io.BufferedReader(MemberFile(path, offset, size), 16384))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise RecordError(
+            f"{where}: no readable image header ({type(e).__name__}: {e}); re-encode it"
+        ) from e
 
 
 def _substitute(node: Any, names: dict[str, str], read: Any) -> bool:

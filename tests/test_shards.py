@@ -219,3 +219,44 @@ def test_elastic_resume_two_to_three_ranks_over_tar_shards(
     dropped = [i for x in new for i in x.ledgers[0].tail_dropped]
     assert_exactly_once(consumed, range(N), excused=dropped)
     assert len(consumed) >= N - 2
+
+
+def test_tar_planning_reads_image_headers_only(
+    samples: Any, processor: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import ImageFile
+
+    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.lengths import build_length_index
+
+    big = [
+        dict(s, images=[_noise(200 + 10 * i) for _ in s["images"]]) for i, s in enumerate(samples)
+    ]
+    write_tars(tmp_path, big)
+    opened: list[Any] = []
+    real_open = S.MemberFile.__init__
+
+    def spy(self: Any, *a: Any) -> None:
+        real_open(self, *a)
+        opened.append(self)
+
+    monkeypatch.setattr(S.MemberFile, "__init__", spy)
+    loads: list[int] = []
+    real_load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda im: loads.append(1) or real_load(im))
+    source = TarShardSource(sorted(tmp_path.glob("*.tar")))
+    est = LengthEstimator.from_processor(processor, mode="estimate")
+    build_length_index(source, est, progress=False)
+    assert loads == []  # nothing decoded
+    assert len(opened) >= sum(len(s["images"]) for s in big)  # each image at least once
+    assert sum(m.bytes_read for m in opened) < sum(m.size for m in opened) / 4  # headers only
+    img = source[2]["conversation"][0]["content"][0]["image"]
+    assert img.load() is not None  # the worker's decode reads the rest
+    assert img.size == Image.open(io.BytesIO(big[2]["images"][0])).size
+
+
+def _noise(side: int) -> bytes:
+    rng = random.Random(side)
+    buf = io.BytesIO()
+    Image.frombytes("RGB", (side, side), rng.randbytes(side * side * 3)).save(buf, "PNG")
+    return buf.getvalue()
