@@ -184,3 +184,22 @@ def test_datasets_video_feature_is_read_undecoded(videos: dict[str, Path]) -> No
     assert torch.equal(grids, torch.cat([want[i]["video_grid_thw"] for i in ids]))
     pixels = torch.cat([b["pixel_values_videos"] for b in got])
     assert torch.equal(pixels, torch.cat([want[i]["pixel_values_videos"] for i in ids]))
+
+
+def test_truncated_video_is_refused_naming_the_sample(tmp_path: Path) -> None:
+    path = tmp_path / "fs.mp4"
+    with av.open(str(path), "w", options={"movflags": "faststart"}) as c:  # index up front
+        s = c.add_stream("libx264", rate=8)
+        s.width, s.height, s.pix_fmt = 64, 56, "yuv420p"
+        for i in range(30):
+            a = np.random.default_rng(i).integers(0, 255, (56, 64, 3), np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    assert probe_video(str(cut))[0] == 30  # the index still lists every frame
+    with pytest.raises(SampleError, match=r"sample_id=3 \[video_error\].*truncated: \d+ frames"):
+        decode_video(str(cut), 3)
