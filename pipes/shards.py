@@ -37,7 +37,13 @@ import numpy as np
 
 from ._record import RecordError, to_record
 
-__all__ = ["ParquetSource", "ShardIndexError", "TarShardSource", "shard_fingerprint"]
+__all__ = [
+    "ParquetSource",
+    "ShardIndexError",
+    "TarShardSource",
+    "shard_fingerprint",
+    "shard_source",
+]
 
 IMAGE_EXTS: Final = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 VIDEO_EXTS: Final = ("mp4", "webm", "mkv", "avi", "mov")
@@ -337,3 +343,29 @@ class ParquetSource:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cache": None}
+
+
+_KINDS: Final[dict[str, type[TarShardSource] | type[ParquetSource]]] = {
+    ".tar": TarShardSource,
+    ".parquet": ParquetSource,
+}
+
+
+def shard_source(
+    data: Any, media_root: str | os.PathLike[str] | None = None
+) -> TarShardSource | ParquetSource | None:
+    """A ``TarShardSource`` / ``ParquetSource`` when ``data`` is a path, glob or list of paths
+    that all end ``.tar`` or all end ``.parquet``; else None (another reader's data).
+
+    >>> shard_source([{"messages": []}]) is None
+    True
+    """
+    items = [data] if isinstance(data, str | os.PathLike) else data
+    if not isinstance(items, list | tuple) or not items:
+        return None
+    if not all(isinstance(p, str | os.PathLike) for p in items):
+        return None
+    suffixes = {Path(os.fspath(p)).suffix for p in items}
+    if len(suffixes) != 1 or (suffix := suffixes.pop()) not in _KINDS:
+        return None
+    return _KINDS[suffix](data, media_root=media_root)

@@ -260,3 +260,21 @@ def _noise(side: int) -> bytes:
     buf = io.BytesIO()
     Image.frombytes("RGB", (side, side), rng.randbytes(side * side * 3)).save(buf, "PNG")
     return buf.getvalue()
+
+
+def test_graph_takes_shard_paths_and_globs(
+    samples: Any, processor: Any, expected: Any, tmp_path: Path
+) -> None:
+    tars = write_tars(tmp_path, samples)
+    parquet = write_parquet(tmp_path, samples)
+    for data in (str(tmp_path / "shard-*.tar"), [str(p) for p in tars], parquet):
+        got = list(neat_vlm_graph(data, processor, config=CFG))
+        assert same_item(_strip(got), _strip(expected)), data
+
+
+def test_doctests_pass() -> None:
+    import doctest
+
+    result = doctest.testmod(S)
+    assert result.attempted >= 2
+    assert result.failed == 0
