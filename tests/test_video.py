@@ -203,3 +203,17 @@ def test_truncated_video_is_refused_naming_the_sample(tmp_path: Path) -> None:
     assert probe_video(str(cut))[0] == 30  # the index still lists every frame
     with pytest.raises(SampleError, match=r"sample_id=3 \[video_error\].*truncated: \d+ frames"):
         decode_video(str(cut), 3)
+
+
+def test_videos_meta_overrides_the_container_rate(videos: dict[str, Path]) -> None:
+    proc = load_tiny_processor("qwen3_vl")  # samples frames by fps: the rate changes the count
+    frames, h, w, _, _ = probe_video(str(videos["long"]))
+    plain = record(str(videos["long"]))
+    slow = {**plain, "videos_meta": [[frames, h, w, 2.5, frames / 2.5]]}  # the user's rate
+    source = SequenceSource([plain, slow])
+    index = build_length_index(
+        source, LengthEstimator.from_processor(proc, mode="exact"), progress=False
+    )
+    lengths = [len(tokenize_conversation(source[i], proc)["input_ids"]) - 1 for i in (0, 1)]
+    assert index.total.tolist() == lengths
+    assert lengths[0] != lengths[1]
