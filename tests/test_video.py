@@ -217,3 +217,41 @@ def test_videos_meta_overrides_the_container_rate(videos: dict[str, Path]) -> No
     lengths = [len(tokenize_conversation(source[i], proc)["input_ids"]) - 1 for i in (0, 1)]
     assert index.total.tolist() == lengths
     assert lengths[0] != lengths[1]
+
+
+@pytest.mark.parity
+def test_video_file_pack_equals_separate_runs_on_tiny_qwen2_5_vl(videos: dict[str, Path]) -> None:
+    """A packed row holding a decoded video file and text samples gives, per document, the
+    logits of that document run alone on a tiny real Qwen2.5-VL (fp32, <= 1e-5)."""
+    from neatpack.pipes.tiny_models import tiny_model
+
+    proc = load_tiny_processor("qwen2_5_vl")
+    text = {"messages": [{"role": "user", "content": "name a colour"},
+                         {"role": "assistant", "content": "red"}]}  # fmt: skip
+    source = SequenceSource([record(str(videos["webm"])), text, text])
+    cfg = NeatVLMConfig(pack_size=512, batch_size=1, shuffle=False, estimate_mode="exact",
+                        attn_implementation="eager")  # fmt: skip
+    batch = next(iter(neat_vlm_graph(source, proc, config=cfg)))
+    assert sorted(batch["sample_ids"][0]) == [0, 1, 2]  # one row: the video and both texts
+    model = tiny_model("qwen2_5_vl", processor=proc)
+    media = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+    def run_packed(**over: Any) -> torch.Tensor:
+        kw = {k: batch[k] for k in (*media, "attention_mask", "position_ids", "mm_token_type_ids")}
+        with torch.no_grad():
+            return model(input_ids=batch["input_ids"], **{**kw, **over}).logits[0]  # type: ignore[no-any-return]
+
+    packed = run_packed()
+    worst = 0.0
+    for k, sid in enumerate(batch["sample_ids"][0], start=1):
+        s = tokenize_conversation(source[sid], proc)
+        kw = {key: s[key] for key in media if key in s}
+        with torch.no_grad():
+            types = s["mm_token_type_ids"][:-1][None]
+            alone = model(input_ids=s["input_ids"][:-1][None], mm_token_type_ids=types, **kw)
+        alone = alone.logits[0]
+        where = batch["doc_ids"][0] == k
+        worst = max(worst, float((packed[where] - alone[: int(where.sum())]).abs().max()))
+    assert worst <= 1e-5
+    halved = run_packed(pixel_values_videos=batch["pixel_values_videos"] * 0.5)
+    assert float((halved - packed).abs().max()) > 1e-4
