@@ -86,12 +86,13 @@ def _combined(fingerprints: list[str], kind: str) -> str:
     return hashlib.sha256(f"{kind}:{','.join(fingerprints)}".encode()).hexdigest()
 
 
-def _locate(starts: np.ndarray, sample_id: int, n: int) -> tuple[int, int]:
+def _locate(starts: Any, sample_id: int, n: int) -> tuple[int, int]:
+    """(shard, index in shard) of ``sample_id``; ``starts``: a sorted list of shard starts."""
     if isinstance(sample_id, bool) or not isinstance(sample_id, int | np.integer):
         raise TypeError(f"sample_id must be an int, got {sample_id!r}")
     if not 0 <= sample_id < n:
         raise IndexError(f"{sample_id=} out of range for a source of {n} samples")
-    shard = bisect.bisect_right(starts.tolist(), int(sample_id)) - 1
+    shard = bisect.bisect_right(starts, int(sample_id)) - 1
     return shard, int(sample_id) - int(starts[shard])
 
 
@@ -139,7 +140,7 @@ class TarShardSource:
             self._index(p, fp, cache_dir) for p, fp in zip(self.paths, fps, strict=True)
         ]
         counts = [len(s) for s in self._samples]
-        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
         self._fingerprint = _combined(fps, "tar")
 
     @staticmethod
@@ -166,36 +167,57 @@ class TarShardSource:
 
     def raw(self, sample_id: int) -> dict[str, Any]:
         shard, local = _locate(self._starts, sample_id, len(self))
+        with open(self.paths[shard], "rb") as f:
+            return self._raw_at(f, shard, local, sample_id)
+
+    def iter_raw(self, start: int, stop: int) -> Iterator[Any]:
+        """Raw records ``start..stop-1``, one open file per shard (the length index reads
+        these). A sample that cannot be read yields None: the index then takes it through
+        ``source[id]``, which raises the named error (or its policy counts it)."""
+        sid = start
+        while sid < stop:
+            shard, _ = _locate(self._starts, sid, len(self))
+            first, end = int(self._starts[shard]), min(stop, int(self._starts[shard + 1]))
+            with open(self.paths[shard], "rb") as f:
+                for i in range(sid, end):
+                    try:
+                        yield self._raw_at(f, shard, i - first, i)
+                    except RecordError:
+                        yield None
+            sid = end
+
+    def _raw_at(self, f: Any, shard: int, local: int, sample_id: int) -> dict[str, Any]:
         key, members = self._samples[shard][local]
         path = self.paths[shard]
         where = f"sample_id={sample_id} ({path}: {key})"
         if "json" not in members:
             raise RecordError(f"{where}: no .json member (members {sorted(members)}); add one")
-        with open(path, "rb") as f:
 
-            def read(ext: str) -> Any:
-                offset, size = members[ext]
-                if ext.rsplit(".", 1)[-1] in IMAGE_EXTS:  # header now, pixels in the worker
-                    return _member_image(path, offset, size, f"{where} member .{ext}")
-                f.seek(offset)
-                return f.read(size)
+        def read(ext: str) -> Any:
+            offset, size = members[ext]
+            if ext.rsplit(".", 1)[-1] in IMAGE_EXTS:  # header now, pixels in the worker
+                return _member_image(path, offset, size, f"{where} member .{ext}")
+            f.seek(offset)
+            return f.read(size)
 
-            try:
-                raw = json.loads(read("json"))
-            except ValueError as e:
-                raise RecordError(f"{where}: malformed .json member: {e}") from e
-            if not isinstance(raw, dict):
-                raise RecordError(f"{where}: .json member is a {type(raw).__name__}, not a dict")
-            names = {f"{Path(key).name}.{e}": e for e in members} | {e: e for e in members}
-            used = _substitute(raw, names, read)
-            if not used and not any(k in raw for k in ("images", "image", "videos", "video")):
-                exts = [e for e in members if e != "json"]
-                images = [read(e) for e in exts if e.rsplit(".", 1)[-1] in IMAGE_EXTS]
-                videos = [read(e) for e in exts if e.rsplit(".", 1)[-1] in VIDEO_EXTS]
-                if images:
-                    raw["images"] = images
-                if videos:
-                    raw["videos"] = videos
+        try:
+            raw = json.loads(read("json"))
+        except ValueError as e:
+            raise RecordError(f"{where}: malformed .json member: {e}") from e
+        if not isinstance(raw, dict):
+            raise RecordError(f"{where}: .json member is a {type(raw).__name__}, not a dict")
+        if len(members) == 1:
+            return raw  # metadata only: nothing to attach
+        names = {f"{Path(key).name}.{e}": e for e in members} | {e: e for e in members}
+        used = _substitute(raw, names, read)
+        if not used and not any(k in raw for k in ("images", "image", "videos", "video")):
+            exts = [e for e in members if e != "json"]
+            images = [read(e) for e in exts if e.rsplit(".", 1)[-1] in IMAGE_EXTS]
+            videos = [read(e) for e in exts if e.rsplit(".", 1)[-1] in VIDEO_EXTS]
+            if images:
+                raw["images"] = images
+            if videos:
+                raw["videos"] = videos
         return raw
 
     def __getitem__(self, sample_id: int) -> dict[str, Any]:
@@ -310,8 +332,10 @@ class ParquetSource:
                     f"Parquet shard {p!r} is unreadable ({e}); re-write it"
                 ) from e
             groups.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
-        self._groups = [np.concatenate([[0], np.cumsum(g)]).astype(np.int64) for g in groups]
-        self._starts = np.concatenate([[0], np.cumsum([int(g[-1]) for g in self._groups])])
+        self._groups = [np.concatenate([[0], np.cumsum(g)]).astype(int).tolist() for g in groups]
+        self._starts = (
+            np.concatenate([[0], np.cumsum([g[-1] for g in self._groups])]).astype(int).tolist()
+        )
         self._fingerprint = _combined([shard_fingerprint(p) for p in self.paths], "parquet")
         self._cache: tuple[tuple[int, int], list[dict[str, Any]]] | None = None
 
@@ -329,7 +353,7 @@ class ParquetSource:
     def raw(self, sample_id: int) -> dict[str, Any]:
         shard, local = _locate(self._starts, sample_id, len(self))
         starts = self._groups[shard]
-        group = bisect.bisect_right(starts.tolist(), local) - 1
+        group = bisect.bisect_right(starts, local) - 1
         return dict(self._rows(shard, group)[local - int(starts[group])])
 
     def __getitem__(self, sample_id: int) -> dict[str, Any]:

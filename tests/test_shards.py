@@ -278,3 +278,22 @@ def test_doctests_pass() -> None:
     result = doctest.testmod(S)
     assert result.attempted >= 2
     assert result.failed == 0
+
+
+def test_bad_tar_sample_is_named_and_iter_raw_defers_it(samples: Any, tmp_path: Path) -> None:
+    path = tmp_path / "mixed.tar"
+    with tarfile.open(path, "w") as tf:
+        for name, body in (("a.json", json.dumps(trl(samples[0])).encode()),
+                           ("b.json", b"{not json"), ("c.txt", b"no json member")):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tf.addfile(info, io.BytesIO(body))
+    source = TarShardSource(path)
+    assert len(source) == 3
+    raws = list(source.iter_raw(0, 3))
+    assert raws[0] == trl(samples[0])
+    assert raws[1:] == [None, None]  # the index takes these through source[id]: named errors
+    with pytest.raises(S.RecordError, match=r"sample_id=1 \(.*mixed.tar: b\): malformed"):
+        source[1]
+    with pytest.raises(S.RecordError, match=r"sample_id=2 .*no .json member"):
+        source[2]
