@@ -148,11 +148,10 @@ class TarShardSource:
         cache = Path(cache_dir) / f"tar-index-{fp}.json" if cache_dir is not None else None
         if cache is not None and cache.is_file():
             try:
-                return [
-                    (k, {e: tuple(v) for e, v in m.items()})
-                    for k, m in json.loads(cache.read_text())
-                ]
-            except (ValueError, TypeError, AttributeError):
+                cached = json.loads(cache.read_text())  # [[key, {ext: [offset, size]}], ...]
+                if isinstance(cached, list) and all(len(x) == 2 for x in cached[:1]):
+                    return cached  # used as loaded: (key, members) unpack lists as tuples
+            except (ValueError, TypeError):
                 pass  # a corrupt cache file: rebuild it
         samples = index_tar(path)
         if cache is not None:
