@@ -162,7 +162,13 @@ class NeatVLMConfig:
 
 
 def open_source(data: Any, media_root: str | None = None) -> RecordSource:
-    """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source."""
+    """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source; tar /
+    Parquet shards (a path, a glob or a list of paths ending ``.tar`` / ``.parquet``)."""
+    from neatpack.pipes.shards import shard_source
+
+    shards = shard_source(data, media_root)
+    if shards is not None:
+        return shards
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if not path.exists():

@@ -38,7 +38,7 @@ def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
 
     if isinstance(value, Image.Image):
         w, h = value.size
-        orientation = value.getexif().get(0x0112, 1)
+        orientation = _orientation(value)
         return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
     if value is None:
         return "image_no_meta"  # a placeholder block without images_meta: nothing to read
@@ -47,10 +47,7 @@ def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
     try:
         with Image.open(value) as im:  # lazy: reads the header only, no decode
             w, h = im.size
-            if im.format == "PNG" and "exif" not in im.info and not _png_late_exif(value):
-                orientation = 1  # PIL's PNG getexif() decodes every pixel to look for one
-            else:
-                orientation = im.getexif().get(0x0112, 1)
+            orientation = _orientation(im, value)
     except FileNotFoundError:
         return "image_missing"
     except Image.DecompressionBombError as e:  # not an OSError: it would escape unnamed
@@ -81,6 +78,17 @@ def _png_late_exif(path: str) -> bool:
                 return False
             f.seek(int.from_bytes(header[:4], "big") + 4, 1)  # data and CRC
     return True
+
+
+def _orientation(im: Any, path: str | None = None) -> int:
+    """EXIF orientation read without decoding pixels. A PNG's ``getexif()`` decodes the whole
+    image when no eXIf chunk came before the pixel data (PIL looks for one after it): for a file
+    the chunk list is walked (:func:`_png_late_exif`); an in-memory PNG without an early eXIf
+    chunk counts as unrotated."""
+    early = "exif" in im.info or getattr(im, "_exif", None)
+    if im.format == "PNG" and not early and (path is None or not _png_late_exif(path)):
+        return 1
+    return int(im.getexif().get(0x0112, 1))
 
 
 def _frames_fps(meta: Any) -> tuple[int, float | None]:

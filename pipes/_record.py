@@ -195,6 +195,9 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
     """Convert one raw record into a Record dict (see the module docstring)."""
     if not isinstance(raw, Mapping):
         raise RecordError(f"sample_id={sample_id}: record is a {type(raw).__name__}, not a dict")
+    from .formats import normalize_format  # hub formats (TRL, the_cauldron, OpenAI, ...)
+
+    raw = normalize_format(raw, sample_id)
     key = next((k for k in _CONVERSATION_KEYS if k in raw), None)
     if key is None:
         raise RecordError(
@@ -228,7 +231,9 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
             v = meta.get(k)
         if v is not None:
             record[k] = v
-    return record
+    from .video import fill_video_meta  # video files: videos_meta from the container header
+
+    return fill_video_meta(record)
 
 
 RawStats = tuple[int, int, int, int, int, int, bool]

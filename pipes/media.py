@@ -151,8 +151,13 @@ def load_image(
         None if isinstance(max_image_pixels, str) else max_image_pixels, max_image_pixels == "pil"
     )
     if isinstance(src, Image.Image):
-        _check_size(src, f"<PIL {src.mode} {src.size}>", sample_id, limit)
-        return to_rgb(src)
+        where = f"<PIL {src.format or src.mode} {src.size}>"
+        _check_size(src, where, sample_id, limit)
+        try:  # a lazily opened image (encoded bytes, pipes/formats.py) decodes here
+            src.load()
+            return to_rgb(src)
+        except (SyntaxError, OSError, ValueError) as exc:
+            raise _decode_error(sample_id, f"image {where}", exc) from exc
     if not isinstance(src, str | os.PathLike):
         raise SampleError(
             sample_id,
@@ -175,20 +180,27 @@ def load_image(
             "downscale the file or raise PIL.Image.MAX_IMAGE_PIXELS if you trust the source",
         ) from exc
     except (UnidentifiedImageError, SyntaxError, OSError, ValueError) as exc:
-        truncated = "truncated" in str(exc).lower() or "broken data stream" in str(exc).lower()
-        raise SampleError(
-            sample_id,
-            "truncated_image" if truncated else "corrupt_image",
-            f"image file {path!r} cannot be decoded ({type(exc).__name__}: {exc}); "
-            "re-export or drop it",
-        ) from exc
+        raise _decode_error(sample_id, f"image file {path!r}", exc) from exc
+
+
+def _decode_error(sample_id: Any, where: str, exc: BaseException) -> SampleError:
+    truncated = "truncated" in str(exc).lower() or "broken data stream" in str(exc).lower()
+    return SampleError(
+        sample_id,
+        "truncated_image" if truncated else "corrupt_image",
+        f"{where} cannot be decoded ({type(exc).__name__}: {exc}); re-export or drop it",
+    )
 
 
 def load_video(src: Any, *, sample_id: Any) -> Any:
-    """A video is a list of frames (PIL images -> RGB, arrays as given) or an existing file path
-    (decoded later by the processor's video backend)."""
-    if isinstance(src, str | os.PathLike):
-        return existing_media_file(src, "video", sample_id)
+    """A video is a list of frames (PIL images -> RGB, arrays as given), an existing file path
+    or encoded bytes (both decoded here by ``pipes/video.py``, PyAV: ``neatpack[video]``)."""
+    if isinstance(src, str | os.PathLike | bytes):
+        from .video import decode_video
+
+        if not isinstance(src, bytes):
+            src = existing_media_file(src, "video", sample_id)
+        return decode_video(src, sample_id)
     if isinstance(src, Sequence) and len(src) > 0:
         frames: list[Any] = []
         for k, f in enumerate(src):

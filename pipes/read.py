@@ -382,7 +382,9 @@ class HFDatasetSource:
             raise ImportError(
                 "HFDatasetSource needs the `datasets` package: pip install 'neatpack[datasets]'"
             ) from e
-        self.ds = ds
+        from .formats import undecoded_dataset
+
+        self.ds = undecoded_dataset(ds)  # Image/Video features: bytes, decoded in the workers
         self.media_root = _media_root(media_root)
 
     def __len__(self) -> int:

@@ -85,6 +85,8 @@ def _video_metadata(
         m = meta[k] if k < len(meta) else None
         if fps is None and isinstance(m, list | tuple) and len(m) >= 4 and m[0] == len(frames):
             fps = float(m[3]) if isinstance(m[3], int | float) and m[3] > 0 else None
+        if fps is None:  # a decoded file (pipes/video.py): its stream's rate
+            fps = getattr(frames, "fps", None)
         if fps is None:
             return None
         n = len(frames)

@@ -1,0 +1,173 @@
+"""Video files (mp4, webm, mkv, ... or their encoded bytes): metadata for planning, frames for
+the workers. Decoder: PyAV (``pip install 'neatpack[video]'``), chosen by measurement
+(``benchmarks/bench_video_decode.py``): its wheels bundle FFmpeg, so it installs from PyPI
+alone; torchcodec needs the system's FFmpeg shared libraries and does not load without them.
+
+* ``probe_video(src)`` -> ``[frames, height, width, fps, duration]``, the ``videos_meta`` entry,
+  from the container: stream headers, plus a demux-only packet count when the container stores
+  no frame count (webm, mkv). No frame is decoded.
+* ``decode_video(src)`` -> a ``DecodedVideo``: the RGB frames (HxWx3 uint8 arrays) and the
+  stream's ``fps``. The processor then samples frames exactly as it would from the file (its
+  own ``sample_frames`` on ``total_num_frames`` and ``fps``), so the estimate from
+  ``probe_video``'s metadata matches. The container is opened per call, inside the worker: no
+  decoder state exists before the fork.
+
+Bad videos raise ``SampleError(reason="video_error")`` naming the sample: unreadable or corrupt
+(``corrupt``), no video stream / zero frames (``empty``), fewer frames decoded than the
+container lists (``truncated``), and decoded size over ``MAX_VIDEO_BYTES`` (``too large``):
+each is counted by the loader's ``on_bad_sample`` policy like any bad sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from fractions import Fraction
+from typing import Any, Final
+
+import numpy as np
+
+from .media import SampleError
+
+__all__ = ["MAX_VIDEO_BYTES", "DecodedVideo", "decode_video", "probe_video", "require_av"]
+
+MAX_VIDEO_BYTES: Final = 8 * 2**30
+"""Refuse a video whose decoded RGB frames would exceed this (8 GiB: 1,000 frames of 1080p
+are 6.2 GiB). Raise it (``neatpack.pipes.video.MAX_VIDEO_BYTES = ...``) if you have the RAM."""
+
+
+class DecodedVideo(list[Any]):
+    """Frames (HxWx3 uint8) of a decoded file; ``fps`` is the stream's average frame rate."""
+
+    fps: float | None = None
+
+
+def require_av() -> Any:
+    """The ``av`` module, or an ImportError that names the extra to install."""
+    try:
+        import av
+    except ImportError as e:
+        raise ImportError(
+            "decoding video files needs PyAV: pip install 'neatpack[video]' (or pip install av); "
+            "or give videos as lists of frames"
+        ) from e
+    return av
+
+
+def _open(av: Any, src: str | bytes) -> Any:
+    return av.open(io.BytesIO(src) if isinstance(src, bytes) else os.fspath(src))
+
+
+def _where(src: str | bytes) -> str:
+    return f"video file {src!r}" if isinstance(src, str) else f"video bytes ({len(src)} bytes)"
+
+
+def _fps(stream: Any) -> float | None:
+    rate = stream.average_rate or stream.guessed_rate
+    return float(Fraction(rate)) if rate else None
+
+
+def probe_video(src: str | bytes, sample_id: Any = None) -> list[float]:
+    """``[frames, height, width, fps, duration]`` from the container, decoding nothing."""
+    av = require_av()
+    try:
+        with _open(av, src) as container:
+            if not container.streams.video:
+                raise SampleError(sample_id, "video_error", f"{_where(src)} has no video stream")
+            stream = container.streams.video[0]
+            frames = int(stream.frames or 0)
+            if frames <= 0:  # webm / mkv store no count: count packets (demux only, no decode)
+                frames = sum(1 for p in container.demux(stream) if p.size)
+            fps = _fps(stream)
+            height, width = int(stream.height), int(stream.width)
+    except SampleError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError) as e:
+        raise SampleError(
+            sample_id,
+            "video_error",
+            f"{_where(src)} is unreadable ({type(e).__name__}: {e}); re-encode or drop it",
+        ) from e
+    if frames <= 0 or height <= 0 or width <= 0:
+        raise SampleError(
+            sample_id,
+            "video_error",
+            f"{_where(src)} is empty ({frames} frames of {width}x{height}); drop it",
+        )
+    fps = fps or 24.0  # transformers' default for an unknown rate
+    return [float(frames), float(height), float(width), fps, frames / fps]
+
+
+def decode_video(src: str | bytes, sample_id: Any = None) -> DecodedVideo:
+    """Every frame of the first video stream as RGB arrays, with the stream's fps."""
+    av = require_av()
+    expected = probe_video(src, sample_id)
+    frames, h, w = int(expected[0]), int(expected[1]), int(expected[2])
+    size = frames * h * w * 3
+    if size > MAX_VIDEO_BYTES:
+        raise SampleError(
+            sample_id,
+            "video_error",
+            f"{_where(src)} is too large: {frames} frames of {w}x{h} decode to "
+            f"{size / 2**30:.1f} GiB, over MAX_VIDEO_BYTES={MAX_VIDEO_BYTES / 2**30:.1f} GiB; "
+            "cut or downscale it, or raise neatpack.pipes.video.MAX_VIDEO_BYTES",
+        )
+    out = DecodedVideo()
+    try:
+        with _open(av, src) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            out.fps = expected[3]
+            out.extend(f.to_ndarray(format="rgb24") for f in container.decode(stream))
+    except (av.error.FFmpegError, OSError, ValueError) as e:
+        raise SampleError(
+            sample_id,
+            "video_error",
+            f"{_where(src)} is corrupt after {len(out)} of {frames} frames "
+            f"({type(e).__name__}: {e}); re-encode or drop it",
+        ) from e
+    if len(out) != frames:
+        raise SampleError(
+            sample_id,
+            "video_error",
+            f"{_where(src)} is truncated: {len(out)} frames decoded, the container lists "
+            f"{frames}; re-encode or drop it",
+        )
+    if out and not isinstance(out[0], np.ndarray):  # pragma: no cover - PyAV contract
+        raise TypeError(f"PyAV returned {type(out[0]).__name__} frames")
+    return out
+
+
+def fill_video_meta(record: dict[str, Any]) -> dict[str, Any]:
+    """Give each video file (path or bytes) of a Record without a ``videos_meta`` entry the
+        entry ``probe_video`` reads from its container, so the length index plans it exactly
+        without decoding. Frame-list videos and given entries are left as they are; without PyAV
+        nothing is filled (the estimator then counts ``video_no_meta`` and the worker's decode
+        names the extra to install). A missing or unreadable file gets no entry (a counted
+    ``video_no_meta`` fallback, as an unreadable image); the worker's decode then refuses it,
+    naming the sample."""
+    videos = [b.get("video") for m in record["conversation"] for b in m["content"]
+              if b.get("type") == "video"]  # fmt: skip
+    meta = record.get("videos_meta")
+    if not any(isinstance(v, str | bytes) for v in videos) or (
+        isinstance(meta, list) and None not in meta
+    ):
+        return record
+    if not isinstance(meta, list | type(None)) or (meta is not None and len(meta) != len(videos)):
+        return record  # malformed: the estimator refuses it naming the sample
+    try:
+        require_av()
+    except ImportError:
+        return record
+    filled = list(meta) if meta is not None else [None] * len(videos)
+    for k, v in enumerate(videos):
+        if filled[k] is None and (
+            isinstance(v, bytes) or (isinstance(v, str) and os.path.isfile(v))
+        ):
+            # Unreadable: a counted fallback here (as an unreadable image); the decode refuses it.
+            with contextlib.suppress(SampleError):
+                filled[k] = probe_video(v, record["sample_id"])
+    if any(m is not None for m in filled):
+        record["videos_meta"] = filled
+    return record
