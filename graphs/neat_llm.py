@@ -17,26 +17,31 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torchdata.nodes import BaseNode, Batcher
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
-from neatpack.graphs.neat_vlm import BatchStep
-from neatpack.graphs.stages import map_stage, pack_meta
-from neatpack.graphs.watchdog import init_worker
+from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.read import JsonlSource
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
 
-__all__ = ["NeatLLMConfig", "TokenSource", "neat_llm_graph", "token_lengths"]
+__all__ = [
+    "NeatLLMConfig",
+    "TokenPacker",
+    "TokenSource",
+    "neat_llm_graph",
+    "neat_llm_parts",
+    "token_lengths",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,31 +139,29 @@ def token_lengths(source: TokenSource) -> np.ndarray:
     )
 
 
-class LLMPackStep:
-    """Map function: a pack reference -> a packed text sample (picklable)."""
+class TokenPacker:
+    """A pack reference -> the packed text sample of its ids (picklable; the materialize step of
+    the text graph, wrapped in ``PackMaterializer`` for the loader's bookkeeping)."""
 
     def __init__(self, source: TokenSource, padding_idx: int) -> None:
         self.source, self.padding_idx = source, padding_idx
-        self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
-        init_worker(self.owner_pid)
         samples = [self.source[i] for i in ref["sample_ids"]]
-        pack = dict(build_pack(samples, padding_idx=self.padding_idx))
-        real = int(sum(pack["seq_lens"]))
-        pack["meta"] = pack_meta(ref, real_tokens=real, estimated_tokens=real)
-        return pack
+        return dict(build_pack(samples, padding_idx=self.padding_idx))
 
 
-def neat_llm_graph(
+def neat_llm_parts(
     data: Any,
     *,
     config: NeatLLMConfig | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     lengths: np.ndarray | None = None,
-) -> NeatLoader:
-    """Build this rank's checkpointable loader of packed text batches."""
+    pack_transform: Callable[[Any], Any] | None = None,
+    batch_transform: Callable[[Any], Any] | None = None,
+) -> GraphParts:
+    """The pieces of ``neat_llm_graph`` (same arguments) to compose a graph of your own."""
     cfg = config or NeatLLMConfig()
     rank, world_size = resolve_rank(rank, world_size)
     source = TokenSource(data)
@@ -178,25 +181,19 @@ def neat_llm_graph(
     pack_source = PackSource(
         plan_for, rank=rank, world_size=world_size, batch_size=cfg.batch_size, tail=cfg.tail
     )
-    step = LLMPackStep(source, cfg.padding_idx)
-
-    batch_step = BatchStep(
-        step,
+    materialize = PackMaterializer(TokenPacker(source, cfg.padding_idx))
+    collate = Collater(
         padding_idx=cfg.padding_idx,
         max_length=cfg.pack_size,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
     )
-
-    def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        return map_stage(
-            Batcher(src, cfg.batch_size, drop_last=False),
-            batch_step,
-            num_workers=cfg.num_workers,
-            multiprocessing_context=cfg.multiprocessing_context,
-            prefetch=cfg.prefetch,
-        )
-
+    steps: list[Callable[[Any], Any]] = [PerPack(materialize)]
+    if pack_transform is not None:
+        steps.append(PerPack(pack_transform))
+    steps.append(collate)
+    if batch_transform is not None:
+        steps.append(batch_transform)
     plan_key = {
         k: v
         for k, v in asdict(cfg).items()
@@ -210,11 +207,40 @@ def neat_llm_graph(
         )
     }
     fingerprint = hashlib.sha256(np.ascontiguousarray(total, dtype="<i8").tobytes()).hexdigest()
-    return NeatLoader(
-        pack_source,
-        build,
+    return GraphParts(
+        source=pack_source,
+        materialize=materialize,
+        collate=collate,
+        steps=tuple(steps),
+        batch_size=cfg.batch_size,
         pack_size=cfg.pack_size,
         config={"graph": "neat_llm", "lengths": fingerprint[:16], **plan_key},
+        num_workers=cfg.num_workers,
+        multiprocessing_context=cfg.multiprocessing_context,
+        prefetch=cfg.prefetch,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
     )
+
+
+def neat_llm_graph(
+    data: Any,
+    *,
+    config: NeatLLMConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    lengths: np.ndarray | None = None,
+    pack_transform: Callable[[Any], Any] | None = None,
+    batch_transform: Callable[[Any], Any] | None = None,
+) -> NeatLoader:
+    """Build this rank's checkpointable loader of packed text batches (hooks: per-pack and
+    per-batch steps, run in the workers; see ``neat_llm_parts``)."""
+    return neat_llm_parts(
+        data,
+        config=config,
+        rank=rank,
+        world_size=world_size,
+        lengths=lengths,
+        pack_transform=pack_transform,
+        batch_transform=batch_transform,
+    ).loader()
