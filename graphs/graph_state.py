@@ -43,7 +43,7 @@ def graph_nodes(root: BaseNode[Any]) -> list[tuple[str, BaseNode[Any]]]:
         seen.add(id(node))
         if not _internal(node):
             out.append((path, node))
-        for name, value in sorted(vars(node).items()):
+        for name, value in sorted(vars(node).items(), key=lambda kv: (kv[0][:1] == "_", kv[0])):
             for i, child in enumerate(_children(value)):
                 visit(f"{path}.{name}" + (f"[{i}]" if isinstance(value, (list, tuple)) else ""),
                       child)  # fmt: skip

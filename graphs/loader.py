@@ -154,6 +154,7 @@ class NeatLoader:
         # The whole graph's state at the last batch handed out ("finished": the epoch ended)
         # and the state a load_state_dict asked the next iter() to start from.
         self._graph: dict[str, Any] | None = None
+        self._filtered_packs = 0  # packs of this epoch that a node dropped on this rank
         self._resume_graph: dict[str, Any] | None = None
         self._signature = graph_signature(self.root)
 
@@ -172,6 +173,7 @@ class NeatLoader:
         if not self._continue:
             self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
             self._group_size = self.source.world_size
+            self._filtered_packs = 0
         self._continue = False
         resume, self._resume_graph = self._resume_graph, None
         if resume is not None:
@@ -198,6 +200,7 @@ class NeatLoader:
                         self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
                         self._group_size = self.source.world_size
                         self._continue = True
+                        self._filtered_packs = 0
                     return
                 with self._lock:
                     graph = self.root.state_dict()
@@ -257,6 +260,7 @@ class NeatLoader:
             slot = start + local * self.source.world_size + self.source.rank
             if slot in delivered or slot >= len(order):  # handed out, or a padding repeat
                 continue
+            self._filtered_packs += 1
             ledger.filtered.extend(int(i) for i in plan.pack(int(order[slot])))
 
     def _ledger(self) -> EpochLedger:
@@ -306,6 +310,7 @@ class NeatLoader:
                     "state": copy.deepcopy(graph["state"]),
                     "finished": bool(graph["finished"]),
                     "signature": list(self._signature),
+                    "filtered_packs": int(self._filtered_packs),
                 }
             return out
 
@@ -339,6 +344,9 @@ class NeatLoader:
             self._group_size = point.group_size
             self._continue = True
             self._resume_graph = graph
+            self._filtered_packs = (
+                0 if graph is None else int(state["graph"].get("filtered_packs", 0))
+            )
 
     def _graph_to_resume(self, state: dict[str, Any]) -> dict[str, Any] | None:
         """The saved graph state when this graph can take it; else None (the position alone),
@@ -367,6 +375,15 @@ class NeatLoader:
                 "state of their own, saved for the old layout, that would restart empty. "
                 "Resume on the saved world size / batch size / worker setting, or set "
                 "ELASTIC = True on the node's class if its state may restart on a new layout"
+            )
+        dropped = int(graph.get("filtered_packs", 0))
+        if not same_layout and dropped and not graph["finished"]:
+            raise StateMismatchError(
+                f"cannot resume on {self.source.world_size} ranks from this state: a node of the "
+                f"graph dropped {dropped} pack(s) on rank {saved[PackSource.RANK_KEY]} in epoch "
+                f"{saved[PackSource.EPOCH_KEY]}, so the ranks stand at different positions and "
+                "the rest of the epoch cannot be re-strided. Resume on the saved world size "
+                f"({saved[PackSource.WORLD_SIZE_KEY]}), or from a state taken at an epoch end"
             )
         return None
 

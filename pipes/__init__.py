@@ -64,6 +64,14 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "pp_family_media": ("prepare_family_media_for_pp", "wrap_family_collate_for_pp"),
     "testing": ("assert_exactly_once", "assert_resumable"),
+    "steps": (
+        "Collater",
+        "PPMediaSplitter",
+        "PackMaterializer",
+        "PerPack",
+        "StepChain",
+        "pack_meta",
+    ),
     "registry": (
         "Handler",
         "get_handler",
