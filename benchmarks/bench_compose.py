@@ -8,8 +8,8 @@ Three loaders over the same corpus, processor, plan and worker count:
 * ``hand_readme``: the README recipe: materialize in a worker stage, the user step as its own
   node, collate as its own node (in the main process).
 
-Runs alternate (prebuilt, hand_chain, hand_readme, prebuilt, ...) ``--repeats`` times; the best
-run of each is kept. ``tokens_per_s`` counts real packed tokens over a whole epoch.
+Runs alternate ``--repeats`` rounds, the order rotated each round (a kind that always ran first
+or last would carry the machine's drift); the best run of each is kept. ``tokens_per_s`` counts real packed tokens over a whole epoch.
 
     python benchmarks/bench_compose.py            # 240 samples, pack size 4096, 2 workers
     python benchmarks/bench_compose.py --quick    # 24 samples, 1 worker
@@ -18,6 +18,7 @@ run of each is kept. ``tokens_per_s`` counts real packed tokens over a whole epo
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import tempfile
@@ -96,9 +97,12 @@ def main() -> None:
     kinds = ("prebuilt", "hand_chain", "hand_readme")
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     _epoch(_loader("prebuilt", data, processor, cfg))  # warm: length index, page cache
-    for _ in range(repeats):
-        for kind in kinds:
-            runs[kind].append(_epoch(_loader(kind, data, processor, cfg)))
+    for r in range(repeats):
+        for kind in kinds[r % 3 :] + kinds[: r % 3]:  # rotate: no kind always runs first
+            loader = _loader(kind, data, processor, cfg)
+            runs[kind].append(_epoch(loader))
+            del loader
+            gc.collect()  # the last loader's workers are gone before the next one starts
     best = {k: max(v, key=lambda r: r["tokens_per_s"]) for k, v in runs.items()}
     assert len({b["tokens"] for b in best.values()}) == 1, "the loaders packed different tokens"
     base = best["prebuilt"]["tokens_per_s"]

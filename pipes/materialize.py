@@ -216,6 +216,7 @@ def materialize_pack(
     *,
     epoch: int = 0,
     sample_transform: Callable[[Pack], Pack] | None = None,
+    shift: Callable[[Pack], Pack] | None = None,
 ) -> tuple[Pack, MaterializeReport]:
     """Build the pack of `sample_ids` (in plan order). See the module docstring.
 
@@ -284,7 +285,7 @@ def materialize_pack(
     pack = build_pack(
         [split_media(s)[0] for s in samples] if per_sample_media else samples,
         padding_idx=config.padding_idx, alignment=config.alignment,
-        pack_size=config.pack_size, mrope=positions is not None,
+        pack_size=config.pack_size, mrope=positions is not None, shift=shift,
     )  # fmt: skip
     if per_sample_media:  # the collater merges them over the batch (collate_family.py)
         pack["media_samples"] = [split_media(s)[1] for s in samples]
@@ -315,17 +316,19 @@ class Materializer:
         config: MaterializeConfig,
         *,
         sample_transform: Callable[[Pack], Pack] | None = None,
+        shift: Callable[[Pack], Pack] | None = None,
     ) -> None:
         self.source = source
         self.processor = processor
         self.config = config
         self.sample_transform = sample_transform
+        self.shift = shift  # None: shift_sample (see neatpack.pipes.Shifter)
 
     def __call__(self, pack_ref: Mapping[str, Any]) -> Pack:
         epoch = int(pack_ref.get("epoch", 0))
         pack, report = materialize_pack(
             self.source, pack_ref["sample_ids"], self.processor, self.config, epoch=epoch,
-            sample_transform=self.sample_transform,
+            sample_transform=self.sample_transform, shift=self.shift,
         )  # fmt: skip
         pack["pack_index"] = int(pack_ref.get("pack_index", -1))
         pack["epoch"] = epoch

@@ -8,8 +8,11 @@ and be recomputed after a resume. Stateful work belongs in a node in the main pr
 
     pack refs [r0, r1]                                   (from Batcher(PackSource))
       PerPack(PackMaterializer)   -> [pack0, pack1]      each pack carries "meta"
+                                                         (its Materializer shifts each
+                                                         sample with Shifter, replaceable)
       PerPack(my_pack_step)       -> [pack0', pack1']    optional user step
       Collater                    -> batch               batch["packs"] = [meta0, meta1]
+      MaskConverter (optional)    -> batch               doc ids -> a backend's mask
       PPMediaSplitter             -> batch               media chunked per PP micro-batch
 
 ``batch["packs"]`` is the bookkeeping ``NeatLoader`` advances its cursor and ledger with: a
@@ -28,9 +31,11 @@ from .materialize import Materializer
 
 __all__ = [
     "Collater",
+    "MaskConverter",
     "PPMediaSplitter",
     "PackMaterializer",
     "PerPack",
+    "Shifter",
     "StepChain",
     "pack_meta",
 ]
@@ -171,6 +176,72 @@ class Collater:
             )
         batch["packs"] = metas
         return batch
+
+
+class Shifter:
+    """The per-sample autoregressive shift as a step: ``input_ids[:-1]``, ``labels[1:]``.
+
+    ``Materializer(..., shift=Shifter())`` is the default; pass a replacement (a step of the same
+    contract: the sample one token shorter, ``labels[t]`` scoring token ``t + 1``) to change it,
+    e.g. to shift a per-token key of your own along with the ids.
+
+    >>> import torch
+    >>> out = Shifter()({"sample_id": 0, "input_ids": torch.tensor([5, 6, 7]),
+    ...                  "labels": torch.tensor([-100, 6, 7])})
+    >>> out["input_ids"].tolist(), out["labels"].tolist()
+    ([5, 6], [6, 7])
+    """
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        from .pack import shift_sample
+
+        return shift_sample(sample)
+
+
+MASK_CONVERSIONS = ("sdpa", "eager", "flex_attention")
+
+
+class MaskConverter:
+    """A batch collated with ``attn_implementation="doc_ids"`` -> the same batch with the
+    attention mask of another backend, built from its ``[B, S]`` document ids (``mask.py``).
+
+    ``sdpa``: bool ``[B,1,S,S]`` (True = attend); ``eager``: additive ``[B,1,S,S]`` in
+    ``dtype``; ``flex_attention``: a ``BlockMask``. The ids stay in ``batch["doc_ids"]``.
+
+    >>> import torch
+    >>> ids = torch.tensor([[1, 1, 2, 0]])
+    >>> batch = {"attention_mask": ids, "doc_ids": ids}
+    >>> MaskConverter("sdpa")(batch)["attention_mask"][0, 0].int().tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    """
+
+    def __init__(self, attn_implementation: str, *, dtype: Any = None) -> None:
+        if attn_implementation not in MASK_CONVERSIONS:
+            raise ValueError(
+                f"{attn_implementation=} is not one of {MASK_CONVERSIONS}; for the mask-free "
+                "formats (flash, thd, position_ids) collate with that attn_implementation"
+            )
+        self.attn_implementation, self.dtype = attn_implementation, dtype
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from .mask import to_4d_additive_mask, to_4d_bool_mask, to_block_mask
+
+        doc_ids = batch.get("doc_ids")
+        if doc_ids is None or doc_ids.dim() != 2:
+            raise ValueError(
+                "MaskConverter needs batch['doc_ids'] [B, S] (collate with "
+                f"attn_implementation='doc_ids'); got keys {sorted(batch)}"
+            )
+        out = dict(batch)
+        if self.attn_implementation == "sdpa":
+            out["attention_mask"] = to_4d_bool_mask(doc_ids)
+        elif self.attn_implementation == "eager":
+            import torch
+
+            out["attention_mask"] = to_4d_additive_mask(doc_ids, self.dtype or torch.float32)
+        else:
+            out["attention_mask"] = to_block_mask(doc_ids)
+        return out
 
 
 class PPMediaSplitter:

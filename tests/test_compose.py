@@ -31,12 +31,17 @@ from neatpack.graphs import (
 from neatpack.pipes import (
     Collater,
     LengthEstimator,
+    LengthSource,
+    MaskConverter,
     MaterializeConfig,
     Materializer,
     PackMaterializer,
     PackSource,
     PerPack,
     PPMediaSplitter,
+    RecordReader,
+    SequenceSource,
+    Shifter,
     StepChain,
     build_length_index,
     load_tiny_processor,
@@ -295,7 +300,11 @@ def test_every_public_step_passes_assert_resumable() -> None:
         parts = neat_llm_parts(text_records(24), config=cfg)
         refs = Batcher(parts.source, 2, drop_last=False)
         chain = StepChain(
-            PerPack(parts.materialize), PerPack(mark_pack), parts.collate, PPMediaSplitter(1)
+            PerPack(parts.materialize),
+            PerPack(mark_pack),
+            parts.collate,
+            MaskConverter("sdpa"),
+            PPMediaSplitter(1),
         )
         return Mapper(refs, chain)
 
@@ -309,6 +318,52 @@ def test_every_public_step_passes_assert_resumable() -> None:
         )
         >= 5
     )
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": "hi " * n},
+                {"role": "assistant", "content": "ok"},
+            ]
+        }
+        for n in range(1, 10)
+    ]
+    records = SequenceSource(chats)
+    assert assert_resumable(lambda: RecordReader(records), epochs=2) == 9
+    assert assert_resumable(lambda: LengthSource(records, LengthEstimator()), epochs=1) == 9
+
+
+def test_mask_converter_equals_collating_in_that_format() -> None:
+    cfg = NeatLLMConfig(pack_size=48, batch_size=2, attn_implementation="doc_ids")
+    parts = neat_llm_parts(text_records(), config=cfg)
+    parts.source.reset()
+    packs = [parts.materialize(parts.source.next()) for _ in range(2)]
+    for fmt in ("sdpa", "eager"):
+        direct = Collater(padding_idx=0, max_length=48, attn_implementation=fmt)(packs)
+        converted = MaskConverter(fmt)(parts.collate(packs))
+        assert torch.equal(direct["attention_mask"], converted["attention_mask"]), fmt
+        assert torch.equal(direct["input_ids"], converted["input_ids"])
+    with pytest.raises(ValueError, match="not one of"):
+        MaskConverter("flash_attention_2")
+
+
+def test_shifter_is_the_default_shift_and_replaceable(vlm_corpus: tuple[Path, Any]) -> None:
+    root, processor = vlm_corpus
+    records = open_source(root / "data.jsonl", str(root / "media"))
+    mcfg = MaterializeConfig(pack_size=2048, overflow="truncate")
+    ref = {"epoch": 0, "slot": 0, "pack_index": 0, "padded": False, "sample_ids": [0, 1]}
+    default = Materializer(records, processor, mcfg)(ref)
+    explicit = Materializer(records, processor, mcfg, shift=Shifter())(ref)
+    assert same_item(default, explicit)
+
+    def shift_no_loss(sample: dict[str, Any]) -> dict[str, Any]:
+        out = Shifter()(sample)
+        out["labels"] = torch.full_like(out["labels"], -100)
+        return out
+
+    replaced = Materializer(records, processor, mcfg, shift=shift_no_loss)(ref)
+    assert torch.equal(replaced["input_ids"], default["input_ids"])
+    assert bool((default["labels"] != -100).any())
+    assert bool((replaced["labels"] == -100).all())
 
 
 # ---------------------------------------------------------------- elastic
