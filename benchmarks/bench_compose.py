@@ -9,7 +9,8 @@ Three loaders over the same corpus, processor, plan and worker count:
   node, collate as its own node (in the main process).
 
 Runs alternate ``--repeats`` rounds, the order rotated each round (a kind that always ran first
-or last would carry the machine's drift); the best run of each is kept. ``tokens_per_s`` counts real packed tokens over a whole epoch.
+or last would carry the machine's drift); the best run of each is kept. ``tokens_per_s``
+counts real packed tokens over a whole epoch.
 
     python benchmarks/bench_compose.py            # 240 samples, pack size 4096, 2 workers
     python benchmarks/bench_compose.py --quick    # 24 samples, 1 worker
