@@ -4,6 +4,7 @@ each pack carries to the loader's ledger) lives in ``neatpack.pipes.steps``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -11,11 +12,24 @@ from typing import Any, Literal
 from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
 
 from neatpack.graphs.loader import NeatLoader
-from neatpack.graphs.watchdog import quiet_forked_iterator_gc
+from neatpack.graphs.watchdog import init_worker, quiet_forked_iterator_gc
 from neatpack.pipes.source import PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, StepChain, pack_meta
 
 __all__ = ["GraphParts", "map_stage", "pack_meta"]
+
+
+class InWorker:
+    """``fn`` with the worker set-up first (``init_worker``: die with the parent, one torch
+    thread per worker, keep freed memory), so any step run by ``map_stage`` gets it. Picklable
+    when ``fn`` is."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn, self.owner_pid = fn, os.getpid()
+
+    def __call__(self, item: Any) -> Any:
+        init_worker(self.owner_pid)
+        return self.fn(item)
 
 
 def map_stage(
@@ -41,7 +55,7 @@ def map_stage(
     if num_workers > 0:
         out = ParallelMapper(
             node,
-            fn,
+            InWorker(fn),
             num_workers=num_workers,
             in_order=True,
             method=method,

@@ -68,12 +68,6 @@ def pack_meta(
     }
 
 
-def _init_worker(owner_pid: int) -> None:
-    from neatpack.graphs.watchdog import init_worker
-
-    init_worker(owner_pid)
-
-
 class PackMaterializer:
     """A pack reference -> the materialized pack, with the loader's bookkeeping in ``"meta"``.
 
@@ -91,10 +85,8 @@ class PackMaterializer:
     ) -> None:
         self.materializer = materializer
         self.estimated = None if estimated is None else np.asarray(estimated)
-        self.owner_pid = os.getpid()
 
     def __call__(self, ref: Mapping[str, Any]) -> dict[str, Any]:
-        _init_worker(self.owner_pid)
         pack = dict(self.materializer(ref))
         ids = ref["sample_ids"]
         real = int(sum(pack.get("seq_lens", [])))

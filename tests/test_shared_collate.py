@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing  # registers the tensor reductions ForkingPickler uses
 
+from neatpack.graphs.stages import InWorker
 from neatpack.pipes._tensors import cat_shared
 from neatpack.pipes.collate import neat_packed_vlm_collater
 from neatpack.pipes.materialize import MaterializeConfig, Materializer, materialize_pack
@@ -57,7 +58,7 @@ def test_shared_collate_equals_plain_collate(setup: tuple[JsonlSource, Any, Any]
     assert not plain["pixel_values"].is_shared()
 
 
-def _run_in_child(step: StepChain, refs: list[dict[str, Any]], q: Any) -> None:
+def _run_in_child(step: InWorker, refs: list[dict[str, Any]], q: Any) -> None:
     batch = step(refs)
     q.put((bool(batch["pixel_values"].is_shared()), int(batch["pixel_values"].shape[0])))
 
@@ -69,7 +70,10 @@ def test_batch_step_shares_pixels_only_in_worker_processes(
     cfg = MaterializeConfig(pack_size=4096)
     estimated = torch.zeros(len(src), dtype=torch.long).numpy()
     collate = Collater(attn_implementation="sdpa")
-    step = StepChain(PerPack(PackMaterializer(Materializer(src, proc, cfg), estimated)), collate)
+    # as map_stage runs a step in its workers: the worker set-up (one torch thread) first
+    step = InWorker(
+        StepChain(PerPack(PackMaterializer(Materializer(src, proc, cfg), estimated)), collate)
+    )
     refs = [
         {"epoch": 0, "slot": k, "pack_index": k, "padded": False, "sample_ids": ids}
         for k, ids in enumerate(groups)
