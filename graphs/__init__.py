@@ -1,13 +1,22 @@
 """neatpack.graphs: prebuilt graphs and the checkpointable loader."""
 
 from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph
-from neatpack.graphs.loader import EpochLedger, LoaderStats, NeatLoader, StateMismatchError
-from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
-from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, open_source
+from neatpack.graphs.loader import (
+    BookkeepingError,
+    EpochLedger,
+    LoaderStats,
+    NeatLoader,
+    StateMismatchError,
+)
+from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph, neat_llm_parts
+from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, neat_vlm_parts, open_source
+from neatpack.graphs.stages import GraphParts, map_stage
 from neatpack.graphs.train import model_inputs, packed_loss, step_normalizer
 
 __all__ = [
+    "BookkeepingError",
     "EpochLedger",
+    "GraphParts",
     "GroupedConfig",
     "LoaderStats",
     "NeatLLMConfig",
@@ -15,9 +24,12 @@ __all__ = [
     "NeatVLMConfig",
     "StateMismatchError",
     "grouped_vlm_graph",
+    "map_stage",
     "model_inputs",
     "neat_llm_graph",
+    "neat_llm_parts",
     "neat_vlm_graph",
+    "neat_vlm_parts",
     "open_source",
     "packed_loss",
     "step_normalizer",

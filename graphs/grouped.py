@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,13 +25,14 @@ from torchdata.nodes import BaseNode
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.neat_vlm import open_source
-from neatpack.graphs.stages import map_stage, pack_meta
+from neatpack.graphs.stages import map_stage
 from neatpack.graphs.watchdog import init_worker
 from neatpack.pipes.collate import pad_collate_fn
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.plan import PackPlan
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.steps import StepChain, pack_meta
 from neatpack.pipes.tokenize import tokenize_conversations
 
 __all__ = ["GroupedConfig", "grouped_plan", "grouped_vlm_graph"]
@@ -133,8 +135,12 @@ def grouped_vlm_graph(
     rank: int | None = None,
     world_size: int | None = None,
     lengths: LengthIndex | None = None,
+    batch_transform: Callable[[Any], Any] | None = None,
 ) -> NeatLoader:
-    """This rank's loader of length-grouped, padded batches (no packing)."""
+    """This rank's loader of length-grouped, padded batches (no packing).
+
+    The graph: ``PackSource -> map_stage(StepChain(GroupStep[, batch_transform]))``; the
+    ``batch_transform`` hook runs in the workers on each batch (keep ``batch["packs"]``)."""
     cfg = config or GroupedConfig()
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(data, cfg.media_root)
@@ -157,7 +163,9 @@ def grouped_vlm_graph(
     pack_source = PackSource(
         plan_for, rank=rank, world_size=world_size, batch_size=1, tail=cfg.tail
     )
-    step = GroupStep(source, processor, cfg)
+    step = StepChain(
+        GroupStep(source, processor, cfg), *([batch_transform] if batch_transform else [])
+    )
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
         return map_stage(

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from neatpack.graphs.graph_state import graph_signature, source_state, stateful_nodes
 from neatpack.graphs.watchdog import STOP_TIMEOUT_S, WorkerWatchdog, shutdown_at_exit, stop_graph
 from neatpack.pipes.source import (
     PackRef,
@@ -52,6 +53,7 @@ from neatpack.pipes.source import (
 )
 
 __all__ = [
+    "BookkeepingError",
     "EpochLedger",
     "LoaderStats",
     "NeatLoader",
@@ -61,6 +63,11 @@ __all__ = [
 
 Batch = dict[str, Any]
 ESTIMATE_WINDOW = 65536
+META_KEYS = ("epoch", "slot", "sample_ids", "padded")
+
+
+class BookkeepingError(ValueError):
+    """A batch lacks what the loader counts packs with (``batch["packs"]``)."""
 
 
 @dataclass
@@ -77,6 +84,8 @@ class EpochLedger:
     # left out by the plan: longer than the pack (overlong="drop"); listed on rank 0 only, so
     # the union over ranks names each once
     overlong: list[int] = field(default_factory=list)
+    # in packs that a node of the graph (a user filter) took out between source and trainer
+    filtered: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -109,7 +118,15 @@ class NeatLoader:
     reading from ``source``. Each batch must carry ``batch["packs"]``: one dict per row with
     the pack reference fields (``epoch``, ``slot``, ``sample_ids``, ``padded``) and, when the
     materialize step reports them, ``report`` (dropped / truncated / replaced ids),
-    ``real_tokens`` and ``estimated_tokens``.
+    ``real_tokens`` and ``estimated_tokens`` (``neatpack.pipes.Collater`` does this); a batch
+    without them is a ``BookkeepingError``.
+
+    The state is the trainer's position plus the whole graph's torchdata state at the last
+    batch handed out, so nodes of your own with state (a filter's counters, an augmentation's
+    RNG) resume with it. On another world size, batch size or graph shape (a worker stage
+    inline instead of in workers) only the position carries over: nodes with state of their
+    own are then refused by name, unless their class sets ``ELASTIC = True`` (its state may
+    restart empty). Packs a node drops are counted in the ledger (``filtered``) by id.
     """
 
     VERSION = 1
@@ -152,6 +169,12 @@ class NeatLoader:
         self._position: dict[str, Any] = {"epoch": initial_epoch, "start": 0, "local": 0}
         self._group_size = source.world_size
         self._continue = True  # next iter() continues _position instead of a new epoch
+        # The whole graph's state at the last batch handed out ("finished": the epoch ended)
+        # and the state a load_state_dict asked the next iter() to start from.
+        self._graph: dict[str, Any] | None = None
+        self._filtered_packs = 0  # packs of this epoch that a node dropped on this rank
+        self._resume_graph: dict[str, Any] | None = None
+        self._signature = graph_signature(self.root)
         self._active: weakref.ref[Iterator[Batch]] | None = None  # the running epoch iterator
         # Dropping the loader stops its threads (an iterator that was never advanced has none
         # of the generator's own cleanup); interpreter exit is shutdown_at_exit's job.
@@ -191,12 +214,19 @@ class NeatLoader:
         if not self._continue:
             self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
             self._group_size = self.source.world_size
+            self._filtered_packs = 0
         self._continue = False
         # A previous iterator's threads may still be building a batch from the same nodes:
         # they must be gone before reset() starts new ones on the same source.
         stop_graph(self.root, STOP_TIMEOUT_S)
-        self.source.seek(self._source_state(started=False))
-        self.root.reset()
+        resume, self._resume_graph = self._resume_graph, None
+        if resume is not None:
+            self.root.reset(copy.deepcopy(resume["state"]))
+        if resume is None or resume["finished"]:
+            self.source.seek(self._source_state(started=False))
+            self.root.reset()
+        with self._lock:
+            self._graph = {"state": self.root.state_dict(), "finished": False}
         self._record_tail()
         batches = self._batches()
         self._active = weakref.ref(batches)
@@ -210,12 +240,18 @@ class NeatLoader:
                     batch = next(self.root)
                 except StopIteration:
                     with self._lock:
+                        graph = self.root.state_dict()
+                        self._account_filtered(source_state(graph), set())
+                        self._graph = {"state": graph, "finished": True}
                         self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
                         self._group_size = self.source.world_size
                         self._continue = True
+                        self._filtered_packs = 0
                     return
                 with self._lock:
-                    self._account(batch)
+                    graph = self.root.state_dict()
+                    self._account(batch, source_state(graph))
+                    self._graph = {"state": graph, "finished": False}
                 yield batch
         finally:
             # break, an exception, Ctrl-C, the iterator dropped: tell the graph's threads to
@@ -224,9 +260,12 @@ class NeatLoader:
             self._watchdog.stop()
             stop_graph(self.root, 0.0)
 
-    def _account(self, batch: Batch) -> None:
-        packs = batch.get("packs", [])
-        self._position["local"] += len(packs)
+    def _account(self, batch: Batch, at: dict[str, Any] | None) -> None:
+        packs = _bookkeeping(batch)
+        if at is None:  # the graph state does not say where the source is: count packs
+            self._position["local"] += len(packs)
+        else:
+            self._account_filtered(at, {int(m["slot"]) for m in packs})
         self.stats.batches += 1
         ledger = self._ledger() if self.keep_ledger else None
         for meta in packs:
@@ -253,6 +292,26 @@ class NeatLoader:
             ledger.failed.extend(sorted(failed))
             ledger.replacements.extend(b for _, b in replaced)
             ledger.truncated.extend(int(i) for i in report.get("truncated", []))
+
+    def _account_filtered(self, at: dict[str, Any] | None, delivered: set[int]) -> None:
+        """Move the position to the source's (``at``); the slots it yielded since the last
+        batch that no batch carries were dropped by a node: their ids go to ``filtered``."""
+        if at is None or int(at[PackSource.EPOCH_KEY]) != self.epoch:
+            return
+        start, before = int(self._position["start"]), int(self._position["local"])
+        after = int(at[PackSource.LOCAL_KEY])
+        self._position["local"] = max(before, after)
+        if not self.keep_ledger or after <= before:
+            return
+        plan = self.source.plan_for(self._group_size)
+        order = self.source.order
+        ledger = self._ledger()
+        for local in range(before, after):
+            slot = start + local * self.source.world_size + self.source.rank
+            if slot in delivered or slot >= len(order):  # handed out, or a padding repeat
+                continue
+            self._filtered_packs += 1
+            ledger.filtered.extend(int(i) for i in plan.pack(int(order[slot])))
 
     def _ledger(self) -> EpochLedger:
         """This epoch's ledger; opening a new one forgets all but the last ``ledger_epochs``."""
@@ -286,17 +345,26 @@ class NeatLoader:
         return self.source.state_at(point, started=started)
 
     def state_dict(self) -> dict[str, Any]:
-        """A small versioned dict of plain ints and strings (safe for ``weights_only`` loads)."""
+        """A small versioned dict of plain values (safe for ``weights_only`` loads): the
+        position (``source``) and the graph's state at the last batch (``graph``)."""
         with self._lock:
-            state = {
+            graph = self._resume_graph or self._graph
+            out = {
                 "neatpack_loader_version": self.VERSION,
                 "config_fingerprint": self.config_fingerprint,
                 "config": copy.deepcopy({k: _plain(v) for k, v in self.config.items()}),
                 "source": self._source_state(started=True),
             }
             if self.data is not None:
-                state["data"] = dict(self.data)
-            return state
+                out["data"] = dict(self.data)
+            if graph is not None:
+                out["graph"] = {
+                    "state": copy.deepcopy(graph["state"]),
+                    "finished": bool(graph["finished"]),
+                    "signature": list(self._signature),
+                    "filtered_packs": int(self._filtered_packs),
+                }
+            return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next ``iter()``; refuse other data, config or rank."""
@@ -318,10 +386,54 @@ class NeatLoader:
         # The source checks version, plan and rank now (not at the next iter()) and resolves
         # an elastic resume to the global cursor.
         point = self.source.resume_point(state["source"])
+        graph = self._graph_to_resume(state)
         with self._lock:
             self._position = {"epoch": point.epoch, "start": point.start, "local": point.local}
             self._group_size = point.group_size
             self._continue = True
+            self._resume_graph = graph
+            self._filtered_packs = (
+                0 if graph is None else int(state["graph"].get("filtered_packs", 0))
+            )
+
+    def _graph_to_resume(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The saved graph state when this graph can take it; else None (the position alone),
+        refused when a node with state of its own would silently restart empty."""
+        saved = state["source"]
+        graph = state.get("graph")
+        same_layout = (
+            int(saved[PackSource.WORLD_SIZE_KEY]) == self.source.world_size
+            and int(saved.get(PackSource.BATCH_SIZE_KEY, self.source.batch_size))
+            == self.source.batch_size
+        )
+        if graph is not None and same_layout and graph.get("signature") == self._signature:
+            return {"state": graph["state"], "finished": bool(graph["finished"])}
+        if graph is None:
+            return None
+        holders = stateful_nodes(self.root)
+        if holders:
+            why = (
+                f"world size {saved[PackSource.WORLD_SIZE_KEY]} -> {self.source.world_size}"
+                if not same_layout
+                else f"graph shape {graph.get('signature')} -> {self._signature}"
+            )
+            names = ", ".join(f"{type(n).__qualname__} at {path}" for path, n in holders)
+            raise StateMismatchError(
+                f"cannot resume this graph on another layout ({why}): node(s) {names} hold "
+                "state of their own, saved for the old layout, that would restart empty. "
+                "Resume on the saved world size / batch size / worker setting, or set "
+                "ELASTIC = True on the node's class if its state may restart on a new layout"
+            )
+        dropped = int(graph.get("filtered_packs", 0))
+        if not same_layout and dropped and not graph["finished"]:
+            raise StateMismatchError(
+                f"cannot resume on {self.source.world_size} ranks from this state: a node of the "
+                f"graph dropped {dropped} pack(s) on rank {saved[PackSource.RANK_KEY]} in epoch "
+                f"{saved[PackSource.EPOCH_KEY]}, so the ranks stand at different positions and "
+                "the rest of the epoch cannot be re-strided. Resume on the saved world size "
+                f"({saved[PackSource.WORLD_SIZE_KEY]}), or from a state taken at an epoch end"
+            )
+        return None
 
 
 def describe_data(source: Any) -> dict[str, str]:
@@ -388,6 +500,31 @@ _INT_KEYS = (
     PackSource.GROUP_SIZE_KEY,
     PackSource.BATCH_SIZE_KEY,
 )
+
+
+def _bookkeeping(batch: Any) -> list[dict[str, Any]]:
+    """``batch["packs"]``, checked: without it the loader cannot advance its cursor or ledger."""
+    how = (
+        "Collate with neatpack.pipes.Collater (it moves each pack's 'meta', made by "
+        "PackMaterializer, into batch['packs']), or in your own collate set "
+        "batch['packs'] = [pack.pop('meta') for pack in packs] (pack_meta(ref, ...) builds one)"
+    )
+    if not isinstance(batch, dict) or "packs" not in batch:
+        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise BookkeepingError(
+            f"a batch without 'packs' reached NeatLoader (keys {keys}): the loader reads each "
+            f"row's pack bookkeeping there ({', '.join(META_KEYS)}) to advance its checkpoint "
+            f"and ledger. {how}"
+        )
+    packs = batch["packs"]
+    for i, meta in enumerate(packs):
+        missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
+        if missing:
+            raise BookkeepingError(
+                f"batch['packs'][{i}] lacks {missing} (has "
+                f"{sorted(meta) if isinstance(meta, dict) else type(meta).__name__}). {how}"
+            )
+    return list(packs)
 
 
 def _check_state(state: Any) -> None:

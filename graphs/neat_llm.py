@@ -17,28 +17,33 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torchdata.nodes import BaseNode, Batcher
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
-from neatpack.graphs.neat_vlm import BatchStep
-from neatpack.graphs.stages import map_stage, pack_meta
-from neatpack.graphs.watchdog import init_worker
-from neatpack.pipes.context_parallel import ContextParallelShard, cp_padded_lengths
+from neatpack.graphs.stages import GraphParts
+from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.leak_probe import packing_boundaries
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.read import JsonlSource
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
 
-__all__ = ["NeatLLMConfig", "TokenSource", "neat_llm_graph", "token_lengths"]
+__all__ = [
+    "NeatLLMConfig",
+    "TokenPacker",
+    "TokenSource",
+    "neat_llm_graph",
+    "neat_llm_parts",
+    "token_lengths",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,33 +149,32 @@ def token_lengths(source: TokenSource) -> np.ndarray:
     )
 
 
-class LLMPackStep:
-    """Map function: a pack reference -> a packed text sample (picklable)."""
+class TokenPacker:
+    """A pack reference -> the packed text sample of its ids (picklable; the materialize step of
+    the text graph, wrapped in ``PackMaterializer`` for the loader's bookkeeping). ``alignment``
+    pads each document to a multiple (``2 * cp_size`` for context parallelism)."""
 
     def __init__(self, source: TokenSource, padding_idx: int, alignment: int = 1) -> None:
         self.source, self.padding_idx, self.alignment = source, padding_idx, alignment
-        self.owner_pid = os.getpid()
 
     def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
-        init_worker(self.owner_pid)
         samples = [self.source[i] for i in ref["sample_ids"]]
-        pack = dict(build_pack(samples, padding_idx=self.padding_idx, alignment=self.alignment))
-        real = int(sum(pack["seq_lens"]))
-        pack["meta"] = pack_meta(ref, real_tokens=real, estimated_tokens=real)
-        return pack
+        return dict(build_pack(samples, padding_idx=self.padding_idx, alignment=self.alignment))
 
 
-def neat_llm_graph(
+def neat_llm_parts(
     data: Any,
     *,
     config: NeatLLMConfig | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     lengths: np.ndarray | None = None,
+    pack_transform: Callable[[Any], Any] | None = None,
+    batch_transform: Callable[[Any], Any] | None = None,
     model: Any = None,
     cp_rank: int | None = None,
-) -> NeatLoader:
-    """Build this rank's checkpointable loader of packed text batches.
+) -> GraphParts:
+    """The pieces of ``neat_llm_graph`` (same arguments) to compose a graph of your own.
 
     ``model`` (a model or its transformers config) turns on ``seq_idx`` / ``cu_seq_lens`` for
     hybrid models, and a hybrid model is probed first: packing it when its layers leak across
@@ -202,28 +206,23 @@ def neat_llm_graph(
     pack_source = PackSource(
         plan_for, rank=rank, world_size=world_size, batch_size=cfg.batch_size, tail=cfg.tail
     )
-    step = LLMPackStep(source, cfg.padding_idx, 2 * cfg.cp_size if cfg.cp_size > 1 else 1)
-
-    batch_step: Any = BatchStep(
-        step,
+    alignment = 2 * cfg.cp_size if cfg.cp_size > 1 else 1
+    materialize = PackMaterializer(TokenPacker(source, cfg.padding_idx, alignment))
+    collate = Collater(
         padding_idx=cfg.padding_idx,
         max_length=cfg.pack_size,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
         boundaries=boundaries,
     )
+    steps: list[Callable[[Any], Any]] = [PerPack(materialize)]
+    if pack_transform is not None:
+        steps.append(PerPack(pack_transform))
+    steps.append(collate)
+    if batch_transform is not None:
+        steps.append(batch_transform)
     if cp_rank is not None:
-        batch_step = ContextParallelShard(batch_step, cfg.cp_size, cp_rank)
-
-    def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        return map_stage(
-            Batcher(src, cfg.batch_size, drop_last=False),
-            batch_step,
-            num_workers=cfg.num_workers,
-            multiprocessing_context=cfg.multiprocessing_context,
-            prefetch=cfg.prefetch,
-        )
-
+        steps.append(ContextParallelSplitter(cfg.cp_size, cp_rank))
     plan_key = {
         k: v
         for k, v in asdict(cfg).items()
@@ -242,11 +241,17 @@ def neat_llm_graph(
     if cfg.cp_size > 1:  # only when set: older checkpoints keep their key
         plan_key["cp_size"] = cfg.cp_size
     fingerprint = hashlib.sha256(np.ascontiguousarray(total, dtype="<i8").tobytes()).hexdigest()
-    return NeatLoader(
-        pack_source,
-        build,
+    return GraphParts(
+        source=pack_source,
+        materialize=materialize,
+        collate=collate,
+        steps=tuple(steps),
+        batch_size=cfg.batch_size,
         pack_size=cfg.pack_size,
         config={"graph": "neat_llm", "lengths": fingerprint[:16], **plan_key},
+        num_workers=cfg.num_workers,
+        multiprocessing_context=cfg.multiprocessing_context,
+        prefetch=cfg.prefetch,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
         # tokenized samples have no content hash: their lengths stand for the data
@@ -255,3 +260,30 @@ def neat_llm_graph(
             "fingerprint": fingerprint,
         },
     )
+
+
+def neat_llm_graph(
+    data: Any,
+    *,
+    config: NeatLLMConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    lengths: np.ndarray | None = None,
+    pack_transform: Callable[[Any], Any] | None = None,
+    batch_transform: Callable[[Any], Any] | None = None,
+    model: Any = None,
+    cp_rank: int | None = None,
+) -> NeatLoader:
+    """Build this rank's checkpointable loader of packed text batches (hooks: per-pack and
+    per-batch steps, run in the workers; ``model`` / ``cp_rank``: see ``neat_llm_parts``)."""
+    return neat_llm_parts(
+        data,
+        config=config,
+        rank=rank,
+        world_size=world_size,
+        lengths=lengths,
+        pack_transform=pack_transform,
+        batch_transform=batch_transform,
+        model=model,
+        cp_rank=cp_rank,
+    ).loader()

@@ -27,36 +27,32 @@ config against the family before anything is built).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from torchdata.nodes import BaseNode, Batcher
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.loader import NeatLoader, describe_data
-from neatpack.graphs.stages import map_stage, pack_meta
-from neatpack.graphs.watchdog import init_worker
-from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.collate_family import neat_packed_family_collater
+from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
 from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
-from neatpack.pipes.pp_media import prepare_vlm_media_for_pp
 from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.steps import Collater, PackMaterializer, PerPack, PPMediaSplitter
 
 __all__ = [
     "ESTIMATE_MODES",
-    "BatchStep",
     "NeatVLMConfig",
     "PackStep",
     "neat_vlm_graph",
+    "neat_vlm_parts",
     "open_source",
 ]
 
@@ -192,80 +188,10 @@ def open_source(data: Any, media_root: str | None = None) -> RecordSource:
     )
 
 
-class PackStep:
-    """Map function run in the workers: a pack reference -> a materialized pack.
-
-    Adds the loader's bookkeeping (slot, epoch, estimated tokens) to the pack. Picklable.
-    """
-
-    def __init__(self, materializer: Materializer, estimated: np.ndarray) -> None:
-        self.materializer, self.estimated = materializer, estimated
-        self.owner_pid = os.getpid()
-
-    def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
-        init_worker(self.owner_pid)
-        pack = self.materializer(ref)
-        ids = ref["sample_ids"]
-        pack["meta"] = pack_meta(
-            ref,
-            real_tokens=int(sum(pack.get("seq_lens", []))),
-            estimated_tokens=int(self.estimated[ids].sum()) if len(ids) else 0,
-            report=pack.pop("report", None),
-        )
-        return dict(pack)
+PackStep = PackMaterializer  # the earlier name of the materialize step
 
 
-class BatchStep:
-    """Map function run in the workers: a list of pack references -> one collated batch.
-
-    Materializing *and* collating in the worker (as torch's DataLoader collates in its
-    workers) keeps the main process free: a 4D mask of a 16k-token row is 256 MiB to build.
-    The packs' bookkeeping goes under ``batch["packs"]``. Picklable.
-    """
-
-    def __init__(
-        self,
-        pack_step: Any,
-        *,
-        pp_microbatches: int | None = None,
-        handler: str | None = None,
-        **collate_kwargs: Any,
-    ) -> None:
-        self.pack_step, self.collate_kwargs = pack_step, collate_kwargs
-        self.pp_microbatches = pp_microbatches
-        self.handler = handler  # None: the Qwen-VL collater; else collate_family's
-        self.owner_pid = os.getpid()
-
-    def __call__(self, refs: list[dict[str, Any]]) -> dict[str, Any]:
-        packs = [self.pack_step(ref) for ref in refs]
-        metas = [p.pop("meta") for p in packs]
-        for p in packs:
-            mask = p["attention_mask"]
-            if mask.numel() and not bool(mask.any()):
-                # Every sample of this pack was skipped or dropped (counted in the ledger).
-                # The collater refuses an all-padding row, and the step must still happen on
-                # every rank: make the first pad token a one-token document with no labels.
-                p["attention_mask"] = mask.clone()
-                p["attention_mask"][0] = 1
-        # In a worker process the pixels are concatenated straight into shared memory: the
-        # batch then reaches the trainer without a second copy of its largest tensor.
-        shared = os.getpid() != self.owner_pid
-        if self.handler is None:
-            batch = dict(
-                neat_packed_vlm_collater(packs, shared_memory=shared, **self.collate_kwargs)
-            )
-        else:
-            batch = neat_packed_family_collater(
-                packs, self.handler, shared_memory=shared, **self.collate_kwargs
-            )
-        batch["packs"] = metas
-        if self.pp_microbatches:
-            # Media split per pipeline micro-batch, on tensor_split boundaries like the text.
-            batch = dict(prepare_vlm_media_for_pp(batch, len(packs), self.pp_microbatches))
-        return batch
-
-
-def neat_vlm_graph(
+def neat_vlm_parts(
     data: Any,
     processor: Any,
     *,
@@ -273,13 +199,19 @@ def neat_vlm_graph(
     rank: int | None = None,
     world_size: int | None = None,
     lengths: LengthIndex | None = None,
+    sample_transform: Callable[[Any], Any] | None = None,
+    pack_transform: Callable[[Any], Any] | None = None,
+    batch_transform: Callable[[Any], Any] | None = None,
     model: Any = None,
     cp_rank: int | None = None,
-) -> NeatLoader:
-    """Build this rank's checkpointable loader of packed VLM batches.
+) -> GraphParts:
+    """The pieces of ``neat_vlm_graph`` (same arguments) to compose a graph of your own.
 
-    ``rank`` / ``world_size`` default to ``torch.distributed`` when it is initialized, else
-    0 / 1. ``lengths`` skips building the length index (it is cached under ``cache_dir``).
+    ``parts.loader()`` is ``neat_vlm_graph``; ``parts.loader(build)`` runs your graph over
+    ``parts.source`` with the same checkpoint key. The hooks are step functions (picklable for
+    spawn workers): ``sample_transform`` maps each tokenized, unshifted sample,
+    ``pack_transform`` each materialized pack (keep ``pack["meta"]``), ``batch_transform``
+    each collated batch (keep ``batch["packs"]``); all run in the workers.
     ``model`` (a model or its config) turns on boundaries for hybrid models and refuses to pack
     a model whose layers leak across documents (``pipes/leak_probe.py``; docs/long_context.md).
     ``cfg.cp_size > 1`` plans and packs documents padded to a multiple of ``2 * cp_size``;
@@ -318,7 +250,7 @@ def neat_vlm_graph(
     if estimator is not None and index.fallback_ids.size:
         source = _EstimateChecked(source, estimator, index.fallback_ids.tolist())
 
-    from neatpack.pipes.context_parallel import ContextParallelShard, cp_padded_lengths
+    from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
 
     planned = index.total if cfg.cp_size == 1 else cp_padded_lengths(index.total, cfg.cp_size)
 
@@ -352,42 +284,87 @@ def neat_vlm_graph(
             alignment=1 if cfg.cp_size == 1 else 2 * cfg.cp_size,
             **({} if family is None else family.materialize_options),
         ),
+        sample_transform=sample_transform,
     )
-    step = PackStep(materializer, np.asarray(index.total))
-
-    batch_step: Any = BatchStep(
-        step,
-        pp_microbatches=cfg.pp_microbatches,
+    materialize = PackMaterializer(materializer, np.asarray(index.total))
+    collate = Collater(
+        handler=None if family is None else family.collate_options.get("handler"),
         padding_idx=padding_idx,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
-        **({} if family is None else family.collate_options),
         boundaries=boundaries,
+        **(
+            {}
+            if family is None
+            else {k: v for k, v in family.collate_options.items() if k != "handler"}
+        ),
     )
+    steps: list[Callable[[Any], Any]] = [PerPack(materialize)]
+    if pack_transform is not None:
+        steps.append(PerPack(pack_transform))
+    steps.append(collate)
+    if batch_transform is not None:
+        steps.append(batch_transform)
+    if cfg.pp_microbatches:
+        steps.append(PPMediaSplitter(cfg.pp_microbatches))
     if cp_rank is not None:
-        batch_step = ContextParallelShard(batch_step, cfg.cp_size, cp_rank)
-
-    def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        node: BaseNode[Any] = map_stage(
-            Batcher(src, cfg.batch_size, drop_last=False),
-            batch_step,
-            num_workers=cfg.num_workers,
-            method=cfg.worker_method,
-            multiprocessing_context=cfg.multiprocessing_context,
-            prefetch=cfg.prefetch,
-        )
-        return node
-
-    config_key = {"graph": "neat_vlm", "lengths": index.fingerprint, **cfg.plan_key()}
-    return NeatLoader(
-        pack_source,
-        build,
+        steps.append(ContextParallelSplitter(cfg.cp_size, cp_rank))
+    return GraphParts(
+        source=pack_source,
+        materialize=materialize,
+        collate=collate,
+        steps=tuple(steps),
+        batch_size=cfg.batch_size,
         pack_size=cfg.pack_size,
-        config=config_key,
+        config={"graph": "neat_vlm", "lengths": index.fingerprint, **cfg.plan_key()},
+        num_workers=cfg.num_workers,
+        method=cfg.worker_method,
+        multiprocessing_context=cfg.multiprocessing_context,
+        prefetch=cfg.prefetch,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
         data=describe_data(source),
     )
+
+
+def neat_vlm_graph(
+    data: Any,
+    processor: Any,
+    *,
+    config: NeatVLMConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    lengths: LengthIndex | None = None,
+    sample_transform: Callable[[Any], Any] | None = None,
+    pack_transform: Callable[[Any], Any] | None = None,
+    batch_transform: Callable[[Any], Any] | None = None,
+    model: Any = None,
+    cp_rank: int | None = None,
+) -> NeatLoader:
+    """Build this rank's checkpointable loader of packed VLM batches.
+
+    ``rank`` / ``world_size`` default to ``torch.distributed`` when it is initialized, else
+    0 / 1. ``lengths`` skips building the length index (it is cached under ``cache_dir``).
+    The three hooks are per-sample, per-pack and per-batch steps; ``model`` and ``cp_rank``
+    are for hybrid models and context parallelism (see ``neat_vlm_parts``).
+
+    The graph: ``PackSource -> Batcher(batch_size) -> map_stage(StepChain(PerPack(
+    PackMaterializer), Collater[, PPMediaSplitter][, ContextParallelSplitter]), num_workers)
+    -> Prefetcher``.
+    """
+    return neat_vlm_parts(
+        data,
+        processor,
+        config=config,
+        rank=rank,
+        world_size=world_size,
+        lengths=lengths,
+        sample_transform=sample_transform,
+        pack_transform=pack_transform,
+        batch_transform=batch_transform,
+        model=model,
+        cp_rank=cp_rank,
+    ).loader()
 
 
 class _EstimateChecked:

@@ -1,16 +1,35 @@
-"""Pieces every prebuilt graph shares: the map stage (inline or worker processes) and the
-bookkeeping each pack carries to the loader's ledger."""
+"""The worker stage every graph uses: a step (usually a ``StepChain``) over a node, inline or in
+worker processes, in order, with an optional prefetch buffer. ``pack_meta`` (the bookkeeping
+each pack carries to the loader's ledger) lives in ``neatpack.pipes.steps``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchdata.nodes import BaseNode, Mapper, ParallelMapper, Prefetcher
+from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
 
-from neatpack.graphs.watchdog import quiet_forked_iterator_gc
+from neatpack.graphs.loader import NeatLoader
+from neatpack.graphs.watchdog import init_worker, quiet_forked_iterator_gc
+from neatpack.pipes.source import PackSource
+from neatpack.pipes.steps import Collater, PackMaterializer, StepChain, pack_meta
 
-__all__ = ["map_stage", "pack_meta"]
+__all__ = ["GraphParts", "map_stage", "pack_meta"]
+
+
+class InWorker:
+    """``fn`` with the worker set-up first (``init_worker``: die with the parent, one torch
+    thread per worker, keep freed memory), so any step run by ``map_stage`` gets it. Picklable
+    when ``fn`` is."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn, self.owner_pid = fn, os.getpid()
+
+    def __call__(self, item: Any) -> Any:
+        init_worker(self.owner_pid)
+        return self.fn(item)
 
 
 def map_stage(
@@ -24,14 +43,19 @@ def map_stage(
 ) -> BaseNode[Any]:
     """``fn`` over ``node``: inline when ``num_workers == 0``, else in worker processes (or
     threads), always in order (out-of-order delivery loses items on resume in torchdata 0.11),
-    then an optional prefetch buffer."""
+    then an optional prefetch buffer.
+
+    The result is plain torchdata (``Mapper`` / ``ParallelMapper``, ``Prefetcher``), so its state
+    is theirs: the snapshot of ``node``'s state at the last item handed on. ``fn`` must be
+    picklable with ``method="process"`` and a spawn/forkserver context (fork needs no pickling).
+    """
     out: BaseNode[Any]
     if num_workers > 0 and method == "process":
         quiet_forked_iterator_gc()
     if num_workers > 0:
         out = ParallelMapper(
             node,
-            fn,
+            InWorker(fn),
             num_workers=num_workers,
             in_order=True,
             method=method,
@@ -42,21 +66,51 @@ def map_stage(
     return Prefetcher(out, prefetch) if prefetch else out
 
 
-def pack_meta(
-    ref: dict[str, Any],
-    *,
-    real_tokens: int,
-    estimated_tokens: int | None = None,
-    report: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """What the loader's ledger and stats read of one pack (no tensors)."""
-    return {
-        "epoch": ref["epoch"],
-        "slot": ref["slot"],
-        "pack_index": ref["pack_index"],
-        "padded": ref["padded"],
-        "sample_ids": list(ref["sample_ids"]),
-        "real_tokens": int(real_tokens),
-        "estimated_tokens": estimated_tokens,
-        "report": report,
-    }
+@dataclass(frozen=True, kw_only=True)
+class GraphParts:
+    """The pieces of a prebuilt graph, to compose your own graph from (README "Compose your
+    own graph"): this rank's ``PackSource``, the worker steps, and what ``NeatLoader`` needs.
+
+    ``steps`` is the prebuilt worker chain in order (``PerPack(PackMaterializer)``, the
+    user's hooks, ``Collater``, ``PPMediaSplitter``); ``build`` is the prebuilt graph over a
+    source; ``loader(build)`` wraps any graph of yours in a ``NeatLoader`` with the same
+    checkpoint key, so it resumes (and refuses foreign states) like the prebuilt one.
+    """
+
+    source: PackSource
+    materialize: PackMaterializer
+    collate: Collater
+    steps: tuple[Callable[[Any], Any], ...]
+    batch_size: int
+    pack_size: int
+    config: dict[str, Any]
+    num_workers: int = 0
+    method: Literal["process", "thread"] = "process"
+    multiprocessing_context: str | None = "fork"
+    prefetch: int = 0
+    keep_ledger: bool = True
+    ledger_epochs: int | None = None
+    data: dict[str, str] | None = None  # the data's name and fingerprint (resume messages)
+
+    def build(self, src: BaseNode[Any]) -> BaseNode[Any]:
+        """The prebuilt graph: ``Batcher(src) -> map_stage(StepChain(*steps))``."""
+        return map_stage(
+            Batcher(src, self.batch_size, drop_last=False),
+            StepChain(*self.steps),
+            num_workers=self.num_workers,
+            method=self.method,
+            multiprocessing_context=self.multiprocessing_context,
+            prefetch=self.prefetch,
+        )
+
+    def loader(self, build: Callable[[BaseNode[Any]], BaseNode[Any]] | None = None) -> NeatLoader:
+        """A ``NeatLoader`` over ``build(source)`` (default: the prebuilt graph)."""
+        return NeatLoader(
+            self.source,
+            build or self.build,
+            pack_size=self.pack_size,
+            config=self.config,
+            keep_ledger=self.keep_ledger,
+            ledger_epochs=self.ledger_epochs,
+            data=self.data,
+        )

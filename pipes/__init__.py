@@ -28,6 +28,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "exact_lengths": ("exact_samples", "templated_text_tokens_batch"),
     "overlong": ("OverlongError", "OverlongSummary", "overlong_summary", "summarize_overlong"),
     "length_source": ("LengthSource",),
+    "record_reader": ("RecordReader",),
     "binpack": ("best_fit_decreasing", "greedy_knapsack", "lower_bound", "overlong_ids"),
     "plan": ("PackPlan", "greedy_knapsack_vt_balanced", "plan_packs"),
     "sampler": ("LengthGroupedSampler",),
@@ -76,6 +77,16 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "pp_family_media": ("prepare_family_media_for_pp", "wrap_family_collate_for_pp"),
     "testing": ("assert_exactly_once", "assert_resumable"),
+    "steps": (
+        "Collater",
+        "MaskConverter",
+        "PPMediaSplitter",
+        "PackMaterializer",
+        "PerPack",
+        "Shifter",
+        "StepChain",
+        "pack_meta",
+    ),
     "registry": (
         "Handler",
         "get_handler",
@@ -114,6 +125,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "tiny_hybrid_models": ("TINY_HYBRID_FAMILIES", "tiny_hybrid_model"),
     "context_parallel": (
         "ContextParallelShard",
+        "ContextParallelSplitter",
         "attention_work_per_rank",
         "context_parallel_shards",
         "cp_padded_lengths",

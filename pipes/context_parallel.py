@@ -54,6 +54,7 @@ from . import mask as M
 
 __all__ = [
     "ContextParallelShard",
+    "ContextParallelSplitter",
     "attention_work_per_rank",
     "context_parallel_shards",
     "cp_padded_lengths",
@@ -239,6 +240,19 @@ def attention_work_per_rank(doc_ids: Tensor, cp_size: int) -> list[int]:
             for r in range(cp_size):
                 work[r] += sum(k * c * c + c * (c + 1) // 2 for k in (r, unit - 1 - r))
     return work
+
+
+class ContextParallelSplitter:
+    """Step: a collated packed batch -> ``cp_rank``'s shard of it (the last step of a worker
+    ``StepChain``; picklable, so it runs in the workers). ``shard_for_context_parallel`` as a
+    step object."""
+
+    def __init__(self, cp_size: int, cp_rank: int) -> None:
+        _check_cp(cp_size, cp_rank)
+        self.cp_size, self.cp_rank = cp_size, cp_rank
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        return shard_for_context_parallel(batch, self.cp_size, self.cp_rank)
 
 
 class ContextParallelShard:

@@ -216,8 +216,13 @@ def materialize_pack(
     config: MaterializeConfig,
     *,
     epoch: int = 0,
+    sample_transform: Callable[[Pack], Pack] | None = None,
+    shift: Callable[[Pack], Pack] | None = None,
 ) -> tuple[Pack, MaterializeReport]:
-    """Build the pack of `sample_ids` (in plan order). See the module docstring."""
+    """Build the pack of `sample_ids` (in plan order). See the module docstring.
+
+    ``sample_transform`` (a user hook) maps each tokenized, unshifted sample before its
+    positions and the shift; a sample it makes longer meets the overflow policy."""
     positions, merge = _positions_fn(processor, config)
     per_sample_media = config.handler not in (None, "qwen_vl")
     planned = [int(i) for i in sample_ids]
@@ -240,6 +245,8 @@ def materialize_pack(
                 if cur != sid]  # fmt: skip
     samples: list[Pack] = []
     for _, s in loaded.items:
+        if sample_transform is not None:
+            s = sample_transform(s)
         if positions is not None:
             s["position_ids"] = positions(s)
         samples.append(s)
@@ -279,7 +286,7 @@ def materialize_pack(
     pack = build_pack(
         [split_media(s)[0] for s in samples] if per_sample_media else samples,
         padding_idx=config.padding_idx, alignment=config.alignment,
-        pack_size=config.pack_size, mrope=positions is not None,
+        pack_size=config.pack_size, mrope=positions is not None, shift=shift,
     )  # fmt: skip
     if per_sample_media:  # the collater merges them over the batch (collate_family.py)
         pack["media_samples"] = [split_media(s)[1] for s in samples]
@@ -303,16 +310,27 @@ class Materializer:
     "sample_ids"}`. The pack carries those (planned ids as `planned_sample_ids`) plus
     `report` (`MaterializeReport.as_dict()`). Picklable when its source and processor are."""
 
-    def __init__(self, source: Any, processor: Any, config: MaterializeConfig) -> None:
+    def __init__(
+        self,
+        source: Any,
+        processor: Any,
+        config: MaterializeConfig,
+        *,
+        sample_transform: Callable[[Pack], Pack] | None = None,
+        shift: Callable[[Pack], Pack] | None = None,
+    ) -> None:
         self.source = source
         self.processor = processor
         self.config = config
+        self.sample_transform = sample_transform
+        self.shift = shift  # None: shift_sample (see neatpack.pipes.Shifter)
 
     def __call__(self, pack_ref: Mapping[str, Any]) -> Pack:
         epoch = int(pack_ref.get("epoch", 0))
         pack, report = materialize_pack(
-            self.source, pack_ref["sample_ids"], self.processor, self.config, epoch=epoch
-        )
+            self.source, pack_ref["sample_ids"], self.processor, self.config, epoch=epoch,
+            sample_transform=self.sample_transform, shift=self.shift,
+        )  # fmt: skip
         pack["pack_index"] = int(pack_ref.get("pack_index", -1))
         pack["epoch"] = epoch
         pack["planned_sample_ids"] = [int(i) for i in pack_ref["sample_ids"]]

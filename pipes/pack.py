@@ -250,8 +250,12 @@ def build_pack(
     alignment: int = 1,
     pack_size: int | None = None,
     mrope: MRopeSpec = False,
+    shift: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Pack:
     """Shift each UNSHIFTED sample (docs/data_contracts.md section 4) and concatenate them.
+
+    `shift`: the per-sample shift step (default `shift_sample`; `neatpack.pipes.Shifter` or
+    a replacement that returns the sample one token shorter, labels[t] scoring token t+1).
 
     `mrope`: False for 1-D positions; True to use each sample's own `[3, L]` `position_ids`;
     an `MRopeConfig` or a `get_rope_index` callable to compute them (before the shift).
@@ -264,7 +268,7 @@ def build_pack(
             s = dict(s, mm_token_type_ids=mrope.token_types(_flat(s["input_ids"])))
         if mrope is not False:
             s = dict(s, position_ids=sample_mrope(s, mrope))
-        shifted.append(shift_sample(s))
+        shifted.append(shift_sample(s) if shift is None else shift(s))
     return concat_shifted(
         shifted,
         padding_idx=padding_idx,

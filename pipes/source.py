@@ -149,6 +149,11 @@ class PackSource(BaseNode[PackRef]):
             self._plans[group_size] = self._plan_for(group_size)
         return self._plans[group_size]
 
+    @property
+    def order(self) -> np.ndarray:
+        """This epoch's pack indices by slot (as of the last ``reset``)."""
+        return self._order
+
     def seek(self, state: dict[str, Any]) -> None:
         """Start the next ``reset(None)`` from ``state`` (used by the loader to resume)."""
         self._pending = dict(state)

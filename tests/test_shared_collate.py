@@ -13,11 +13,12 @@ import pytest
 import torch
 import torch.multiprocessing  # registers the tensor reductions ForkingPickler uses
 
-from neatpack.graphs.neat_vlm import BatchStep, PackStep
+from neatpack.graphs.stages import InWorker
 from neatpack.pipes._tensors import cat_shared
 from neatpack.pipes.collate import neat_packed_vlm_collater
 from neatpack.pipes.materialize import MaterializeConfig, Materializer, materialize_pack
 from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.steps import Collater, PackMaterializer, PerPack, StepChain
 from neatpack.pipes.synth import write_corpus
 from neatpack.pipes.tiny import load_tiny_processor
 
@@ -57,7 +58,7 @@ def test_shared_collate_equals_plain_collate(setup: tuple[JsonlSource, Any, Any]
     assert not plain["pixel_values"].is_shared()
 
 
-def _run_in_child(step: BatchStep, refs: list[dict[str, Any]], q: Any) -> None:
+def _run_in_child(step: InWorker, refs: list[dict[str, Any]], q: Any) -> None:
     batch = step(refs)
     q.put((bool(batch["pixel_values"].is_shared()), int(batch["pixel_values"].shape[0])))
 
@@ -68,7 +69,11 @@ def test_batch_step_shares_pixels_only_in_worker_processes(
     src, proc, groups = setup
     cfg = MaterializeConfig(pack_size=4096)
     estimated = torch.zeros(len(src), dtype=torch.long).numpy()
-    step = BatchStep(PackStep(Materializer(src, proc, cfg), estimated), attn_implementation="sdpa")
+    collate = Collater(attn_implementation="sdpa")
+    # as map_stage runs a step in its workers: the worker set-up (one torch thread) first
+    step = InWorker(
+        StepChain(PerPack(PackMaterializer(Materializer(src, proc, cfg), estimated)), collate)
+    )
     refs = [
         {"epoch": 0, "slot": k, "pack_index": k, "padded": False, "sample_ids": ids}
         for k, ids in enumerate(groups)
@@ -82,6 +87,6 @@ def test_batch_step_shares_pixels_only_in_worker_processes(
     shared, rows = q.get(timeout=120)
     p.join(timeout=30)
     assert p.exitcode == 0
-    assert os.getpid() == step.owner_pid
+    assert os.getpid() == collate.owner_pid
     assert shared
     assert rows == inline["pixel_values"].shape[0]
