@@ -69,7 +69,8 @@ def write_records(path: Path, n: int, *, seed: int = 0, long_every: int = 0,
 def plan_png(capsys: pytest.CaptureFixture[str], data: Path, out: Path, pack: int, world: int,
              *extra: str) -> dict[str, Any]:  # fmt: skip
     rc = main(["plan", str(data), "--processor", "qwen2_vl", "--pack-size", str(pack),
-               "--world-size", str(world), "--json", "--png", str(out), *extra])  # fmt: skip
+               "--world-size", str(world), "--json", "--png", str(out),
+               "--estimate-mode", "estimate", *extra])  # fmt: skip
     got, err = capsys.readouterr()
     assert "Traceback" not in err
     assert rc == 0, err

@@ -205,7 +205,8 @@ def test_hand_built_graph_equals_neat_vlm_graph(vlm_corpus: tuple[Path, Any]) ->
 
     # Every piece from the public API, nothing copied from the graph's module.
     records = open_source(data, cfg.media_root)
-    index = build_length_index(records, LengthEstimator.from_processor(processor))
+    estimator = LengthEstimator.from_processor(processor, mode=cfg.estimate_mode)
+    index = build_length_index(records, estimator)
 
     def plan_for(group_size: int) -> Any:
         return plan_packs(
