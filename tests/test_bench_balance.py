@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_balance.py"
+from _bench import run_bench
 
 
 def test_bench_balance_quick() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--epochs", "2"],
-        capture_output=True, text=True, check=True, timeout=240,
-    )  # fmt: skip
-    out = json.loads(proc.stdout)
-    assert set(out) == {"benchmark", "params", "metrics", "env"}
+    out = run_bench("bench_balance.py", "--epochs", "2")
     assert out["benchmark"] == "balance"
     m = out["metrics"]
     for order in ("plan_order", "random_shuffle"):

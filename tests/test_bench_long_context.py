@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_long_context.py"
+from _bench import run_bench
 
 
 def test_bench_long_context_quick() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick"],
-        capture_output=True, text=True, check=True, timeout=280,
-    )  # fmt: skip
-    out = json.loads(proc.stdout)
-    assert set(out) == {"benchmark", "params", "metrics", "env"}
+    out = run_bench("bench_long_context.py", timeout=280)
     m = out["metrics"]
     assert m["probe/qwen2"]["leaks"] is False
     assert m["probe/bamba"]["leaks"] is True

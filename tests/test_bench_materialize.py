@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_materialize.py"
+from _bench import run_bench
 
 
 def test_bench_materialize_quick() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=240,
-    )
-    out = json.loads(proc.stdout)
-    assert set(out) == {"benchmark", "params", "metrics", "env"}
+    out = run_bench("bench_materialize.py")
     assert out["benchmark"] == "materialize"
     tp = out["metrics"]["throughput"]
     assert tp["samples"] == 16

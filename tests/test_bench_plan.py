@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_plan.py"
+from _bench import run_bench
 
 
 def test_bench_plan_quick() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--repeats", "1"],
-        capture_output=True, text=True, check=True, timeout=240,
-    )  # fmt: skip
-    out = json.loads(proc.stdout)
-    assert set(out) == {"benchmark", "params", "metrics", "env"}
+    out = run_bench("bench_plan.py", "--repeats", "1")
     assert out["benchmark"] == "plan"
     assert set(out["metrics"]) == {"lognormal/100000", "uniform/100000", "uniform_full/100000"}
     for row in out["metrics"].values():

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tokenize.py"
+from _bench import run_bench
 
 
 def test_bench_tokenize_quick() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=240,
-    )
-    out = json.loads(proc.stdout)
-    assert set(out) == {"benchmark", "params", "metrics", "env"}
+    out = run_bench("bench_tokenize.py", "--repeats", "1")
     assert out["benchmark"] == "tokenize"
     row = out["metrics"]["qwen2_vl"]
     assert row["samples"] == 24

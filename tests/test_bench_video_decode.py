@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_video_decode.py"
+from _bench import run_bench
 
 
 def test_bench_video_decode_quick() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=240,
-    )
-    out = json.loads(proc.stdout)
-    assert set(out) == {"benchmark", "params", "metrics", "env"}
+    out = run_bench("bench_video_decode.py")
     assert out["benchmark"] == "video_decode"
     if importlib.util.find_spec("av") is None:
         assert "neatpack[video]" in out["metrics"]["error"]
