@@ -7,7 +7,7 @@
 What it changes in ``Trainer``, and why:
 
 * ``get_train_dataloader`` returns the loader itself (wrapped in
-  :class:`~neatpack.graphs.train.TrainerBatches`): no sampler, no re-collation; each batch is
+  :class:`TrainerBatches`): no sampler, no re-collation; each batch is
   ``model_inputs(batch)``, so the labels reach the model's loss with ``shift_labels`` and the
   loss is next-token cross-entropy.
 * ``num_items_in_batch``: the Trainer counts it from ``shift_labels`` (transformers >= 5.x
@@ -24,15 +24,48 @@ What it changes in ``Trainer``, and why:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from neatpack.graphs.train import TrainerBatches
+from neatpack.graphs.train import model_inputs
 
-__all__ = ["NeatLoaderCallback", "NeatTrainer", "load_loader_state", "loader_state_path"]
+__all__ = [
+    "NeatLoaderCallback",
+    "NeatTrainer",
+    "TrainerBatches",
+    "load_loader_state",
+    "loader_state_path",
+]
+
+
+class TrainerBatches:
+    """A neatpack loader as ``transformers.Trainer``'s train dataloader.
+
+    Yields ``model_inputs(batch)`` (labels and ``shift_labels``: the Trainer counts
+    ``num_items_in_batch`` from ``shift_labels`` and hands it to the model's loss), keeps the
+    loader's length, and delegates ``state_dict`` / ``load_state_dict``. See
+    :class:`NeatLoaderCallback` for checkpointing it with the trainer.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.loader:
+            yield model_inputs(batch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.loader.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
 
 
 def loader_state_path(checkpoint_dir: str | os.PathLike[str], rank: int = 0) -> str:

@@ -42,7 +42,7 @@ model attention        batch["attention_mask"] / extra kwargs     note
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -177,29 +177,3 @@ def packed_loss(
     if isinstance(n, Tensor):
         n = n.to(ce.device)
     return ce.sum() / n
-
-
-class TrainerBatches:
-    """A neatpack loader as ``transformers.Trainer``'s train dataloader.
-
-    Yields ``model_inputs(batch)`` (labels and ``shift_labels``: the Trainer counts
-    ``num_items_in_batch`` from ``shift_labels`` and hands it to the model's loss), keeps the
-    loader's length, and delegates ``state_dict`` / ``load_state_dict``. See
-    :class:`NeatLoaderCallback` for checkpointing it with the trainer.
-    """
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        for batch in self.loader:
-            yield model_inputs(batch)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.loader.state_dict())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from . import mask as M
 from ._tensors import cat_shared
-from .loss import add_label_counts, label_counts
+from .loss import CROSS_ENTROPY_IGNORE_IDX, add_label_counts, label_counts
 
 __all__ = [
     "FLASH_FORMATS",
@@ -43,7 +43,7 @@ __all__ = [
     "resolve_mask_format",
 ]
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = CROSS_ENTROPY_IGNORE_IDX  # one value for the whole package (pipes/loss.py)
 FLASH_FORMATS = ("flash_attention_2", "flash_attention_3")
 #: Every accepted ``attn_implementation`` / ``mask_format`` value; the check uses this tuple.
 MASK_FORMATS = ("sdpa", "eager", *FLASH_FORMATS, "flex_attention", "position_ids", "thd", "doc_ids")

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .loss import CROSS_ENTROPY_IGNORE_IDX
 from .media import SampleError
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
     "resolve_role_markers",
 ]
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = CROSS_ENTROPY_IGNORE_IDX  # one value for the whole package (pipes/loss.py)
 _SENTINELS = ("QZXUSERONEQZX", "QZXASSISTONEQZX", "QZXUSERTWOQZX", "QZXASSISTTWOQZX")
 _CACHE: dict[tuple[int, str], tuple[Any, RoleMarkers]] = {}
 

@@ -48,9 +48,10 @@ from typing import Any
 import torch
 
 from ._tensors import adjacent_view
+from .loss import CROSS_ENTROPY_IGNORE_IDX
 from .mrope import MRopeConfig, compute_mrope_position_ids, mrope_position_ids
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = CROSS_ENTROPY_IGNORE_IDX  # one value for the whole package (pipes/loss.py)
 Pack = dict[str, Any]
 MEDIA_KEYS: tuple[str, ...] = (
     "pixel_values",

@@ -152,14 +152,7 @@ def test_packed_dataset_wrapper_loss(corpus: Path, proc: Any, vl_model: Any) -> 
 
 @pytest.fixture(scope="module")
 def text_records() -> list[dict[str, Any]]:
-    g = torch.Generator().manual_seed(5)
-    out = []
-    for n in (9, 23, 14, 31, 6, 18, 27, 11):
-        ids = torch.randint(10, 4000, (n,), generator=g)
-        labels = ids.clone()
-        labels[: n // 3] = -100  # a prompt that is not trained
-        out.append({"input_ids": ids.tolist(), "labels": labels.tolist()})
-    return out
+    return _text_records()
 
 
 @pytest.mark.parametrize(
@@ -251,10 +244,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _text_records() -> list[dict[str, Any]]:
+def _text_records(copies: int = 1) -> list[dict[str, Any]]:
+    """Tokenized text samples of distinct lengths (the first 8 whatever ``copies``): a prompt
+    third that is not trained, then trained tokens."""
     g = torch.Generator().manual_seed(5)
     out = []
-    for n in (9, 23, 14, 31, 6, 18, 27, 11) * 2:
+    for n in (9, 23, 14, 31, 6, 18, 27, 11) * copies:
         ids = torch.randint(10, 4000, (n,), generator=g)
         labels = ids.clone()
         labels[: n // 3] = -100  # a prompt that is not trained
@@ -272,7 +267,7 @@ def _make_model(kind: str) -> Any:
 def _make_loader(kind: str, corpus: str, rank: int) -> Any:
     if kind == "text":
         cfg = NeatLLMConfig(pack_size=48, batch_size=1, prefetch=0, attn_implementation="eager")
-        return neat_llm_graph(_text_records(), config=cfg, rank=rank, world_size=WORLD)
+        return neat_llm_graph(_text_records(2), config=cfg, rank=rank, world_size=WORLD)
     media = str(Path(corpus).parent / "media")
     vcfg = NeatVLMConfig(pack_size=1024, batch_size=1, media_root=media, prefetch=0,
                          attn_implementation="eager")  # fmt: skip
@@ -369,7 +364,7 @@ def test_grad_parity_qwen2_vl_ddp(corpus: Path, proc: Any, tmp_path: Path) -> No
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 def test_grad_parity_qwen2_text_ddp(tmp_path: Path) -> None:
-    records = _text_records()
+    records = _text_records(2)
 
     def sample(i: int) -> dict[str, Any]:
         r = records[i]
