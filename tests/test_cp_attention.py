@@ -129,6 +129,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
                 leaky = _attend(attn, q, kk, vv, causal)
                 result[f"{family}/no_doc_mask"] = float((leaky - expected)[real].abs().max())
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # no rank tears gloo down while another still uses it (abort at exit)
     finally:
         dist.destroy_process_group()
 

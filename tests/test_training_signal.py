@@ -308,6 +308,7 @@ def _rank_grads(rank: int, port: int, kind: str, corpus: str, out_dir: str) -> N
                 if p.grad is not None
             }
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while another still uses it (abort at exit)
     finally:
         dist.destroy_process_group()
 
