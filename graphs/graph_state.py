@@ -22,13 +22,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from torchdata.nodes import BaseNode, Batcher, ParallelMapper, Prefetcher, Unbatcher
+from torchdata.nodes import BaseNode, Batcher, ParallelMapper, PinMemory, Prefetcher, Unbatcher
 
 from neatpack.pipes.source import PackSource
 
 __all__ = ["graph_nodes", "graph_signature", "source_state", "stateful_nodes"]
 
-_PLUMBING: tuple[type[Any], ...] = (Batcher, ParallelMapper, Prefetcher, Unbatcher, PackSource)
+_PLUMBING: tuple[type[Any], ...] = (
+    Batcher,
+    ParallelMapper,
+    PinMemory,
+    Prefetcher,
+    Unbatcher,
+    PackSource,
+)
 _SOURCE_KEYS = (PackSource.VERSION_KEY, PackSource.FINGERPRINT_KEY, PackSource.CURSOR_KEY)
 
 

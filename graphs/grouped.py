@@ -53,6 +53,7 @@ class GroupedConfig:
     num_workers: int = 0
     multiprocessing_context: str | None = "fork"
     prefetch: int = 2
+    pin_memory: bool = False  # page-locked batches for non_blocking host-to-GPU copies
     keep_ledger: bool = True
     ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
 
@@ -174,6 +175,7 @@ def grouped_vlm_graph(
             num_workers=cfg.num_workers,
             multiprocessing_context=cfg.multiprocessing_context,
             prefetch=cfg.prefetch,
+            pin_memory=cfg.pin_memory,
         )
 
     keep = ("batch_size", "max_length", "truncate", "seed", "shuffle", "tail")

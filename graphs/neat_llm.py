@@ -63,6 +63,7 @@ class NeatLLMConfig:
     num_workers: int = 0
     multiprocessing_context: str | None = "fork"
     prefetch: int = 2
+    pin_memory: bool = False  # page-locked batches for non_blocking host-to-GPU copies
     keep_ledger: bool = True
     ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
     boundaries: bool = False  # seq_idx + cu_seq_lens for linear-attention / SSM layers
@@ -231,6 +232,7 @@ def neat_llm_parts(
             "num_workers",
             "multiprocessing_context",
             "prefetch",
+            "pin_memory",
             "keep_ledger",
             "ledger_epochs",
             "boundaries",
@@ -252,6 +254,7 @@ def neat_llm_parts(
         num_workers=cfg.num_workers,
         multiprocessing_context=cfg.multiprocessing_context,
         prefetch=cfg.prefetch,
+        pin_memory=cfg.pin_memory,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
         # tokenized samples have no content hash: their lengths stand for the data

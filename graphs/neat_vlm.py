@@ -87,6 +87,7 @@ class NeatVLMConfig:
     worker_method: Literal["process", "thread"] = "process"
     multiprocessing_context: str | None = "fork"
     prefetch: int = 2
+    pin_memory: bool = False  # page-locked batches for non_blocking host-to-GPU copies
     progress: bool = False
     keep_ledger: bool = True
     ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
@@ -321,6 +322,7 @@ def neat_vlm_parts(
         method=cfg.worker_method,
         multiprocessing_context=cfg.multiprocessing_context,
         prefetch=cfg.prefetch,
+        pin_memory=cfg.pin_memory,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
         data=describe_data(source),

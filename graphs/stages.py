@@ -5,11 +5,13 @@ each pack carries to the loader's ledger) lives in ``neatpack.pipes.steps``."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
+import torch
+from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, PinMemory, Prefetcher
 
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.watchdog import init_worker, quiet_forked_iterator_gc
@@ -40,10 +42,15 @@ def map_stage(
     method: Literal["process", "thread"] = "process",
     multiprocessing_context: str | None = "fork",
     prefetch: int = 0,
+    pin_memory: bool = False,
 ) -> BaseNode[Any]:
     """``fn`` over ``node``: inline when ``num_workers == 0``, else in worker processes (or
     threads), always in order (out-of-order delivery loses items on resume in torchdata 0.11),
-    then an optional prefetch buffer.
+    then an optional prefetch buffer, then (``pin_memory=True`` and CUDA present) a torchdata
+    ``PinMemory`` thread that copies every batch tensor into page-locked memory, so
+    ``batch[k].to("cuda", non_blocking=True)`` overlaps the copy with compute. Without CUDA the
+    option is ignored with a warning, as ``torch.utils.data.DataLoader`` does (torchdata's
+    ``PinMemory`` cannot even be built there).
 
     The result is plain torchdata (``Mapper`` / ``ParallelMapper``, ``Prefetcher``), so its state
     is theirs: the snapshot of ``node``'s state at the last item handed on. ``fn`` must be
@@ -63,7 +70,18 @@ def map_stage(
         )
     else:
         out = Mapper(node, fn)
-    return Prefetcher(out, prefetch) if prefetch else out
+    if prefetch:
+        out = Prefetcher(out, prefetch)
+    if pin_memory:
+        if torch.cuda.is_available():
+            out = PinMemory(out)
+        else:
+            warnings.warn(
+                "pin_memory=True is ignored: no CUDA device (batches stay in pageable memory)",
+                UserWarning,
+                stacklevel=3,
+            )
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +106,7 @@ class GraphParts:
     method: Literal["process", "thread"] = "process"
     multiprocessing_context: str | None = "fork"
     prefetch: int = 0
+    pin_memory: bool = False
     keep_ledger: bool = True
     ledger_epochs: int | None = None
     data: dict[str, str] | None = None  # the data's name and fingerprint (resume messages)
@@ -101,6 +120,7 @@ class GraphParts:
             method=self.method,
             multiprocessing_context=self.multiprocessing_context,
             prefetch=self.prefetch,
+            pin_memory=self.pin_memory,
         )
 
     def loader(self, build: Callable[[BaseNode[Any]], BaseNode[Any]] | None = None) -> NeatLoader:

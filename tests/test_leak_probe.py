@@ -112,14 +112,36 @@ def test_graph_refuses_a_leaking_model_unless_allowed() -> None:
     assert batch["seq_idx"].shape == (1, 32)
 
 
+#: the CUDA kernel packages each hybrid family's layers need to honour seq_idx / cu_seqlens
+FUSED_KERNELS = {
+    "qwen3_next": ("fla", "causal_conv1d"),
+    "qwen3_5": ("fla", "causal_conv1d"),
+    "mamba2": ("mamba_ssm", "causal_conv1d"),
+    "bamba": ("mamba_ssm", "causal_conv1d"),
+    "nemotron_h": ("mamba_ssm", "causal_conv1d"),
+    "falcon_h1": ("mamba_ssm", "causal_conv1d"),
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", HYBRIDS)
 def test_fused_kernels_do_not_leak_gpu(family: str) -> None:
-    """With flash-linear-attention / causal-conv1d / mamba-ssm on CUDA, a packed row with
-    boundaries equals separate runs: the probe finds no leak."""
+    """On CUDA with flash-linear-attention / causal-conv1d / mamba-ssm installed, a packed row
+    with boundaries equals separate runs: the probe finds no leak. Without them transformers
+    falls back to its torch code on CUDA too, which leaks as on CPU: then the probe must see
+    the leak (so ``check_packing`` and the graph refuse to pack the model)."""
+    from importlib.util import find_spec
+
     if not torch.cuda.is_available():
-        pytest.skip("needs CUDA and the fused kernels")
+        pytest.skip("needs CUDA")
+    missing = [k for k in FUSED_KERNELS[family] if find_spec(k) is None]
     model = tiny_hybrid_model(family).cuda()
     batch = _batch(model.config.vocab_size, mask_format="sdpa", boundaries=True)
-    report = probe_packing_leak(model, batch, tolerance=1e-4)
-    assert not report.leaks, str(report)
+    if missing:  # the probe's own tolerance, as check_packing uses it
+        report = probe_packing_leak(model, batch)
+        assert report.leaks, f"{family} without {missing}: the torch fallback should leak"
+        with pytest.raises(PackingLeakError):
+            check_packing(model)
+    else:
+        report = probe_packing_leak(model, batch, tolerance=1e-4)
+        assert not report.leaks, str(report)

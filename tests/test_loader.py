@@ -215,3 +215,21 @@ def test_ledger_epochs_keeps_only_the_last_epochs() -> None:
         assert bounded.ledgers[epoch].consumed  # the epoch really was recorded
     with pytest.raises(ValueError, match="ledger_epochs=0 must be >= 1"):
         make_loader(ledger_epochs=0)
+
+
+def test_pin_memory_without_cuda_warns_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pin_memory=True`` on a machine without CUDA (a laptop, CI) is ignored with a warning,
+    as torch's DataLoader does: the batches and the resume are the unpinned graph's. On CUDA,
+    tests/test_gpu.py checks the pinned path."""
+    from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    g = torch.Generator().manual_seed(1)
+    records = [{"input_ids": torch.randint(5, 90, (int(n),), generator=g).tolist()}
+               for n in torch.randint(4, 30, (30,), generator=g)]  # fmt: skip
+    plain = [b["sample_ids"] for b in neat_llm_graph(records, config=NeatLLMConfig(pack_size=64))]
+    with pytest.warns(UserWarning, match="pin_memory=True is ignored: no CUDA"):
+        pinned = neat_llm_graph(records, config=NeatLLMConfig(pack_size=64, pin_memory=True))
+        got = [b["sample_ids"] for b in pinned]
+    assert got == plain
+    assert len(plain) > 2
