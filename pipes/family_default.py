@@ -102,6 +102,8 @@ def media_token_ids(processor: Any) -> dict[int, list[int]]:
             ids = getattr(processor, f"{kind}_token_ids", None) or []
         except AttributeError:
             ids = []
+        if isinstance(ids, int):  # transformers 5.17 tokenizers: one id, not a list
+            ids = [ids]
         out[code] = [int(i) for i in ids if i is not None]
     return out
 
