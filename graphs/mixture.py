@@ -89,7 +89,7 @@ def mixture_parts(
         overlong=cfg.overlong, seed=cfg.seed, single_source=mix.single_source_packs,
         lengths_fingerprint=fingerprint,
     )  # fmt: skip
-    source = MixturePackSource(
+    pack_source = MixturePackSource(
         layout, mix.blend(), on_change=mix.on_change, rank=rank, world_size=world_size,
         batch_size=cfg.batch_size, tail=cfg.tail,
     )  # fmt: skip
@@ -97,7 +97,7 @@ def mixture_parts(
     steps.insert(steps.index(parts.collate) + 1, SourceTagger(records.bounds, mix.names))
     return dataclasses.replace(
         parts,
-        source=source,
+        source=pack_source,
         steps=tuple(steps),
         config={**parts.config, "mixture": layout.fingerprint[:16]},
     )

@@ -170,7 +170,7 @@ def source_targets(blend: Blend, sizes: Sequence[int], tokens: Sequence[int]) ->
             out[i] = int(samples)
             continue
         mean = max(int(tokens[i]), 1) / int(sizes[i])
-        out[i] = max(int(round(float(weight) / total_weight * budget / mean)), 1)
+        out[i] = max(round(float(weight) / total_weight * budget / mean), 1)
     return out
 
 
@@ -232,7 +232,11 @@ def source_rng(seed: int, epoch: int, name: str, *more: int) -> np.random.Genera
 
 
 def epoch_counts(
-    targets: Sequence[int], sizes: Sequence[int], names: Sequence[str], seed: int, epoch: int
+    targets: Sequence[int] | IntArray,
+    sizes: Sequence[int],
+    names: Sequence[str],
+    seed: int,
+    epoch: int,
 ) -> list[IntArray]:
     """Per source, the uses of each sample this epoch (``targets[s]`` in all).
 

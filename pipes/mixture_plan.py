@@ -160,8 +160,11 @@ def _plan_entries(
         offs.append(plan.offsets[1:] + offs[-1][-1] if len(offs) else plan.offsets[1:])
         ids.append(part[plan.ids])
         dropped.append(part[plan.dropped_ids])
-    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))  # noqa: E731
-    return np.concatenate(offs).astype(np.int64), cat(ids), np.unique(cat(dropped))
+    return np.concatenate(offs).astype(np.int64), _cat(ids), np.unique(_cat(dropped))
+
+
+def _cat(parts: list[IntArray]) -> IntArray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
 def _finish(
@@ -248,7 +251,7 @@ def plan_mixture(
 def replan_from_cursor(
     plan: MixturePlan,
     cursor: int,
-    targets: Sequence[int],
+    targets: Sequence[int] | IntArray,
     names: Sequence[str],
     total: npt.ArrayLike,
     visual: npt.ArrayLike,
@@ -292,7 +295,9 @@ def replan_from_cursor(
     entries, dropped = [], [plan.replan_dropped]
     for s, name in enumerate(names):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
-        used = np.bincount(prefix_ids[(prefix_ids >= lo) & (prefix_ids < hi)] - lo, minlength=hi - lo)
+        used = np.bincount(
+            prefix_ids[(prefix_ids >= lo) & (prefix_ids < hi)] - lo, minlength=hi - lo
+        )
         left = np.bincount(rest_ids[(rest_ids >= lo) & (rest_ids < hi)] - lo, minlength=hi - lo)
         want = max(int(targets[s]) - int(used.sum()), 0)
         rng = source_rng(seed, plan.epoch, name, cursor)

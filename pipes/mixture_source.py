@@ -108,17 +108,17 @@ class MixtureLayout:
         later segment's cursor (a cursor at or past the epoch's end changes nothing)."""
         first = segments[0][1]
         counts = epoch_counts(self.targets(first), self.sizes, self.names, self.seed, epoch)
-        options = {"capacity": self.capacity, "packing_ratio": self.packing_ratio,
-                   "overlong": self.overlong, "seed": self.seed,
-                   "single_source": self.single_source}  # fmt: skip
         plan = plan_mixture(
-            counts, self.total, self.visual, epoch=epoch, group_size=group_size, **options
-        )
+            counts, self.total, self.visual, epoch=epoch, group_size=group_size,
+            capacity=self.capacity, packing_ratio=self.packing_ratio, overlong=self.overlong,
+            seed=self.seed, single_source=self.single_source,
+        )  # fmt: skip
         for cursor, blend in segments[1:]:
             if cursor < len(plan):
                 plan = replan_from_cursor(
                     plan, cursor, self.targets(blend), self.names, self.total, self.visual,
-                    **options,
+                    capacity=self.capacity, packing_ratio=self.packing_ratio,
+                    overlong=self.overlong, seed=self.seed, single_source=self.single_source,
                 )  # fmt: skip
         return plan
 
@@ -238,7 +238,7 @@ class SourceTagger:
     ([[1, 0], [0, -1]], ['ocr', 'chat'])
     """
 
-    def __init__(self, bounds: Sequence[int], names: Sequence[str]) -> None:
+    def __init__(self, bounds: Sequence[int] | IntArray, names: Sequence[str]) -> None:
         self.bounds = np.asarray(bounds, dtype=np.int64)
         self.names = list(names)
 
