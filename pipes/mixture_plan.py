@@ -3,12 +3,12 @@
 ``plan_mixture`` lays the epoch's uses (``mixture.epoch_counts``) out as entries, a sample
 used twice being two entries, and plans them with ``plan_packs`` (so packs may mix sources and
 step groups stay balanced), or per source with ``single_source=True``. The serving order then
-spreads every source evenly over the epoch: step groups are sorted by their mix of sources and
-dealt out at golden-ratio positions (``k * 0.618 mod 1`` for the ``k``-th), so any run of served
-groups is an evenly spaced sample of the sorted list and holds every source near its share::
+spreads every source evenly over the epoch: each step group joins the queue of the source it
+carries most of, and the next group served always comes from the queue of the source furthest
+behind its token share so far, so any run of served groups holds every source near its share::
 
-    sorted by mix : a a a a a a a c c b          (10 step groups)
-    served        : a c a a b a a c a a          (never all c at the end)
+    queues  a: a1 a2 a3 a4 a5 a6   b: b1 b2   c: c1 c2     (shares 60 / 20 / 20 %)
+    served  a1 b1 c1 a2 a3 b2 a4 c2 a5 a6                   (never all c at the end)
 
 ``replan_from_cursor`` keeps the packs already served (``order[:cursor]``) and plans the rest of
 the epoch again for a new blend: the unconsumed uses are kept where the new blend still wants
@@ -29,8 +29,6 @@ from .mixture import IntArray, fill_counts, source_rng
 from .plan import plan_packs
 
 __all__ = ["MixturePlan", "mix_order", "plan_mixture", "replan_from_cursor"]
-
-GOLDEN = (5**0.5 - 1) / 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,7 +82,7 @@ def mix_order(
     >>> tokens = np.array([[9, 0]] * 6 + [[0, 9]] * 2)
     >>> order = mix_order(tokens, 1, np.random.default_rng(0))
     >>> [slot for slot, pack in enumerate(order) if pack >= 6]  # the two c packs, spread
-    [1, 4]
+    [1, 5]
     """
     n = int(pack_tokens.shape[0])
     tail_n = n % group_size
@@ -94,20 +92,39 @@ def mix_order(
         body = np.delete(body, tail)
     groups = body.reshape(-1, group_size)
     if groups.shape[0]:
-        per_group = pack_tokens[groups].sum(axis=1).astype(np.float64)  # [G, S]
-        shares = per_group / np.maximum(per_group.sum(axis=1, keepdims=True), 1.0)
-        # groups sorted by composition (shares quantized to 1/64, ties drawn) ...
-        keys = [rng.random(groups.shape[0])]
-        keys += [np.round(shares[:, s] * 64) for s in reversed(range(shares.shape[1]))]
-        by_mix = np.lexsort(keys)
-        # ... then dealt out at golden-ratio positions: any run of k served groups takes
-        # near-evenly spaced ranks of that sorted list, a stratified sample of the epoch
-        spot = np.empty(groups.shape[0], dtype=np.float64)
-        spot[by_mix] = (np.arange(groups.shape[0]) * GOLDEN + rng.random()) % 1.0
-        groups = groups[np.argsort(spot, kind="stable")]
+        per_group = pack_tokens[groups].sum(axis=1)  # [G, S]
+        groups = groups[_behind_first(per_group, rng)]
         groups[1::2] = groups[1::2, ::-1]
     out = groups.reshape(-1)
     return out if tail is None else np.concatenate([out, tail.astype(np.int64)])
+
+
+def _behind_first(per_group: npt.NDArray[np.int64], rng: np.random.Generator) -> IntArray:
+    """Order of step groups: each group joins the queue of the source it carries most of
+    (relative to that source's total), queues are shuffled, and each next group comes from the
+    queue of the source furthest behind its share so far, so every stretch of the epoch stays
+    within about one group of every share."""
+    totals = per_group.sum(axis=0).astype(np.float64)
+    share = (totals / max(float(totals.sum()), 1.0)).tolist()
+    cls = np.argmax(per_group / np.maximum(totals, 1.0), axis=1)
+    queues = [rng.permutation(np.flatnonzero(cls == c)).tolist() for c in range(len(share))]
+    heads = [0] * len(share)
+    rows = per_group.tolist()
+    done, seen = [0.0] * len(share), 0.0
+    live = [c for c, q in enumerate(queues) if q]
+    out: list[int] = []
+    while live:
+        pick = min(live, key=lambda c: (done[c] - share[c] * seen) / share[c])
+        group = queues[pick][heads[pick]]
+        heads[pick] += 1
+        if heads[pick] == len(queues[pick]):
+            live.remove(pick)
+        row = rows[group]
+        for c, tokens in enumerate(row):
+            done[c] += tokens
+        seen += sum(row)
+        out.append(group)
+    return np.asarray(out, dtype=np.int64)
 
 
 def _pack_source_tokens(
