@@ -197,6 +197,7 @@ def _run(loader: Any, epochs: int = 1, stop: int | None = None) -> list[list[int
         for batch in loader:
             out.append([i for m in batch["packs"] for i in m["sample_ids"]])
             if stop is not None and len(out) == stop:
+                loader.close()  # stop its threads now, not at garbage collection
                 return out
     return out
 
