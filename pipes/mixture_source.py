@@ -217,8 +217,11 @@ class MixturePackSource(PackSource):
                     "on_change='cursor' to re-plan the rest of this epoch with the new blend "
                     "(uses it drops are listed), or resume with the saved blend"
                 )
-            if self.on_change == "cursor":
-                segments.append((int(state[self.CURSOR_KEY]), self.blend))
+            cursor = int(state[self.CURSOR_KEY])
+            if cursor == 0:  # nothing of the epoch served yet: it is all the new blend's
+                segments = [(0, self.blend)]
+            elif self.on_change == "cursor":
+                segments.append((cursor, self.blend))
         self._segments = {} if segments == [(0, self.blend)] else {epoch: segments}
 
     def next(self) -> PackRef:

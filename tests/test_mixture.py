@@ -292,6 +292,24 @@ def test_blend_change_at_the_next_epoch(world: dict[str, Any]) -> None:
     assert Counter(loader.ledgers[1].consumed) == _selection(loader, 1, new_blend)
 
 
+@pytest.mark.parametrize("on_change", ["next_epoch", "cursor"])
+def test_blend_change_saved_at_an_epoch_end_takes_the_whole_next_epoch(
+    world: dict[str, Any], on_change: str
+) -> None:
+    first = neat_vlm_graph(None, world["processor"], config=_config(world))
+    _run(first)
+    state = first.state_dict()  # after the loop: epoch 1, nothing of it served
+    loader = neat_vlm_graph(
+        None, world["processor"], config=_config(world, NEW, on_change=on_change)
+    )
+    loader.load_state_dict(state)
+    _run(loader)
+    assert list(loader.ledgers) == [1]
+    got = Counter(loader.ledgers[1].consumed)
+    assert got == _selection(loader, 1, loader.source.blend)
+    assert got != _selection(first, 1)
+
+
 def test_blend_change_from_the_cursor_replans_the_rest_of_the_epoch(
     world: dict[str, Any],
 ) -> None:
