@@ -4,8 +4,8 @@
 used twice being two entries, and plans them with ``plan_packs`` (so packs may mix sources and
 step groups stay balanced), or per source with ``single_source=True``. The serving order then
 spreads every source evenly over the epoch: each step group joins the queue of the source it
-carries most of, and the next group served always comes from the queue of the source furthest
-behind its token share so far, so any run of served groups holds every source near its share::
+carries most of, and the next group served is the queue head that keeps the tokens served so
+far closest to every source's share, so any run of served groups holds every source near it::
 
     queues  a: a1 a2 a3 a4 a5 a6   b: b1 b2   c: c1 c2     (shares 60 / 20 / 20 %)
     served  a1 b1 c1 a2 a3 b2 a4 c2 a5 a6                   (never all c at the end)
@@ -82,7 +82,7 @@ def mix_order(
     >>> tokens = np.array([[9, 0]] * 6 + [[0, 9]] * 2)
     >>> order = mix_order(tokens, 1, np.random.default_rng(0))
     >>> [slot for slot, pack in enumerate(order) if pack >= 6]  # the two c packs, spread
-    [1, 5]
+    [2, 6]
     """
     n = int(pack_tokens.shape[0])
     tail_n = n % group_size
@@ -93,17 +93,17 @@ def mix_order(
     groups = body.reshape(-1, group_size)
     if groups.shape[0]:
         per_group = pack_tokens[groups].sum(axis=1)  # [G, S]
-        groups = groups[_behind_first(per_group, rng)]
+        groups = groups[_share_tracking_order(per_group, rng)]
         groups[1::2] = groups[1::2, ::-1]
     out = groups.reshape(-1)
     return out if tail is None else np.concatenate([out, tail.astype(np.int64)])
 
 
-def _behind_first(per_group: npt.NDArray[np.int64], rng: np.random.Generator) -> IntArray:
+def _share_tracking_order(per_group: npt.NDArray[np.int64], rng: np.random.Generator) -> IntArray:
     """Order of step groups: each group joins the queue of the source it carries most of
-    (relative to that source's total), queues are shuffled, and each next group comes from the
-    queue of the source furthest behind its share so far, so every stretch of the epoch stays
-    within about one group of every share."""
+    (relative to that source's total), queues are shuffled, and the next group served is the
+    queue head that leaves the tokens served so far closest to every share (squared error
+    over share), so every stretch of the epoch stays within about one group of every share."""
     totals = per_group.sum(axis=0).astype(np.float64)
     share = (totals / max(float(totals.sum()), 1.0)).tolist()
     cls = np.argmax(per_group / np.maximum(totals, 1.0), axis=1)
@@ -114,7 +114,7 @@ def _behind_first(per_group: npt.NDArray[np.int64], rng: np.random.Generator) ->
     live = [c for c, q in enumerate(queues) if q]
     out: list[int] = []
     while live:
-        pick = min(live, key=lambda c: (done[c] - share[c] * seen) / share[c])
+        pick = min(live, key=lambda c: _miss(done, rows[queues[c][heads[c]]], share, seen))
         group = queues[pick][heads[pick]]
         heads[pick] += 1
         if heads[pick] == len(queues[pick]):
@@ -125,6 +125,12 @@ def _behind_first(per_group: npt.NDArray[np.int64], rng: np.random.Generator) ->
         seen += sum(row)
         out.append(group)
     return np.asarray(out, dtype=np.int64)
+
+
+def _miss(done: list[float], row: list[int], share: list[float], seen: float) -> float:
+    """How far from every share the tokens served so far would be with ``row`` added."""
+    after = seen + sum(row)
+    return sum((d + r - f * after) ** 2 / f for d, r, f in zip(done, row, share, strict=True) if f)
 
 
 def _pack_source_tokens(
