@@ -1,4 +1,5 @@
-"""``neat_vlm_graph`` over a mixture (``NeatVLMConfig(mixture=Mixture(...))``): the hook.
+"""``neat_vlm_graph`` / ``neat_llm_graph`` over a mixture (``NeatVLMConfig(mixture=...)``,
+``NeatLLMConfig(mixture=...)``): the hook.
 
     sources ─► one length index each (cached) ─► MixtureRecords (global ids)
             ─► neat_vlm_parts(records, lengths=concatenated)   (materialize, collate: as ever)
@@ -31,7 +32,7 @@ from neatpack.pipes.mixture_source import (
     SourceTagger,
 )
 
-__all__ = ["mixture_parts"]
+__all__ = ["mixture_llm_parts", "mixture_parts"]
 
 
 def mixture_parts(
@@ -78,16 +79,54 @@ def mixture_parts(
         records, processor, config=dataclasses.replace(cfg, mixture=None), rank=rank,
         world_size=world_size, lengths=lengths, **hooks,
     )  # fmt: skip
+    return _mixed(parts, records, lengths, cfg, rank, world_size, cfg.packing_ratio)
+
+
+def mixture_llm_parts(
+    *, config: Any, rank: int | None = None, world_size: int | None = None, **hooks: Any
+) -> GraphParts:
+    """``neat_llm_parts`` for ``config.mixture``: pre-tokenized sources (``data`` of each is
+    what ``TokenSource`` reads; ``media_root`` is unused), exact lengths."""
+    from neatpack.graphs.neat_llm import TokenSource, neat_llm_parts, token_lengths
+
+    cfg, mix = config, config.mixture
+    rank, world_size = resolve_rank(rank, world_size)
+    sources = [TokenSource(spec.data) for spec in mix.sources]
+    total = np.concatenate([token_lengths(s) for s in sources]).astype(np.int64)
+    h = hashlib.sha256("|".join(mix.names).encode())
+    h.update(np.ascontiguousarray(total, dtype="<i8").tobytes())
+    h.update(np.asarray([len(s) for s in sources], dtype="<i8").tobytes())
+    lengths = LengthIndex(total=total, visual=np.zeros_like(total), fingerprint=h.hexdigest())
+    records = MixtureRecords(mix.names, sources)
+    parts = neat_llm_parts(
+        records, config=dataclasses.replace(cfg, mixture=None), rank=rank,
+        world_size=world_size, lengths=total, **hooks,
+    )  # fmt: skip
+    return _mixed(parts, records, lengths, cfg, rank, world_size, 1.0)
+
+
+def _mixed(
+    parts: GraphParts,
+    records: MixtureRecords,
+    lengths: LengthIndex,
+    cfg: Any,
+    rank: int,
+    world_size: int,
+    packing_ratio: float,
+) -> GraphParts:
+    """``parts`` of the single-source graph over ``records``, with the mixture's pack source
+    and the ``SourceTagger`` after the collater."""
+    mix = cfg.mixture
     planned = lengths.total
     if cfg.cp_size > 1:
         from neatpack.pipes.context_parallel import cp_padded_lengths
 
         planned = np.asarray(cp_padded_lengths(planned, cfg.cp_size), dtype=np.int64)
     layout = MixtureLayout(
-        names=mix.names, sizes=tuple(len(s) for s in sources), total=planned,
-        visual=lengths.visual, capacity=cfg.pack_size, packing_ratio=cfg.packing_ratio,
+        names=mix.names, sizes=tuple(len(s) for s in records.sources), total=planned,
+        visual=lengths.visual, capacity=cfg.pack_size, packing_ratio=packing_ratio,
         overlong=cfg.overlong, seed=cfg.seed, single_source=mix.single_source_packs,
-        lengths_fingerprint=fingerprint,
+        lengths_fingerprint=lengths.fingerprint,
     )  # fmt: skip
     pack_source = MixturePackSource(
         layout, mix.blend(), on_change=mix.on_change, rank=rank, world_size=world_size,
