@@ -19,6 +19,7 @@ samples first) where it wants more.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -103,48 +104,55 @@ def _share_tracking_order(per_group: npt.NDArray[np.int64], rng: np.random.Gener
     """Order of step groups: each group joins the queue of the source it carries most of
     (relative to that source's total), queues are shuffled, and the next group served is the
     queue head that leaves the tokens served so far closest to every share (squared error
-    over share), so every stretch of the epoch stays within about one group of every share."""
+    over share), so every stretch of the epoch stays within about one group of every share.
+
+    With ``e_s`` the current error of source ``s`` (tokens served minus share x all served),
+    adding group ``g`` (tokens ``r_s``, ``R`` in all) gives ``sum_s (e_s + r_s - f_s R)^2 / f_s``
+    ``= const + q_g + 2 sum_s (e_s / f_s) r_s`` (the cross term in ``R`` vanishes: the errors
+    sum to 0), so each candidate costs one dot product with ``w_s = e_s / f_s``."""
     totals = per_group.sum(axis=0).astype(np.float64)
-    share = (totals / max(float(totals.sum()), 1.0)).tolist()
+    share = totals / max(float(totals.sum()), 1.0)
+    used = share > 0
+    inv = np.where(used, 1.0 / np.where(used, share, 1.0), 0.0)
+    size = per_group.sum(axis=1).astype(np.float64)
+    q = ((per_group - share * size[:, None]) ** 2 * inv).sum(axis=1).tolist()
     cls = np.argmax(per_group / np.maximum(totals, 1.0), axis=1)
-    queues = [rng.permutation(np.flatnonzero(cls == c)).tolist() for c in range(len(share))]
-    heads = [0] * len(share)
-    rows = per_group.tolist()
-    done, seen = [0.0] * len(share), 0.0
-    live = [c for c, q in enumerate(queues) if q]
+    queues = [rng.permutation(np.flatnonzero(cls == c)).tolist() for c in range(share.size)]
+    heads = [0] * share.size
+    rows, sizes, invs = per_group.tolist(), size.tolist(), inv.tolist()
+    w = [0.0] * share.size  # e_s / f_s
+    live = [c for c, queue in enumerate(queues) if queue]
     out: list[int] = []
     while live:
-        pick = min(live, key=lambda c: _miss(done, rows[queues[c][heads[c]]], share, seen))
+        pick, best = live[0], float("inf")
+        for c in live:
+            g = queues[c][heads[c]]
+            cost = q[g] + 2.0 * sum(map(operator.mul, w, rows[g]))
+            if cost < best:
+                pick, best = c, cost
         group = queues[pick][heads[pick]]
         heads[pick] += 1
         if heads[pick] == len(queues[pick]):
             live.remove(pick)
-        row = rows[group]
-        for c, tokens in enumerate(row):
-            done[c] += tokens
-        seen += sum(row)
+        row, total = rows[group], sizes[group]
+        for s, tokens in enumerate(row):
+            if invs[s]:
+                w[s] += tokens * invs[s] - total
         out.append(group)
     return np.asarray(out, dtype=np.int64)
-
-
-def _miss(done: list[float], row: list[int], share: list[float], seen: float) -> float:
-    """How far from every share the tokens served so far would be with ``row`` added."""
-    after = seen + sum(row)
-    return sum((d + r - f * after) ** 2 / f for d, r, f in zip(done, row, share, strict=True) if f)
 
 
 def _pack_source_tokens(
     offsets: IntArray, ids: IntArray, total: IntArray, bounds: IntArray
 ) -> npt.NDArray[np.int64]:
-    n_src = int(bounds.size - 1)
-    out = np.zeros((int(offsets.size - 1), n_src), dtype=np.int64)
+    """Tokens of each source in each pack: ``[packs, sources]``."""
+    n_src, n_packs = int(bounds.size - 1), int(offsets.size - 1)
     if not ids.size:
-        return out
+        return np.zeros((n_packs, n_src), dtype=np.int64)
     src = np.searchsorted(bounds, ids, side="right") - 1
-    starts = offsets[:-1]
-    for s in range(n_src):
-        out[:, s] = np.add.reduceat(np.where(src == s, total[ids], 0), starts)
-    return out
+    pack = np.repeat(np.arange(n_packs, dtype=np.int64), np.diff(offsets))
+    cells = np.bincount(pack * n_src + src, weights=total[ids], minlength=n_packs * n_src)
+    return cells.astype(np.int64).reshape(n_packs, n_src)
 
 
 def _plan_entries(

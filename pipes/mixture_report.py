@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .mixture import Blend
-from .mixture_plan import MixturePlan
+from .mixture_plan import MixturePlan, _pack_source_tokens
 
 __all__ = ["mixture_ledger", "realized_shares", "target_shares"]
 
@@ -49,14 +49,7 @@ def target_shares(blend: Blend, planned_tokens: Sequence[int]) -> list[float]:
 
 def _pack_tokens(plan: MixturePlan, total: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Tokens per source of each pack, in serving order: ``[packs, sources]``."""
-    n_src = int(plan.bounds.size - 1)
-    out = np.zeros((len(plan), n_src), dtype=np.int64)
-    if plan.ids.size:
-        src = plan.source_of(plan.ids)
-        tok = total[plan.ids]
-        for s in range(n_src):
-            out[:, s] = np.add.reduceat(np.where(src == s, tok, 0), plan.offsets[:-1])
-    return out[plan.order]
+    return _pack_source_tokens(plan.offsets, plan.ids, total, plan.bounds)[plan.order]
 
 
 def realized_shares(
