@@ -66,6 +66,27 @@ def test_fill_counts_tops_up_the_least_used_first_within_caps() -> None:
         fill_counts([0, 0, 0], 7, rng, cap=[1, 0, 5])
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_fill_counts_is_a_level_fill_within_caps(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    base = rng.integers(0, 4, n)
+    cap = rng.integers(0, 5, n) if seed % 2 else None
+    room = int(cap.sum()) if cap is not None else 40
+    extra = int(rng.integers(0, room + 1))
+    add = fill_counts(base, extra, np.random.default_rng(seed), cap=cap)
+    assert int(add.sum()) == extra
+    assert (add >= 0).all()
+    if cap is not None:
+        assert (add <= cap).all()
+    after = base + add
+    # level fill: a sample topped up never ends more than one above one that still had room
+    grown = after[add > 0]
+    open_ = after[add < cap] if cap is not None else after
+    if grown.size and open_.size:
+        assert grown.max() <= open_.min() + 1
+
+
 def test_spec_errors_name_the_value_and_the_fix() -> None:
     with pytest.raises(ValueError, match="exactly one of weight"):
         MixtureSource(name="a", data=[], weight=0.5, samples=3)
@@ -292,6 +313,34 @@ def test_blend_change_at_the_next_epoch(world: dict[str, Any]) -> None:
     assert pad.keys() <= _selection(old, 0).keys()
     new_blend = loader.source.blend
     assert Counter(loader.ledgers[1].consumed) == _selection(loader, 1, new_blend)
+
+
+def test_two_blend_changes_in_one_epoch_chain_their_replans(world: dict[str, Any]) -> None:
+    state, head = _saved_mid_epoch(world, steps=2)
+    second = neat_vlm_graph(
+        None, world["processor"], config=_config(world, NEW, on_change="cursor")
+    )
+    second.load_state_dict(state)
+    middle = _run(second, stop=2)
+    state = second.state_dict()
+    third_blend = (0.2, 0.4, 0.4)
+    third = neat_vlm_graph(
+        None, world["processor"], config=_config(world, third_blend, on_change="cursor")
+    )
+    third.load_state_dict(state)
+    assert [c for c, _ in third.state_dict()["source"]["mixture"]["segments"]] == [0, 2, 4]
+    _run(third)
+    consumed = Counter(head) + Counter(i for ids in middle for i in ids)
+    consumed += Counter(third.ledgers[0].consumed)
+    layout = third.source.layout
+    bounds = np.concatenate([[0], np.cumsum(layout.sizes)])
+    targets = layout.targets(third.source.blend)
+    for s in range(3):
+        mine = sum(n for i, n in consumed.items() if bounds[s] <= i < bounds[s + 1])
+        assert mine == targets[s], NAMES[s]
+    for s in range(3):  # every source's uses stay level: nothing repeated before all were used
+        uses = [consumed[i] for i in range(int(bounds[s]), int(bounds[s + 1]))]
+        assert max(uses) - min(uses) <= 1, NAMES[s]
 
 
 @pytest.mark.parametrize("on_change", ["next_epoch", "cursor"])
