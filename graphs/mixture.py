@@ -58,10 +58,16 @@ def mixture_parts(
             estimator = LengthEstimator.calibrate(source, processor, mode="calibrated")
         else:
             estimator = LengthEstimator.from_processor(processor, mode=cfg.estimate_mode)
-        index = build_length_index(
-            source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,
-            world_size=world_size, on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
-        )  # fmt: skip
+        try:
+            index = build_length_index(
+                source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,
+                world_size=world_size,
+                on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
+            )  # fmt: skip
+        except Exception as exc:
+            exc.add_note(f"in mixture source {spec.name!r} ({spec.data!s:.200}); the sample id "
+                         "is that source's own")  # fmt: skip
+            raise
         if index.fallback_ids.size:  # unreadable for the estimate: on_bad_sample decides
             source = _EstimateChecked(source, estimator, index.fallback_ids.tolist())
         sources.append(source)

@@ -169,12 +169,16 @@ def _plan_entries(
     single_source: bool,
 ) -> tuple[IntArray, IntArray, IntArray]:
     """Packs of ``entries`` (global ids, repeats allowed) as CSR, and the overlong ones left
-    out. One ``plan_packs`` over all, or one per source with ``single_source``."""
-    if single_source:
-        src = np.searchsorted(bounds, entries, side="right") - 1
-        groups = [entries[src == s] for s in range(int(bounds.size - 1))]
-    else:
-        groups = [entries]
+    out. One ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``, so no pack
+    holds a sample twice), and per source with ``single_source``."""
+    rounds = _use_index(entries)
+    src = np.searchsorted(bounds, entries, side="right") - 1
+    sources = range(int(bounds.size - 1)) if single_source else [None]
+    groups = [
+        entries[(rounds == r) & (True if s is None else src == s)]
+        for r in range(int(rounds.max()) + 1 if rounds.size else 0)
+        for s in sources
+    ]
     offs, ids, dropped = [np.zeros(1, np.int64)], [], []
     for part in groups:
         if not part.size:
@@ -192,6 +196,21 @@ def _plan_entries(
         ids.append(part[plan.ids])
         dropped.append(part[plan.dropped_ids])
     return np.concatenate(offs).astype(np.int64), _cat(ids), np.unique(_cat(dropped))
+
+
+def _use_index(entries: IntArray) -> IntArray:
+    """For each entry, how many entries of the same sample come before it (0 for the first).
+
+    >>> _use_index(np.array([5, 3, 5, 5, 3])).tolist()
+    [0, 0, 1, 2, 1]
+    """
+    order = np.argsort(entries, kind="stable")
+    ordered = entries[order]
+    first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if entries.size else order
+    run_start = np.repeat(first, np.diff(np.r_[first, entries.size]))
+    out = np.empty(entries.size, dtype=np.int64)
+    out[order] = np.arange(entries.size) - run_start
+    return out
 
 
 def _cat(parts: list[IntArray]) -> IntArray:
@@ -245,8 +264,8 @@ def plan_mixture(
     >>> from neatpack.pipes.mixture import epoch_counts
     >>> counts = epoch_counts([4, 3], [2, 3], ["a", "b"], seed=0, epoch=0)
     >>> plan = plan_mixture(counts, [3, 3, 2, 2, 2], [0] * 5, capacity=6, epoch=0)
-    >>> sorted(sorted(plan.pack(int(p))) for p in plan.order)
-    [[0, 0], [1, 1], [2, 3, 4]]
+    >>> sorted(sorted(plan.pack(int(p))) for p in plan.order)  # a's 2nd uses: another pack
+    [[0, 1], [0, 1], [2, 3, 4]]
     """
     tot = np.asarray(total, dtype=np.int64)
     vis = np.asarray(visual, dtype=np.int64)

@@ -61,7 +61,11 @@ class MixtureRecords:
 
     def __getitem__(self, sample_id: int) -> dict[str, Any]:
         name, local = self.locate(sample_id)
-        record = dict(self.sources[self.names.index(name)][local])
+        try:
+            record = dict(self.sources[self.names.index(name)][local])
+        except Exception as exc:
+            exc.add_note(f"mixture sample {sample_id} is sample {local} of source {name!r}")
+            raise
         record["sample_id"] = int(sample_id)
         return record
 

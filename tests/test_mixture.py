@@ -4,6 +4,7 @@ ledger per source, resume, and blend changes at the next epoch and from the curs
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,7 @@ def test_token_share_per_source_within_one_percent_in_every_window_of_1000_packs
         assert len(plan) > 2000
         if single_source:
             assert all(len(set(plan.pack_sources(p))) == 1 for p in range(len(plan)))
+        assert all(len(set(plan.pack(p))) == len(plan.pack(p)) for p in range(len(plan)))
         report = realized_shares(plan, total, NAMES, WEIGHTS, window=1000, stride=100)
         assert report["worst"] <= 0.01, report
         assert np.allclose(report["epoch"], WEIGHTS, atol=0.002)
@@ -413,3 +415,34 @@ def test_target_shares_and_other_sources_refused(world: dict[str, Any]) -> None:
 def test_data_and_mixture_together_are_refused(world: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="data=None"):
         neat_vlm_graph(Path("x.jsonl"), world["processor"], config=_config(world))
+
+
+def _with_bad_record(world: dict[str, Any], tmp_path: Path, policy: str) -> Any:
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]
+    bad = [{"role": "user", "content": [{"type": "image", "image": "missing.png"}]},
+           {"role": "assistant", "content": "x"}]  # fmt: skip
+    path = tmp_path / "chat.jsonl"
+    lines = [{"messages": conv}] * 2 + [{"messages": bad}] + [{"messages": conv}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    mix = Mixture(sources=[
+        MixtureSource(name="caption", data=world["data"]["caption"],
+                      media_root=str(world["root"] / "caption" / "media"), weight=0.8),
+        MixtureSource(name="chat", data=path, media_root=str(tmp_path), weight=0.2),
+    ])  # fmt: skip
+    cfg = NeatVLMConfig(pack_size=1024, mixture=mix, on_bad_sample=policy)
+    return neat_vlm_graph(None, world["processor"], config=cfg)
+
+
+def test_bad_record_is_named_or_counted_once_per_use(world: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="sample_id=2") as info:
+        _with_bad_record(world, tmp_path, "raise")
+    assert any("mixture source 'chat'" in note for note in info.value.__notes__)
+    loader = _with_bad_record(world, tmp_path, "skip")
+    _run(loader)
+    plan = loader.source.plan_for(1)
+    bad = int(plan.bounds[1]) + 2
+    uses = int((plan.ids == bad).sum())
+    assert uses >= 2  # chat is upsampled: the bad record is planned several times
+    report = mixture_ledger([loader.ledgers[0]], plan.bounds, ["caption", "chat"])
+    assert report["chat"]["failed"] == uses  # once per use, not once per record
+    assert bad not in loader.ledgers[0].consumed
