@@ -78,6 +78,11 @@ class NeatLLMConfig:
                 f"{self.max_packs=} with a mixture: give sources fixed samples per epoch "
                 "(MixtureSource(samples=...)) or weights with Mixture(epoch_tokens=...) instead"
             )
+        if self.mixture is not None and not self.shuffle:
+            raise ValueError(
+                f"{self.shuffle=} with a mixture: its serving order spreads the sources over "
+                "the epoch from the seed; keep shuffle=True and fix the order with seed"
+            )
         if self.pack_size < 2:
             raise ValueError(f"{self.pack_size=} must be at least 2 tokens")
         if self.cp_size < 1 or (self.cp_size > 1 and self.pack_size % (2 * self.cp_size)):

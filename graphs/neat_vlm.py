@@ -130,6 +130,11 @@ class NeatVLMConfig:
                 f"{self.max_packs=} with a mixture: give sources fixed samples per epoch "
                 "(MixtureSource(samples=...)) or weights with Mixture(epoch_tokens=...) instead"
             )
+        if self.mixture is not None and not self.shuffle:
+            raise ValueError(
+                f"{self.shuffle=} with a mixture: its serving order spreads the sources over "
+                "the epoch from the seed; keep shuffle=True and fix the order with seed"
+            )
         if self.handler is not None:
             from neatpack.pipes.registry import HANDLERS
 

@@ -95,6 +95,9 @@ def test_spec_errors_name_the_value_and_the_fix() -> None:
         Mixture(sources=[MixtureSource(name="a", data=[], weight=1.0)] * 2)
     with pytest.raises(ValueError, match="on_change"):
         Mixture(sources=[MixtureSource(name="a", data=[], weight=1.0)], on_change="later")
+    with pytest.raises(ValueError, match="shuffle"):
+        NeatVLMConfig(mixture=Mixture(sources=[MixtureSource(name="a", data=[], weight=1)]),
+                      shuffle=False)  # fmt: skip
     with pytest.raises(ValueError, match="max_packs"):
         NeatVLMConfig(mixture=Mixture(sources=[MixtureSource(name="a", data=[], weight=1)]),
                       max_packs=3)  # fmt: skip
