@@ -174,11 +174,11 @@ def _plan_entries(
     rounds = _use_index(entries)
     src = np.searchsorted(bounds, entries, side="right") - 1
     sources = range(int(bounds.size - 1)) if single_source else [None]
-    groups = [
+    groups = (  # one at a time: a 10M-entry epoch keeps one part in memory, not all
         entries[(rounds == r) & (True if s is None else src == s)]
         for r in range(int(rounds.max()) + 1 if rounds.size else 0)
         for s in sources
-    ]
+    )
     offs, ids, dropped = [np.zeros(1, np.int64)], [], []
     for part in groups:
         if not part.size:
