@@ -23,8 +23,10 @@ from neatpack.pipes.mixture import (
 )
 from neatpack.pipes.mixture_plan import plan_mixture, replan_from_cursor
 from neatpack.pipes.mixture_report import mixture_ledger, realized_shares, target_shares
+from neatpack.pipes.mixture_source import MixtureLayout, MixturePackSource
 from neatpack.pipes.source import StateMismatchError
 from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.testing import assert_resumable
 from neatpack.pipes.tiny import load_tiny_processor
 
 NAMES = ("caption", "ocr", "charts")
@@ -184,6 +186,23 @@ def test_replan_from_cursor_keeps_served_packs_and_lists_what_it_drops() -> None
             assert not (mine(old_uses) - mine(new_uses))
     charts = np.array([new_uses[i] for i in range(int(bounds[2]), int(bounds[3]))])
     assert charts.max() - charts.min() <= 1  # topped up least-used first
+
+
+def test_mixture_pack_source_passes_assert_resumable() -> None:
+    rng = np.random.default_rng(0)
+    total = np.concatenate([rng.integers(5, 60, 30), rng.integers(5, 60, 4)])
+    layout = MixtureLayout(
+        names=("big", "small"), sizes=(30, 4), total=total, visual=np.zeros_like(total),
+        capacity=100, packing_ratio=1.0, overlong="raise", seed=0, single_source=False,
+        lengths_fingerprint="t",
+    )  # fmt: skip
+    blend = {"epoch_tokens": None, "sources": [["big", 0.7, None], ["small", 0.3, None]]}
+    for world_size, rank in ((1, 0), (2, 1)):
+
+        def make(rank: int = rank, world_size: int = world_size) -> MixturePackSource:
+            return MixturePackSource(layout, blend, rank=rank, world_size=world_size, tail="pad")
+
+        assert assert_resumable(make, epochs=2) > 0
 
 
 # ---------------------------------------------------------------- the graph
