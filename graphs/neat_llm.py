@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.leak_probe import packing_boundaries
+from neatpack.pipes.mixture import Mixture
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.read import JsonlSource
@@ -69,8 +70,20 @@ class NeatLLMConfig:
     boundaries: bool = False  # seq_idx + cu_seq_lens for linear-attention / SSM layers
     allow_packing_leak: bool = False  # pack a model whose leak probe fails (#20)
     cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size
+    # several weighted sources instead of `data` (#16; pipes/mixture.py, graphs/mixture.py)
+    mixture: Mixture | None = None
 
     def __post_init__(self) -> None:
+        if self.mixture is not None and self.max_packs is not None:
+            raise ValueError(
+                f"{self.max_packs=} with a mixture: give sources fixed samples per epoch "
+                "(MixtureSource(samples=...)) or weights with Mixture(epoch_tokens=...) instead"
+            )
+        if self.mixture is not None and not self.shuffle:
+            raise ValueError(
+                f"{self.shuffle=} with a mixture: its serving order spreads the sources over "
+                "the epoch from the seed; keep shuffle=True and fix the order with seed"
+            )
         if self.pack_size < 2:
             raise ValueError(f"{self.pack_size=} must be at least 2 tokens")
         if self.cp_size < 1 or (self.cp_size > 1 and self.pack_size % (2 * self.cp_size)):
@@ -185,6 +198,18 @@ def neat_llm_parts(
     (``pipes/context_parallel.py``).
     """
     cfg = config or NeatLLMConfig()
+    if cfg.mixture is not None:
+        if data is not None or lengths is not None:
+            raise ValueError(
+                "NeatLLMConfig(mixture=...) names the data: pass data=None and no lengths "
+                f"(got data of type {type(data).__name__}, lengths={lengths is not None})"
+            )
+        from neatpack.graphs.mixture import mixture_llm_parts
+
+        return mixture_llm_parts(
+            config=cfg, rank=rank, world_size=world_size, pack_transform=pack_transform,
+            batch_transform=batch_transform, model=model, cp_rank=cp_rank,
+        )  # fmt: skip
     boundaries = packing_boundaries(
         model, boundaries=cfg.boundaries, allow_leak=cfg.allow_packing_leak
     )
@@ -226,9 +251,10 @@ def neat_llm_parts(
         steps.append(ContextParallelSplitter(cfg.cp_size, cp_rank))
     plan_key = {
         k: v
-        for k, v in asdict(cfg).items()
+        for k, v in ((f.name, getattr(cfg, f.name)) for f in fields(cfg))  # no deep copy
         if k
         not in (
+            "mixture",
             "num_workers",
             "multiprocessing_context",
             "prefetch",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +41,7 @@ from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
+from neatpack.pipes.mixture import Mixture
 from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
@@ -97,6 +98,8 @@ class NeatVLMConfig:
     boundaries: bool = False  # seq_idx + cu_seq_lens for linear-attention / SSM layers (#20)
     allow_packing_leak: bool = False  # pack a model whose leak probe fails (#20)
     cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size (#20)
+    # several weighted sources instead of `data` (#16; pipes/mixture.py, graphs/mixture.py)
+    mixture: Mixture | None = None
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -122,6 +125,16 @@ class NeatVLMConfig:
             raise ValueError(
                 f"{self.cp_size=} must be >= 1 and 2 * cp_size must divide {self.pack_size=} "
                 "(every document and the row are split into 2 * cp_size chunks)"
+            )
+        if self.mixture is not None and self.max_packs is not None:
+            raise ValueError(
+                f"{self.max_packs=} with a mixture: give sources fixed samples per epoch "
+                "(MixtureSource(samples=...)) or weights with Mixture(epoch_tokens=...) instead"
+            )
+        if self.mixture is not None and not self.shuffle:
+            raise ValueError(
+                f"{self.shuffle=} with a mixture: its serving order spreads the sources over "
+                "the epoch from the seed; keep shuffle=True and fix the order with seed"
             )
         if self.handler is not None:
             from neatpack.pipes.registry import HANDLERS
@@ -150,7 +163,7 @@ class NeatVLMConfig:
             "pad_to_multiple_of",
             "fake_image",
         )
-        key = {k: v for k, v in asdict(self).items() if k in keep}
+        key = {k: getattr(self, k) for k in keep}  # not asdict: it deep-copies mixture data
         if self.handler is not None:  # only when set: older checkpoints keep their key
             key["handler"] = self.handler
         if self.cp_size > 1:  # only when set: older checkpoints keep their key
@@ -219,6 +232,19 @@ def neat_vlm_parts(
     ``cp_rank`` then makes every batch that context-parallel rank's shard.
     """
     cfg = config or NeatVLMConfig()
+    if cfg.mixture is not None:
+        if data is not None or lengths is not None:
+            raise ValueError(
+                "NeatVLMConfig(mixture=...) names the data: pass data=None and no lengths "
+                f"(got data of type {type(data).__name__}, lengths={lengths is not None})"
+            )
+        from neatpack.graphs.mixture import mixture_parts
+
+        return mixture_parts(
+            processor, config=cfg, rank=rank, world_size=world_size,
+            sample_transform=sample_transform, pack_transform=pack_transform,
+            batch_transform=batch_transform, model=model, cp_rank=cp_rank,
+        )  # fmt: skip
     from neatpack.pipes.leak_probe import packing_boundaries
 
     boundaries = packing_boundaries(

@@ -174,6 +174,8 @@ def _output(path: str | None) -> Iterator[Path | None]:
 
 
 def _check_common(args: argparse.Namespace) -> None:
+    if args.data is None:
+        raise UsageError("pass a data file (.jsonl or .json), or --mixture FILE to plan")
     if not Path(args.data).is_file():
         raise UsageError(f"data file {args.data!r} does not exist: pass a .jsonl or .json file")
     if args.pack_size < 2:
@@ -248,6 +250,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``neatpack plan``: build the length index and the plan, print the report."""
     from neatpack.pipes.plan import plan_packs
 
+    if getattr(args, "mixture", None):  # several weighted sources (#16)
+        from neatpack.graphs.mixture_cli import cmd_plan_mixture
+
+        return cmd_plan_mixture(args)
     _check_common(args)
     if args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be >= 1")
@@ -391,7 +397,7 @@ def _inspect_text(s: dict[str, Any]) -> str:
 
 
 def _common_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", help="a .jsonl or .json file of conversations")
+    p.add_argument("data", nargs="?", help="a .jsonl or .json file of conversations")
     p.add_argument(
         "--processor",
         required=True,
@@ -434,6 +440,8 @@ def add_report_commands(sub: Any) -> None:
         help="a media file that cannot be read: raise, or fallback (counted)",
     )
     plan.add_argument("--png", help="write a picture of pack fill and per-step balance")
+    plan.add_argument("--mixture", help="a mixture JSON (graphs/mixture_cli.py) instead of data")
+    plan.add_argument("--window-steps", type=int, default=100, help="mixture: steps per window")
     plan.set_defaults(func=cmd_plan)
     inspect = sub.add_parser("inspect", help="draw one batch: documents, labels, mask")
     _common_arguments(inspect)

@@ -134,6 +134,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "tiny": ("load_tiny_processor",),
     "synth": ("write_corpus",),
+    "mixture": ("Mixture", "MixtureSource", "epoch_counts", "fill_counts", "source_targets"),
+    "mixture_plan": ("MixturePlan", "plan_mixture", "replan_from_cursor"),
+    "mixture_source": ("MixturePackSource", "MixtureRecords", "SourceTagger"),
+    "mixture_report": ("mixture_ledger", "realized_shares", "target_shares"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

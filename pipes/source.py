@@ -196,13 +196,7 @@ class PackSource(BaseNode[PackRef]):
                 f"pack source state has {version=}, this neatpack reads version {self.VERSION}"
             )
         group_size = int(state[self.GROUP_SIZE_KEY])
-        want = self.plan_for(group_size).fingerprint
-        if state[self.FINGERPRINT_KEY] != want:
-            raise StateMismatchError(
-                "the saved state was taken on a different plan (the data, the lengths or the "
-                f"plan config changed): saved fingerprint {state[self.FINGERPRINT_KEY]!r}, "
-                f"this plan {want!r}. Resume with the same data and config, or start afresh."
-            )
+        self.check_plan(state, group_size)
         saved_world, saved_rank = int(state[self.WORLD_SIZE_KEY]), int(state[self.RANK_KEY])
         if saved_world == self.world_size and saved_rank != self.rank:
             raise StateMismatchError(
@@ -217,6 +211,20 @@ class PackSource(BaseNode[PackRef]):
         else:  # elastic: re-stride the rest of the epoch from the global cursor
             start, local = int(state[self.CURSOR_KEY]), 0
         return ResumePoint(int(state[self.EPOCH_KEY]), group_size, start, local)
+
+    def check_plan(self, state: dict[str, Any], group_size: int) -> None:
+        """Refuse a state saved on another plan (a subclass may accept some changes)."""
+        want = self.plan_fingerprint(ResumePoint(int(state[self.EPOCH_KEY]), group_size, 0, 0))
+        if state[self.FINGERPRINT_KEY] != want:
+            raise StateMismatchError(
+                "the saved state was taken on a different plan (the data, the lengths or the "
+                f"plan config changed): saved fingerprint {state[self.FINGERPRINT_KEY]!r}, "
+                f"this plan {want!r}. Resume with the same data and config, or start afresh."
+            )
+
+    def plan_fingerprint(self, point: ResumePoint) -> str:
+        """The fingerprint a state at ``point`` records (the plan of its group size)."""
+        return self.plan_for(point.group_size).fingerprint
 
     def next(self) -> PackRef:
         self._started = True
@@ -243,7 +251,7 @@ class PackSource(BaseNode[PackRef]):
         """The state this source has at ``point`` (the loader saves the trainer's position)."""
         return {
             self.VERSION_KEY: self.VERSION,
-            self.FINGERPRINT_KEY: self.plan_for(point.group_size).fingerprint,
+            self.FINGERPRINT_KEY: self.plan_fingerprint(point),
             self.EPOCH_KEY: point.epoch,
             self.START_KEY: point.start,
             self.LOCAL_KEY: point.local,

@@ -114,3 +114,14 @@ def test_families_table_covers_every_handler_and_names_real_tests() -> None:
     assert not absent, f"README families table cites missing test files {absent}"
     for ref in re.findall(r"`(tests/[\w/]+\.py)::(\w+)", section):
         assert f"def {ref[1]}(" in (ROOT / ref[0]).read_text(), f"{ref[0]} has no {ref[1]}"
+
+
+def test_mixture_example_runs() -> None:
+    section = README.split("## Mixtures of datasets", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    scope: dict[str, object] = {}
+    exec(compile(code.group(1), "README-mixture", "exec"), scope)
+    batch, state = scope["batch"], scope["state"]
+    assert batch["source_names"] == ["ocr", "charts"]  # type: ignore[index]
+    assert state["source"]["mixture"]["segments"][0][0] == 0  # type: ignore[index]
