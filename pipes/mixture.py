@@ -89,9 +89,9 @@ class Mixture:
     ``epoch_tokens``: the weighted sources' token budget per epoch (None: their tokens once).
     ``single_source_packs``: every pack holds one source's samples (per-source losses).
     ``on_change``: what a resume does when the state was saved with another blend:
-    ``"refuse"`` (raise, naming the change), ``"next_epoch"`` (finish the saved epoch with the
-    saved blend, then the new one) or ``"cursor"`` (re-plan the rest of the saved epoch from
-    the samples not yet consumed; the ones the new blend drops are listed).
+    ``"next_epoch"`` (the default: finish the saved epoch with the saved blend, then the new
+    one), ``"cursor"`` (re-plan the rest of the saved epoch from the samples not yet consumed;
+    the ones the new blend drops are listed) or ``"refuse"`` (raise, naming the change).
 
     >>> mix = Mixture(sources=[MixtureSource(name="ocr", data=[], weight=0.7),
     ...                        MixtureSource(name="chat", data=[], samples=100)])
@@ -102,7 +102,7 @@ class Mixture:
     sources: Sequence[MixtureSource]
     epoch_tokens: int | None = None
     single_source_packs: bool = False
-    on_change: str = "refuse"
+    on_change: str = "next_epoch"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))

@@ -8,8 +8,8 @@ Global sample ids run over the sources in order: with sources ``ocr`` (3 records
 ``MixturePackSource`` is a ``PackSource`` whose plan is the epoch's (``MixtureLayout.epoch_plan``)
 and whose state also records the blend(s) the epoch was planned with: a list of
 ``[cursor, blend]`` segments (one, unless the blend changed mid-epoch with
-``on_change="cursor"``). On resume with another blend ``Mixture.on_change`` decides: refuse,
-finish the saved epoch with the saved blend, or re-plan the rest from the cursor.
+``on_change="cursor"``). On resume with another blend ``Mixture.on_change`` decides: finish
+the saved epoch with the saved blend (the default), re-plan the rest from the cursor, or refuse.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class MixturePackSource(PackSource):
         layout: MixtureLayout,
         blend: Blend,
         *,
-        on_change: str = "refuse",
+        on_change: str = "next_epoch",
         rank: int,
         world_size: int,
         batch_size: int = 1,

@@ -316,9 +316,11 @@ def _saved_mid_epoch(world: dict[str, Any], steps: int = 3) -> tuple[dict[str, A
 NEW = (0.5, 0.1, 0.4)  # ocr down, charts up
 
 
-def test_blend_change_is_refused_unless_told(world: dict[str, Any]) -> None:
+def test_blend_change_is_refused_when_asked(world: dict[str, Any]) -> None:
     state, _ = _saved_mid_epoch(world)
-    loader = neat_vlm_graph(None, world["processor"], config=_config(world, NEW))
+    loader = neat_vlm_graph(
+        None, world["processor"], config=_config(world, NEW, on_change="refuse")
+    )
     with pytest.raises(StateMismatchError, match="on_change='next_epoch'"):
         loader.load_state_dict(state)
 
@@ -326,9 +328,7 @@ def test_blend_change_is_refused_unless_told(world: dict[str, Any]) -> None:
 def test_blend_change_at_the_next_epoch(world: dict[str, Any]) -> None:
     state, head = _saved_mid_epoch(world)
     old = neat_vlm_graph(None, world["processor"], config=_config(world))
-    loader = neat_vlm_graph(
-        None, world["processor"], config=_config(world, NEW, on_change="next_epoch")
-    )
+    loader = neat_vlm_graph(None, world["processor"], config=_config(world, NEW))  # the default
     loader.load_state_dict(state)
     torch.save(loader.state_dict(), world["root"] / "st.pt")  # stays a plain, loadable dict
     _run(loader, epochs=2)
