@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from neatpack.graphs.cli import UsageError, _load_processor, _writable
+from neatpack.graphs.cli_inputs import UsageError, load_processor, writable_path
 from neatpack.pipes.binpack import OVERLONG_POLICIES, lower_bound
 from neatpack.pipes.lengths import LengthIndex
 from neatpack.pipes.overlong import OverlongSummary, summarize_overlong
@@ -164,7 +164,7 @@ def _output(path: str | None) -> Iterator[Path | None]:
         yield None
         return
     existed = os.path.exists(path)
-    out = _writable(path)
+    out = writable_path(path)
     try:
         yield out
     except BaseException:
@@ -254,7 +254,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not 0.0 < args.packing_ratio <= 1.0:
         raise UsageError(f"--packing-ratio {args.packing_ratio} must be in (0, 1]")
     with _output(args.png) as png:
-        processor = _load_processor(args.processor)
+        processor = load_processor(args.processor)
         index, reused = _length_index(args, processor, args.missing_media)
         overlong = _check_overlong(index, args.pack_size, args.overlong, args)
         plan = plan_packs(
@@ -329,7 +329,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     with _output(args.png) as png:
         if png is None:
             raise UsageError("--png FILE is required: where to write the picture")
-        processor = _load_processor(args.processor)
+        processor = load_processor(args.processor)
         index, _ = _length_index(args, processor)
         _check_overlong(index, args.pack_size, args.overlong, args)
         if not np.any(np.asarray(index.total) <= args.pack_size):

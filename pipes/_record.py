@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from .errors import RecordError
+
 __all__ = [
     "MEDIA_TYPES",
     "RecordError",
@@ -47,10 +49,6 @@ _PASSTHROUGH = ("images_meta", "videos_meta", "audios_meta", "_text_tokens", "_m
 # Media block keys kept as given (the tokenizers check them, naming the sample): a video's frame
 # rate (timestamps) and an audio's sampling rate (checked against the WAV header / extractor).
 _BLOCK_KEYS = {"video": ("fps",), "audio": ("sampling_rate",)}
-
-
-class RecordError(ValueError):
-    """A raw record that cannot be read; the message names the sample id and the fix."""
 
 
 def resolve_media_path(path: str, sample_id: int, media_root: str | None) -> str:

@@ -116,7 +116,7 @@ def estimate_lengths(
     """
     from ._record import RecordError
     from .estimate import LengthEstimator
-    from .lengths import _estimate_slice
+    from .lengths import estimate_slice
 
     if estimator is None:
         estimator = LengthEstimator.from_processor(processor) if processor else LengthEstimator()
@@ -124,7 +124,7 @@ def estimate_lengths(
     if ids is not None:
         source = _Picked(source, ids)
     try:
-        total, _, fallbacks = _estimate_slice(source, estimator, 0, len(source), progress=False)
+        total, _, fallbacks = estimate_slice(source, estimator, 0, len(source), progress=False)
     except RecordError as e:
         raise type(e)(
             f"{e}. LengthGroupedSampler estimates lengths from the raw conversations under the "

@@ -131,10 +131,10 @@ class TarShardSource:
         media_root: str | os.PathLike[str] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        from .read import _media_root
+        from .read import real_media_root
 
         self.paths = _paths(shards, "tar")
-        self.media_root = _media_root(media_root)
+        self.media_root = real_media_root(media_root)
         fps = [shard_fingerprint(p) for p in self.paths]
         self._samples = [
             self._index(p, fp, cache_dir) for p, fp in zip(self.paths, fps, strict=True)
@@ -318,10 +318,10 @@ class ParquetSource:
     ) -> None:
         import pyarrow.parquet as pq
 
-        from .read import _media_root
+        from .read import real_media_root
 
         self.paths = _paths(shards, "Parquet")
-        self.media_root = _media_root(media_root)
+        self.media_root = real_media_root(media_root)
         groups: list[list[int]] = []
         for p in self.paths:
             try:

@@ -216,7 +216,8 @@ class MaskConverter:
         self.attn_implementation, self.dtype = attn_implementation, dtype
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        from .mask import to_4d_additive_mask, to_4d_bool_mask, to_block_mask
+        from .block_mask import to_block_mask
+        from .mask import to_4d_additive_mask, to_4d_bool_mask
 
         doc_ids = batch.get("doc_ids")
         if doc_ids is None or doc_ids.dim() != 2:

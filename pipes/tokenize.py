@@ -71,7 +71,7 @@ def _fake_block(ids: Tensor, mm: Tensor, n_tokens: int, tok: Any) -> Tensor:
     return torch.arange(lo, hi)
 
 
-def _video_metadata(
+def video_metadata_of(
     record: Mapping[str, Any], videos: list[Any], video_fps: list[float | None]
 ) -> list[dict[str, Any]] | None:
     """Frame-list videos with a known frame rate: the block's ``fps``, else ``videos_meta[k][3]``
@@ -138,7 +138,7 @@ def prepare_conversation(
             vp = getattr(processor, "video_processor", None)
             sample_frames = bool(getattr(vp, "do_sample_frames", False))
         kwargs["videos"], kwargs["do_sample_frames"] = videos, sample_frames
-        metadata = _video_metadata(record, videos, video_fps)
+        metadata = video_metadata_of(record, videos, video_fps)
         if metadata is not None:
             kwargs["video_metadata"] = metadata
     try:
