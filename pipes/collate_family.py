@@ -33,8 +33,8 @@ from torch import Tensor
 
 from .collate import neat_packed_vlm_collater
 from .collate_media import merge_media
-from .mask_format import resolve_mask_format
 from .mask import to_4d_additive_mask
+from .mask_format import resolve_mask_format
 from .registry import Handler, resolve_handler
 
 __all__ = [

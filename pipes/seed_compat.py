@@ -24,28 +24,16 @@ from .media_tokens import (
     video_config_from_seed,
 )
 
-__all__ = [
-    "_estimate_image_tokens",
-    "_estimate_sample_length",
-    "_estimate_video_tokens",
-    "_expand_image_tokens",
-    "_smart_resize_image",
-    "_smart_resize_video",
-]
+# No __all__: the seed's names are listed once, in neatpack.pipes._EXPORTS["seed_compat"]
+# (tests/test_layout.py checks that every seed name defined here is listed there).
 
 _expand_image_tokens = expand_image_tokens  # the seed's name (datasets.vlm.collate_fns)
 
 
-def _smart_resize_image(
-    height: int,
-    width: int,
-    factor: int = 28,
-    min_pixels: int = 56 * 56,
-    max_pixels: int = 14 * 14 * 4 * 1280,
-) -> tuple[int, int]:
-    """Seed name for ``smart_resize``. Unlike the seed, an aspect ratio over 200 raises
-    ``ValueError`` as transformers does (the seed returned a size the processor refuses)."""
-    return smart_resize(height, width, factor, min_pixels, max_pixels)
+# Seed name for ``smart_resize`` (same signature and defaults). Unlike the seed, an aspect
+# ratio over 200 raises ``ValueError`` as transformers does (the seed returned a size the
+# processor refuses).
+_smart_resize_image = smart_resize
 
 
 def _smart_resize_video(

@@ -193,3 +193,16 @@ def test_the_checks_catch_a_cycle_and_a_private_import(tmp_path: Path) -> None:
         "from fake.c import _hidden",
         "from fake.c import _hidden",
     ]
+
+
+def test_seed_names_importable_from_the_package() -> None:
+    """Every seed name ``seed_compat.py`` defines is exported by ``neatpack.pipes``, and the short
+    ``__all__`` of the core is a subset of what ``dir()`` lists (every export resolves)."""
+    from neatpack.pipes import _EXPORTS, seed_compat
+
+    defined = {n for n in vars(seed_compat) if n.startswith("_") and not n.startswith("__")}
+    assert defined == set(_EXPORTS["seed_compat"])
+    for name in defined:
+        assert getattr(neatpack.pipes, name) is getattr(seed_compat, name)
+    assert set(neatpack.pipes.__all__) <= set(dir(neatpack.pipes))
+    assert len(neatpack.pipes.__all__) < 25  # short and deliberate: the core only
