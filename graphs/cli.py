@@ -11,7 +11,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _comparable(batch: dict[str, Any]) -> dict[str, Any]:
+def _comparable(batch: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in batch.items() if k != "packs"} | {
         "ids": [m["sample_ids"] for m in batch["packs"]]
     }

@@ -38,6 +38,7 @@ from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.stages import GraphParts
+from neatpack.pipes.contracts import Record
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
@@ -379,8 +380,8 @@ class _EstimateChecked:
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
-        record: dict[str, Any] = self.source[sample_id]
+    def __getitem__(self, sample_id: int) -> Record:
+        record: Record = self.source[sample_id]
         if int(sample_id) in self.ids:
             self.estimator.estimate_sample(record)  # raises EstimateError naming the sample
         return record

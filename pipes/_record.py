@@ -24,8 +24,9 @@ import gc
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
+from .contracts import Record
 from .errors import RecordError
 
 __all__ = [
@@ -189,7 +190,7 @@ def _llava(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> li
     return conv
 
 
-def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> dict[str, Any]:
+def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> Record:
     """Convert one raw record into a Record dict (see the module docstring)."""
     if not isinstance(raw, Mapping):
         raise RecordError(f"sample_id={sample_id}: record is a {type(raw).__name__}, not a dict")
@@ -231,7 +232,7 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
             record[k] = v
     from .video import fill_video_meta  # video files: videos_meta from the container header
 
-    return fill_video_meta(record)
+    return cast(Record, fill_video_meta(record))  # the keys of the contract, set above
 
 
 RawStats = tuple[int, int, int, int, int, int, bool]

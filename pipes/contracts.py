@@ -20,11 +20,10 @@ Batch (``docs/families.md``); they travel through untouched.
 True
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from typing import Any, NotRequired, TypedDict
-
-from torch import Tensor
+if TYPE_CHECKING:  # annotations only: reading records and planning never import torch
+    from torch import Tensor
 
 __all__ = ["Batch", "Pack", "PackRef", "Record", "Sample"]
 
@@ -45,15 +44,15 @@ class Sample(TypedDict):
     """One tokenized conversation, NOT shifted (section 4)."""
 
     sample_id: int
-    input_ids: Tensor
-    labels: Tensor
-    attention_mask: Tensor
-    mm_token_type_ids: Tensor
-    pixel_values: NotRequired[Tensor]
-    image_grid_thw: NotRequired[Tensor]
-    pixel_values_videos: NotRequired[Tensor]
-    video_grid_thw: NotRequired[Tensor]
-    second_per_grid_ts: NotRequired[Tensor]
+    input_ids: "Tensor"
+    labels: "Tensor"
+    attention_mask: "Tensor"
+    mm_token_type_ids: "Tensor"
+    pixel_values: NotRequired["Tensor"]
+    image_grid_thw: NotRequired["Tensor"]
+    pixel_values_videos: NotRequired["Tensor"]
+    video_grid_thw: NotRequired["Tensor"]
+    second_per_grid_ts: NotRequired["Tensor"]
 
 
 class PackRef(TypedDict):
@@ -70,50 +69,53 @@ class Pack(TypedDict):
     """Shifted samples concatenated into one row (section 5)."""
 
     sample_ids: list[int]
-    input_ids: Tensor
-    labels: Tensor
-    attention_mask: Tensor
-    position_ids: Tensor
-    text_position_ids: Tensor
-    mm_token_type_ids: Tensor
+    input_ids: "Tensor"
+    labels: "Tensor"
+    attention_mask: "Tensor"
+    position_ids: "Tensor"
+    text_position_ids: "Tensor"
+    mm_token_type_ids: "Tensor"
     seq_lens: list[int]
     seq_lens_padded: list[int]
     n_images: int
     n_videos: int
-    pixel_values: NotRequired[Tensor | list[Tensor] | None]
-    image_grid_thw: NotRequired[Tensor | None]
-    pixel_values_videos: NotRequired[Tensor | list[Tensor] | None]
-    video_grid_thw: NotRequired[Tensor | None]
-    second_per_grid_ts: NotRequired[Tensor | None]
+    pixel_values: NotRequired["Tensor | list[Tensor] | None"]
+    image_grid_thw: NotRequired["Tensor | None"]
+    image_position_ids: NotRequired["Tensor | None"]
+    pixel_values_videos: NotRequired["Tensor | list[Tensor] | None"]
+    video_grid_thw: NotRequired["Tensor | None"]
+    second_per_grid_ts: NotRequired["Tensor | None"]
     pack_index: NotRequired[int]
     epoch: NotRequired[int]
     planned_sample_ids: NotRequired[list[int]]
     report: NotRequired[dict[str, Any]]
+    media_samples: NotRequired[list[dict[str, Any]]]
 
 
 class Batch(TypedDict):
     """Packs padded to ``[B, S]`` with the attention inputs of one format (section 6)."""
 
-    input_ids: Tensor
-    labels: Tensor
-    mm_token_type_ids: Tensor
-    position_ids: Tensor
-    doc_ids: Tensor
+    input_ids: "Tensor"
+    labels: "Tensor"
+    mm_token_type_ids: "Tensor"
+    position_ids: "Tensor"
+    doc_ids: "Tensor"
     attention_mask: Any  # a [B,1,S,S] mask, a flex BlockMask, the [B,S] doc ids, or None
     sample_ids: list[list[int]]
     num_label_tokens: int
     num_documents: int
-    label_weights: Tensor
-    pixel_values: NotRequired[Tensor | list[Tensor]]
-    image_grid_thw: NotRequired[Tensor]
-    pixel_values_videos: NotRequired[Tensor | list[Tensor]]
-    video_grid_thw: NotRequired[Tensor]
-    second_per_grid_ts: NotRequired[Tensor]
-    n_images_per_sample: NotRequired[Tensor]
-    n_videos_per_sample: NotRequired[Tensor]
-    cu_seq_lens_q: NotRequired[Tensor]
-    cu_seq_lens_k: NotRequired[Tensor]
+    label_weights: "Tensor"
+    pixel_values: NotRequired["Tensor | list[Tensor]"]
+    image_grid_thw: NotRequired["Tensor"]
+    image_position_ids: NotRequired["Tensor"]
+    pixel_values_videos: NotRequired["Tensor | list[Tensor]"]
+    video_grid_thw: NotRequired["Tensor"]
+    second_per_grid_ts: NotRequired["Tensor"]
+    n_images_per_sample: NotRequired["Tensor"]
+    n_videos_per_sample: NotRequired["Tensor"]
+    cu_seq_lens_q: NotRequired["Tensor"]
+    cu_seq_lens_k: NotRequired["Tensor"]
     max_length_q: NotRequired[int]
     max_length_k: NotRequired[int]
     packed_seq_params: NotRequired[dict[str, Any]]
-    seq_idx: NotRequired[Tensor]
+    seq_idx: NotRequired["Tensor"]

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from .contracts import Pack
 from .mrope import compute_mrope_position_ids
-from .pack import Pack, concat_shifted, shift_sample
+from .pack import concat_shifted, shift_sample
 from .robust_collate import RobustCollate
 
 

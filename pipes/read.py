@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._record import RecordError, paused_gc, to_record
+from .contracts import Record
 
 __all__ = [
     "HFDatasetSource",
@@ -41,7 +42,6 @@ __all__ = [
     "to_record",
 ]
 
-Record = dict[str, Any]
 _CHUNK = 1 << 20  # 1 MiB: read and hash granularity
 _BLOCK = 8 << 20  # 8 MiB: sequential read block of iter_raw
 

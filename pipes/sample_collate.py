@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .collate_media import collate_media
+from .contracts import Sample
 from .loss import CROSS_ENTROPY_IGNORE_IDX, add_label_counts
 
 __all__ = [
@@ -79,7 +80,7 @@ def _shift(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def pad_collate_fn(
-    examples: Sequence[Mapping[str, Any]],
+    examples: Sequence[Sample],
     processor: Any,
     max_length: int | None = None,
     *,

@@ -26,6 +26,8 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
+from .contracts import Record
+
 __all__ = ["LengthGroupedSampler", "estimate_lengths", "raw_records"]
 
 
@@ -85,7 +87,7 @@ class _Indexed:
     def __len__(self) -> int:
         return len(self.obj)
 
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+    def __getitem__(self, sample_id: int) -> Record:
         from ._record import to_record
 
         return to_record(self.obj[sample_id], int(sample_id), None)

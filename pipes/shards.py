@@ -36,6 +36,7 @@ from typing import Any, Final
 import numpy as np
 
 from ._record import RecordError, to_record
+from .contracts import Record
 
 __all__ = [
     "ParquetSource",
@@ -219,7 +220,7 @@ class TarShardSource:
                 raw["videos"] = videos
         return raw
 
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+    def __getitem__(self, sample_id: int) -> Record:
         return to_record(self.raw(sample_id), int(sample_id), self.media_root)
 
     def content_fingerprint(self) -> str:
@@ -355,7 +356,7 @@ class ParquetSource:
         group = bisect.bisect_right(starts, local) - 1
         return dict(self._rows(shard, group)[local - int(starts[group])])
 
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+    def __getitem__(self, sample_id: int) -> Record:
         return to_record(self.raw(sample_id), int(sample_id), self.media_root)
 
     def iter_raw(self, start: int, stop: int) -> Iterator[Any]:

@@ -33,13 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 from PIL import Image
 from torch import Tensor
 
 from ._conversation import forbidden_tokens, parse_conversation
+from .contracts import Sample
 from .labels import IGNORE_INDEX, RoleMarkers, conversation_labels, resolve_role_markers
 from .media import SampleError, load_image, load_video
 
@@ -228,7 +229,7 @@ def tokenize_conversation(
 
 def tokenize_conversations(
     records: Sequence[Mapping[str, Any]], processor: Any, **options: Any
-) -> list[dict[str, Any]]:
+) -> list[Sample]:
     """``tokenize_conversation`` for several Records with ONE processor call for all of those
     without videos (the image processor resizes same-size images together, and the per-call
     overhead is paid once). Each Sample equals ``tokenize_conversation``'s for its record, and the
@@ -238,7 +239,8 @@ def tokenize_conversations(
     label_policy = options.pop("label_policy", "assistant")
     _check_policy(label_policy)
     preps = [prepare_conversation(r, processor, **options) for r in records]
-    return finish_conversations(preps, processor, label_policy=label_policy)
+    samples = finish_conversations(preps, processor, label_policy=label_policy)
+    return cast(list[Sample], samples)  # docs/data_contracts.md section 4
 
 
 def _check_policy(label_policy: str) -> None:
