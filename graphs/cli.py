@@ -146,8 +146,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the module's canonical copy, so UsageError raised by neatpack.graphs.report (which
-    # imports neatpack.graphs.cli) is the class main() catches.
-    from neatpack.graphs.cli import main as _main
-
-    sys.exit(_main())
+    # UsageError lives in cli_inputs, so this __main__ copy catches the class report.py raises.
+    sys.exit(main())
