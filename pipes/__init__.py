@@ -42,7 +42,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "MEDIA_KEYS",
         "build_pack",
         "build_packed_sample",
-        "build_packed_vlm_sample",
         "shift_sample",
     ),
     "materialize": ("MaterializeConfig", "MaterializeReport", "Materializer", "materialize_pack"),
@@ -140,6 +139,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "_expand_image_tokens",
         "_smart_resize_image",
         "_smart_resize_video",
+        "build_packed_vlm_sample",
     ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -280,22 +280,6 @@ def build_pack(
     )
 
 
-def build_packed_vlm_sample(
-    samples: Sequence[dict[str, Any]],
-    pack_size: int,
-    padding_idx: int,
-    has_mrope: bool = False,
-    sequence_alignment: int = 1,
-) -> Pack:
-    """Seed-compatible public `_build_packed_vlm_sample`: ALREADY-SHIFTED samples in, one pack
-    out, no tail padding (`pack_size` unused, as in the seed; the collater pads). Unlike the seed
-    it supports mRoPE with alignment and keeps fake-image tokens masked (module docstring)."""
-    del pack_size
-    return concat_shifted(
-        samples, padding_idx=padding_idx, alignment=sequence_alignment, mrope=has_mrope
-    )
-
-
 def build_packed_sample(
     samples: Sequence[dict[str, Any]], pack_size: int, padding_idx: int = 0
 ) -> dict[str, torch.Tensor]:

@@ -11,9 +11,10 @@ differs. New code should call the core functions. Every name here is importable 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .contracts import Pack
 from .estimate import LengthEstimator
 from .estimate_types import TemplateOverhead
 from .expand_tokens import expand_image_tokens
@@ -23,9 +24,10 @@ from .media_tokens import (
     smart_resize_video,
     video_config_from_seed,
 )
+from .pack import concat_shifted
 
 # No __all__: the seed's names are listed once, in neatpack.pipes._EXPORTS["seed_compat"]
-# (tests/test_layout.py checks that every seed name defined here is listed there).
+# (tests/test_layout.py checks that every name defined here is listed there).
 
 _expand_image_tokens = expand_image_tokens  # the seed's name (datasets.vlm.collate_fns)
 
@@ -111,3 +113,19 @@ def _estimate_sample_length(
     out = est.estimate_sample({"sample_id": -1, **example})
     total = out.total + 1  # the seed applies no shift here
     return (total, out.visual) if return_media_tokens else total
+
+
+def build_packed_vlm_sample(
+    samples: Sequence[dict[str, Any]],
+    pack_size: int,
+    padding_idx: int,
+    has_mrope: bool = False,
+    sequence_alignment: int = 1,
+) -> Pack:
+    """Seed-compatible public `_build_packed_vlm_sample`: ALREADY-SHIFTED samples in, one pack
+    out, no tail padding (`pack_size` unused, as in the seed; the collater pads). Unlike the seed
+    it supports mRoPE with alignment and keeps fake-image tokens masked (module docstring)."""
+    del pack_size
+    return concat_shifted(
+        samples, padding_idx=padding_idx, alignment=sequence_alignment, mrope=has_mrope
+    )
