@@ -57,8 +57,8 @@ from typing import Any
 
 import torch
 
+from neatpack import pipes as M
 from neatpack.pipes import collate as C
-from neatpack.pipes import mask as M
 
 #: Run order: compact formats first, then the ones whose output grows with S^2.
 FORMATS = (
@@ -181,12 +181,12 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[Timing, Any]:
 @contextmanager
 def general_path() -> Iterator[None]:
     """Collate through the general path only: the code before the fast path, as a baseline."""
-    fast = C._pad_packs_fast
-    C._pad_packs_fast = lambda *args, **kwargs: None
+    fast = C.pad_packs_fast
+    C.pad_packs_fast = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        C._pad_packs_fast = fast
+        C.pad_packs_fast = fast
 
 
 #: Freed once before timing unless ``--cold-malloc``: a loader worker has freed blocks this big

@@ -9,7 +9,8 @@ from neatpack.graphs.loader import (
     StateMismatchError,
 )
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph, neat_llm_parts
-from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, neat_vlm_parts, open_source
+from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, neat_vlm_parts
+from neatpack.graphs.open_data import open_source
 from neatpack.graphs.stages import GraphParts, map_stage
 from neatpack.graphs.train import model_inputs, packed_loss, step_normalizer
 

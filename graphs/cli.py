@@ -11,47 +11,13 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from neatpack.graphs.cli_inputs import UsageError, load_processor
+
 __all__ = ["UsageError", "main"]
-
-
-class UsageError(Exception):
-    """A mistake in the command line or its inputs: one line, exit code 2."""
-
-
-def _load_processor(name: str) -> Any:
-    from neatpack.pipes.tiny import FAMILIES, load_tiny_processor
-
-    if name in FAMILIES:
-        return load_tiny_processor(name)
-    path = Path(name)
-    if not path.is_dir():
-        raise UsageError(
-            f"processor {name!r} is neither a directory saved with save_pretrained nor one of "
-            f"the embedded tiny processors {list(FAMILIES)}: pass --processor DIR"
-        )
-    from transformers import AutoProcessor
-
-    try:
-        return AutoProcessor.from_pretrained(str(path), local_files_only=True)  # type: ignore[no-untyped-call]
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load a processor from {name!r}: {exc}".splitlines()[0]) from exc
-
-
-def _writable(path: str) -> Path:
-    out = Path(path)
-    parent = out.parent if out.parent != Path("") else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"cannot write {path!r}: folder {str(parent)!r} does not exist")
-    try:
-        with out.open("ab"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"cannot write {path!r}: {exc.strerror}") from exc
-    return out
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -65,7 +31,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="neatpack-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     data = write_corpus(root, num_samples=args.samples, seed=args.seed)
-    processor = _load_processor(args.processor)
+    processor = load_processor(args.processor)
     config = NeatVLMConfig(
         pack_size=args.pack_size,
         batch_size=args.batch_size,
@@ -121,7 +87,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _comparable(batch: dict[str, Any]) -> dict[str, Any]:
+def _comparable(batch: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in batch.items() if k != "packs"} | {
         "ids": [m["sample_ids"] for m in batch["packs"]]
     }
@@ -180,8 +146,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the module's canonical copy, so UsageError raised by neatpack.graphs.report (which
-    # imports neatpack.graphs.cli) is the class main() catches.
-    from neatpack.graphs.cli import main as _main
-
-    sys.exit(_main())
+    # UsageError lives in cli_inputs, so this __main__ copy catches the class report.py raises.
+    sys.exit(main())

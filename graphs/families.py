@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from neatpack.pipes.collate import resolve_mask_format
 from neatpack.pipes.collate_family import check_family_mask_format
 from neatpack.pipes.handler_lengths import HANDLER_ESTIMATE_MODES, handler_estimator
-from neatpack.pipes.mrope import _FAMILY_BY_PROCESSOR
+from neatpack.pipes.mask_format import resolve_mask_format
+from neatpack.pipes.mrope import FAMILY_BY_PROCESSOR
 from neatpack.pipes.registry import PROCESSOR_HANDLERS, Handler, get_handler
 from neatpack.pipes.sample_media import HANDLER_POSITIONS
 
@@ -66,7 +66,7 @@ class FamilyPlan:
 
 def _is_qwen_vl(processor: Any) -> bool:
     cls = type(processor).__name__
-    return cls in _FAMILY_BY_PROCESSOR or PROCESSOR_HANDLERS.get(cls) == QWEN_VL_HANDLER
+    return cls in FAMILY_BY_PROCESSOR or PROCESSOR_HANDLERS.get(cls) == QWEN_VL_HANDLER
 
 
 def plan_family(processor: Any, config: Any) -> FamilyPlan | None:

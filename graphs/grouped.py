@@ -24,13 +24,13 @@ from torchdata.nodes import BaseNode
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader, describe_data
-from neatpack.graphs.neat_vlm import open_source
+from neatpack.graphs.open_data import open_source
 from neatpack.graphs.stages import map_stage
 from neatpack.graphs.watchdog import init_worker
-from neatpack.pipes.collate import pad_collate_fn
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.plan import PackPlan
+from neatpack.pipes.sample_collate import pad_collate_fn
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
 from neatpack.pipes.steps import StepChain, pack_meta
 from neatpack.pipes.tokenize import tokenize_conversations

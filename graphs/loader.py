@@ -44,6 +44,7 @@ from torchdata.nodes import BaseNode
 
 from neatpack.graphs.graph_state import graph_signature, source_state, stateful_nodes
 from neatpack.graphs.watchdog import STOP_TIMEOUT_S, WorkerWatchdog, shutdown_at_exit, stop_graph
+from neatpack.pipes.contracts import Batch
 from neatpack.pipes.source import (
     PackRef,
     PackSource,
@@ -61,7 +62,6 @@ __all__ = [
     "describe_data",
 ]
 
-Batch = dict[str, Any]
 ESTIMATE_WINDOW = 65536
 META_KEYS = ("epoch", "slot", "sample_ids", "padded")
 

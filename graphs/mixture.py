@@ -22,7 +22,9 @@ import numpy as np
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import plan_family
+from neatpack.graphs.open_data import EstimateChecked, open_source
 from neatpack.graphs.stages import GraphParts
+from neatpack.graphs.token_source import TokenSource, token_lengths
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.mixture_source import (
@@ -39,12 +41,13 @@ def mixture_parts(
     processor: Any,
     *,
     config: Any,
+    build_parts: Callable[..., GraphParts],
     rank: int | None = None,
     world_size: int | None = None,
     **hooks: Any,
 ) -> GraphParts:
-    """``neat_vlm_parts`` for ``config.mixture`` (``hooks``: its other keyword arguments)."""
-    from neatpack.graphs.neat_vlm import _EstimateChecked, neat_vlm_parts, open_source
+    """``neat_vlm_parts`` for ``config.mixture`` (``hooks``: its other keyword arguments);
+    ``build_parts`` is ``neat_vlm_parts``, run once over all the sources' records."""
 
     cfg, mix = config, config.mixture
     rank, world_size = resolve_rank(rank, world_size)
@@ -69,7 +72,7 @@ def mixture_parts(
                          "is that source's own")  # fmt: skip
             raise
         if index.fallback_ids.size:  # unreadable for the estimate: on_bad_sample decides
-            source = _EstimateChecked(source, estimator, index.fallback_ids.tolist())
+            source = EstimateChecked(source, estimator, index.fallback_ids.tolist())
         sources.append(source)
         indexes.append(index)
     records = MixtureRecords(mix.names, sources)
@@ -81,7 +84,7 @@ def mixture_parts(
         visual=np.concatenate([i.visual for i in indexes]).astype(np.int64),
         fingerprint=fingerprint,
     )
-    parts = neat_vlm_parts(
+    parts = build_parts(
         records, processor, config=dataclasses.replace(cfg, mixture=None), rank=rank,
         world_size=world_size, lengths=lengths, **hooks,
     )  # fmt: skip
@@ -89,11 +92,15 @@ def mixture_parts(
 
 
 def mixture_llm_parts(
-    *, config: Any, rank: int | None = None, world_size: int | None = None, **hooks: Any
+    *,
+    config: Any,
+    build_parts: Callable[..., GraphParts],
+    rank: int | None = None,
+    world_size: int | None = None,
+    **hooks: Any,
 ) -> GraphParts:
     """``neat_llm_parts`` for ``config.mixture``: pre-tokenized sources (``data`` of each is
     what ``TokenSource`` reads; ``media_root`` is unused), exact lengths."""
-    from neatpack.graphs.neat_llm import TokenSource, neat_llm_parts, token_lengths
 
     cfg, mix = config, config.mixture
     rank, world_size = resolve_rank(rank, world_size)
@@ -104,7 +111,7 @@ def mixture_llm_parts(
     h.update(np.asarray([len(s) for s in sources], dtype="<i8").tobytes())
     lengths = LengthIndex(total=total, visual=np.zeros_like(total), fingerprint=h.hexdigest())
     records = MixtureRecords(mix.names, sources)
-    parts = neat_llm_parts(
+    parts = build_parts(
         records, config=dataclasses.replace(cfg, mixture=None), rank=rank,
         world_size=world_size, lengths=total, **hooks,
     )  # fmt: skip

@@ -36,7 +36,7 @@ SOURCE_KEYS = ("name", "data", "media_root", "weight", "samples")
 
 def load_mixture(path: str | Path) -> Mixture:
     """A ``Mixture`` from a JSON file (format in the module doc)."""
-    from neatpack.graphs.cli import UsageError
+    from neatpack.graphs.cli_inputs import UsageError
 
     where = Path(path)
     try:
@@ -80,7 +80,7 @@ def mixture_plan_report(
     cache_dir: str | None = None,
 ) -> dict[str, Any]:
     """The report ``neatpack plan --mixture`` prints, as a dict."""
-    from neatpack.graphs.neat_vlm import open_source
+    from neatpack.graphs.open_data import open_source
     from neatpack.pipes.estimate import LengthEstimator
     from neatpack.pipes.lengths import build_length_index
 
@@ -143,7 +143,7 @@ def _text(path: str, r: dict[str, Any]) -> str:
 
 def cmd_plan_mixture(args: argparse.Namespace) -> int:
     """``neatpack plan --mixture FILE``."""
-    from neatpack.graphs.cli import UsageError, _load_processor
+    from neatpack.graphs.cli_inputs import UsageError, load_processor
 
     if args.data is not None:
         raise UsageError("pass either a data file or --mixture, not both")
@@ -152,7 +152,7 @@ def cmd_plan_mixture(args: argparse.Namespace) -> int:
                          f"{args.window_steps} must be >= 1")  # fmt: skip
     mix = load_mixture(args.mixture)
     report = mixture_plan_report(
-        mix, _load_processor(args.processor), pack_size=args.pack_size,
+        mix, load_processor(args.processor), pack_size=args.pack_size,
         world_size=args.world_size, window_steps=args.window_steps, seed=args.seed,
         estimate_mode=args.estimate_mode, cache_dir=args.cache_dir,
     )  # fmt: skip

@@ -26,10 +26,8 @@ config against the family before anything is built).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -37,6 +35,7 @@ import numpy as np
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.loader import NeatLoader, describe_data
+from neatpack.graphs.open_data import EstimateChecked, open_source
 from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
@@ -44,7 +43,6 @@ from neatpack.pipes.materialize import MaterializeConfig, Materializer
 from neatpack.pipes.mixture import Mixture
 from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
-from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack, PPMediaSplitter
 
@@ -171,37 +169,6 @@ class NeatVLMConfig:
         return key
 
 
-def open_source(data: Any, media_root: str | None = None) -> RecordSource:
-    """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source; tar /
-    Parquet shards (a path, a glob or a list of paths ending ``.tar`` / ``.parquet``)."""
-    from neatpack.pipes.shards import shard_source
-
-    shards = shard_source(data, media_root)
-    if shards is not None:
-        return shards
-    if isinstance(data, (str, os.PathLike)):
-        path = Path(data)
-        if not path.exists():
-            raise FileNotFoundError(
-                f"data file {str(path)!r} does not exist: pass a .jsonl or .json"
-            )
-        if path.suffix == ".json":
-            return JsonListSource(path, media_root=media_root)
-        return JsonlSource(path, media_root=media_root)
-    if isinstance(data, RecordSource):
-        return data
-    if isinstance(data, Sequence):
-        return SequenceSource(list(data), media_root=media_root)
-    from neatpack.pipes.read import HFDatasetSource
-
-    if hasattr(data, "features"):  # a datasets.Dataset
-        return HFDatasetSource(data, media_root=media_root)
-    raise TypeError(
-        f"cannot read data of type {type(data).__name__}: pass a .jsonl/.json path, a list of "
-        "dicts, a datasets.Dataset or a RecordSource"
-    )
-
-
 PackStep = PackMaterializer  # the earlier name of the materialize step
 
 
@@ -241,7 +208,7 @@ def neat_vlm_parts(
         from neatpack.graphs.mixture import mixture_parts
 
         return mixture_parts(
-            processor, config=cfg, rank=rank, world_size=world_size,
+            processor, config=cfg, build_parts=neat_vlm_parts, rank=rank, world_size=world_size,
             sample_transform=sample_transform, pack_transform=pack_transform,
             batch_transform=batch_transform, model=model, cp_rank=cp_rank,
         )  # fmt: skip
@@ -275,7 +242,7 @@ def neat_vlm_parts(
     # Overlong samples are known now: say so (by modality, with the fixes) before any batch.
     check_overlong(index.total, index.visual, cfg.pack_size, source, cfg.overlong)
     if estimator is not None and index.fallback_ids.size:
-        source = _EstimateChecked(source, estimator, index.fallback_ids.tolist())
+        source = EstimateChecked(source, estimator, index.fallback_ids.tolist())
 
     from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
 
@@ -393,28 +360,6 @@ def neat_vlm_graph(
         model=model,
         cp_rank=cp_rank,
     ).loader()
-
-
-class _EstimateChecked:
-    """The record source as the materializer sees it: for the ids the length index could not
-    estimate (``on_error="skip"``: a bad ``images_meta``, an unreadable image header) reading
-    the record raises the estimator's own error, so ``on_bad_sample`` decides them (skipped or
-    replaced, counted as failed) instead of a length-0 plan entry overflowing its pack."""
-
-    def __init__(self, source: RecordSource, estimator: Any, ids: list[int]) -> None:
-        self.source, self.estimator, self.ids = source, estimator, frozenset(ids)
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
-        record: dict[str, Any] = self.source[sample_id]
-        if int(sample_id) in self.ids:
-            self.estimator.estimate_sample(record)  # raises EstimateError naming the sample
-        return record
-
-    def content_fingerprint(self) -> str:
-        return str(self.source.content_fingerprint())
 
 
 def _pad_id(processor: Any) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from neatpack.graphs.cli import UsageError, _load_processor, _writable
+from neatpack.graphs.cli_inputs import UsageError, load_processor, writable_path
 from neatpack.pipes.binpack import OVERLONG_POLICIES, lower_bound
 from neatpack.pipes.lengths import LengthIndex
 from neatpack.pipes.overlong import OverlongSummary, summarize_overlong
@@ -164,7 +164,7 @@ def _output(path: str | None) -> Iterator[Path | None]:
         yield None
         return
     existed = os.path.exists(path)
-    out = _writable(path)
+    out = writable_path(path)
     try:
         yield out
     except BaseException:
@@ -197,7 +197,7 @@ def _length_index(
     args: argparse.Namespace, processor: Any, missing: str | None = None
 ) -> tuple[LengthIndex, bool]:
     """Build (or reuse from ``--cache-dir``) the data's length index; ``True`` if reused."""
-    from neatpack.graphs.neat_vlm import open_source
+    from neatpack.graphs.open_data import open_source
     from neatpack.pipes.estimate import LengthEstimator
     from neatpack.pipes.lengths import build_length_index
     from neatpack.pipes.read import RecordError
@@ -234,7 +234,7 @@ def _check_overlong(
 ) -> OverlongSummary:
     """The graph's summary of the samples longer than the pack (by modality, with the fixes):
     a usage error under ``--overlong raise``, printed with the report under ``drop``."""
-    from neatpack.graphs.neat_vlm import open_source
+    from neatpack.graphs.open_data import open_source
 
     total = np.asarray(index.total)
     source = open_source(args.data, args.media_root) if (total > pack_size).any() else None
@@ -260,7 +260,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not 0.0 < args.packing_ratio <= 1.0:
         raise UsageError(f"--packing-ratio {args.packing_ratio} must be in (0, 1]")
     with _output(args.png) as png:
-        processor = _load_processor(args.processor)
+        processor = load_processor(args.processor)
         index, reused = _length_index(args, processor, args.missing_media)
         overlong = _check_overlong(index, args.pack_size, args.overlong, args)
         plan = plan_packs(
@@ -335,7 +335,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     with _output(args.png) as png:
         if png is None:
             raise UsageError("--png FILE is required: where to write the picture")
-        processor = _load_processor(args.processor)
+        processor = load_processor(args.processor)
         index, _ = _length_index(args, processor)
         _check_overlong(index, args.pack_size, args.overlong, args)
         if not np.any(np.asarray(index.total) <= args.pack_size):

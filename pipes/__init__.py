@@ -14,7 +14,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "HFDatasetSource",
         "JsonListSource",
         "JsonlSource",
-        "RecordError",
         "RecordSource",
         "SequenceSource",
         "to_record",
@@ -22,7 +21,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "formats": ("FORMATS", "normalize_format"),
     "shards": ("ParquetSource", "ShardIndexError", "TarShardSource"),
     "video": ("decode_video", "probe_video"),
-    "estimate": ("EstimateError", "LengthEstimator", "TemplateOverhead"),
+    "estimate": ("LengthEstimator",),
+    "estimate_types": ("SampleEstimate", "TemplateOverhead"),
     "media_tokens": ("ImageTokenConfig", "VideoTokenConfig", "smart_resize"),
     "lengths": ("LengthIndex", "build_length_index"),
     "exact_lengths": ("exact_samples", "templated_text_tokens_batch"),
@@ -33,7 +33,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "plan": ("PackPlan", "greedy_knapsack_vt_balanced", "plan_packs"),
     "sampler": ("LengthGroupedSampler",),
     "source": ("PackSource", "StateMismatchError"),
-    "media": ("SampleError", "load_image", "to_rgb"),
+    "media": ("load_image", "to_rgb"),
     "audio": ("load_audio", "split_audio_blocks"),
     "tokenize": ("tokenize_conversation", "tokenize_conversations"),
     "labels": ("build_labels", "build_labels_from_template", "derive_role_markers"),
@@ -42,31 +42,28 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "MEDIA_KEYS",
         "build_pack",
         "build_packed_sample",
-        "build_packed_vlm_sample",
         "shift_sample",
     ),
     "materialize": ("MaterializeConfig", "MaterializeReport", "Materializer", "materialize_pack"),
     "packed_dataset": ("PackedDatasetWrapper", "neat_pack_dataset_vlm"),
-    "mask": (
+    "doc_ids": ("check_doc_ids", "doc_ids_match_lengths"),
+    "mask": ("to_4d_additive_mask", "to_4d_bool_mask", "to_4d_mask"),
+    "cu_seqlens": (
         "cu_seqlens_from_doc_lengths",
-        "doc_ids_match_lengths",
         "thd_params_from_doc_lengths",
-        "to_4d_additive_mask",
-        "to_4d_bool_mask",
-        "to_4d_mask",
-        "to_block_mask",
         "to_cu_seqlens",
         "to_thd_params",
     ),
-    "collate": (
-        "MASK_FORMATS",
-        "_expand_image_tokens",
-        "default_collate_fn",
-        "expand_image_tokens",
-        "make_robust_collate",
-        "neat_packed_vlm_collater",
-        "pad_collate_fn",
-    ),
+    "block_mask": ("to_block_mask",),
+    "text_positions": ("to_mrope_text_position_ids", "to_text_position_ids"),
+    "mask_format": ("FLASH_FORMATS", "MASK_FORMATS", "attention_inputs", "resolve_mask_format"),
+    "collate": ("neat_packed_vlm_collater",),
+    "collate_media": ("merge_media",),
+    "sample_collate": ("default_collate_fn", "pad_collate_fn"),
+    "expand_tokens": ("expand_image_tokens",),
+    "robust_collate": ("RobustCollate", "make_robust_collate"),
+    "errors": ("EstimateError", "RecordError", "SampleError"),
+    "contracts": ("Batch", "Pack", "PackRef", "Record", "Sample"),
     "pp_media": (
         "VLM_PP_MEDIA_KEY",
         "chunk_step3_media",
@@ -138,9 +135,43 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "mixture_plan": ("MixturePlan", "plan_mixture", "replan_from_cursor"),
     "mixture_source": ("MixturePackSource", "MixtureRecords", "SourceTagger"),
     "mixture_report": ("mixture_ledger", "realized_shares", "target_shares"),
+    # The seed's own names, kept for code written against the seed's API (seed_compat.py).
+    "seed_compat": (
+        "_estimate_image_tokens",
+        "_estimate_sample_length",
+        "_estimate_video_tokens",
+        "_expand_image_tokens",
+        "_smart_resize_image",
+        "_smart_resize_video",
+        "build_packed_vlm_sample",
+    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
+
+#: The core a pipeline is built from, in flow order (docs/architecture.md): read -> length
+#: index -> plan -> pack source -> materialize -> collate, with the data contracts and the
+#: checks for users' own nodes. Every other name in ``_EXPORTS`` (seed names, family helpers,
+#: mask functions, ...) is importable from here too; ``dir()`` lists them all.
+__all__ = [
+    "Batch",
+    "JsonlSource",
+    "LengthEstimator",
+    "LengthIndex",
+    "Materializer",
+    "Pack",
+    "PackPlan",
+    "PackRef",
+    "PackSource",
+    "Record",
+    "RecordError",
+    "Sample",
+    "SampleError",
+    "assert_exactly_once",
+    "assert_resumable",
+    "build_length_index",
+    "neat_packed_vlm_collater",
+    "plan_packs",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -153,4 +184,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return sorted(_WHERE)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ._media_meta import MAX_TEXT_TOKENS, EstimateError, _raw_meta, _video_tokens
+from ._media_meta import MAX_TEXT_TOKENS, EstimateError, raw_meta, video_tokens
 from ._record import paused_gc, raw_text_stats
 
 if TYPE_CHECKING:
@@ -63,22 +63,22 @@ def _estimate(
             continue
         chars, n_sys, n_user, n_asst, n_img, n_vid, first_sys = st
         nested = "mm_inputs_meta" in raw
-        if ("_media_tokens" in raw or nested) and _raw_meta(raw, "_media_tokens") is not None:
+        if ("_media_tokens" in raw or nested) and raw_meta(raw, "_media_tokens") is not None:
             slow.append(k)  # a precomputed visual count: the full path reads and checks it
             continue
         # Metadata for media the record lacks: the full path refuses it.
         if not n_img and ("images_meta" in raw or nested):
-            meta = _raw_meta(raw, "images_meta")
+            meta = raw_meta(raw, "images_meta")
             if meta is not None and meta != []:
                 slow.append(k)
                 continue
         if not n_vid and ("videos_meta" in raw or nested):
-            meta = _raw_meta(raw, "videos_meta")
+            meta = raw_meta(raw, "videos_meta")
             if meta is not None and meta != []:
                 slow.append(k)
                 continue
         if n_img:
-            meta = _raw_meta(raw, "images_meta") if nested else raw.get("images_meta")
+            meta = raw_meta(raw, "images_meta") if nested else raw.get("images_meta")
             if image is None or type(meta) is not list or len(meta) != n_img:
                 slow.append(k)
                 continue
@@ -97,12 +97,12 @@ def _estimate(
                 img_at.extend([k] * n_img)
                 img_hw.extend(hw)
         if n_vid:
-            vmeta = _raw_meta(raw, "videos_meta")
+            vmeta = raw_meta(raw, "videos_meta")
             if video is None or type(vmeta) is not list or len(vmeta) != n_vid or None in vmeta:
                 slow.append(k)
                 continue
             try:
-                plans = [_video_tokens(video, -1, None, m) for m in vmeta]
+                plans = [video_tokens(video, -1, None, m) for m in vmeta]
             except EstimateError:
                 slow.append(k)  # the full path raises it again, naming the sample
                 continue
@@ -110,7 +110,7 @@ def _estimate(
             if video.timestamps:
                 frame_text[k] = round(sum(p[1] for p in plans) * ov.per_video_frame)
         if "_text_tokens" in raw or nested:
-            tt = _raw_meta(raw, "_text_tokens")
+            tt = raw_meta(raw, "_text_tokens")
             if tt is None:
                 body = floor(chars / cpt)
             elif type(tt) is int and 0 <= tt < MAX_TEXT_TOKENS:

@@ -6,14 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._record import RecordError
+from .errors import EstimateError
 from .media_tokens import VideoTokenConfig
 
 __all__ = ["EstimateError"]
-
-
-class EstimateError(RecordError):
-    """A record whose length cannot be estimated; the message names the sample id."""
 
 
 #: A record's ``_text_tokens`` must be an integer in ``[0, MAX_TEXT_TOKENS)``: far above any real
@@ -21,7 +17,7 @@ class EstimateError(RecordError):
 MAX_TEXT_TOKENS = 2**40
 
 
-def _positive_meta(sample_id: int, kind: str, meta: Any, n: int) -> list[float]:
+def positive_meta(sample_id: int, kind: str, meta: Any, n: int) -> list[float]:
     if not isinstance(meta, list | tuple) or len(meta) < n:
         raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r} needs {n} numbers")
     try:
@@ -30,7 +26,7 @@ def _positive_meta(sample_id: int, kind: str, meta: Any, n: int) -> list[float]:
         raise EstimateError(f"sample_id={sample_id}: {kind}_meta entry {meta!r}: {e}") from e
 
 
-def _image_size(value: Any, sample_id: int) -> tuple[int, int] | str:
+def image_hw(value: Any, sample_id: int) -> tuple[int, int] | str:
     """(height, width) of a PIL image or an image file's header (EXIF rotation applied, as
     transformers' ``load_image`` does; the token count is symmetric in h and w, the size is
     not), or a fallback reason."""
@@ -91,7 +87,7 @@ def _orientation(im: Any, path: str | None = None) -> int:
     return int(im.getexif().get(0x0112, 1))
 
 
-def _frames_fps(meta: Any) -> tuple[int, float | None]:
+def frames_fps(meta: Any) -> tuple[int, float | None]:
     """(frame count, fps or None) from a validated ``videos_meta`` entry."""
     frames, _, _, fps, duration = (float(v) for v in meta[:5])
     total = int(frames) or int(duration * fps)
@@ -100,15 +96,15 @@ def _frames_fps(meta: Any) -> tuple[int, float | None]:
     return total, fps or None
 
 
-def _video_tokens(cfg: VideoTokenConfig, sid: int, value: Any, meta: Any) -> tuple[int, int]:
+def video_tokens(cfg: VideoTokenConfig, sid: int, value: Any, meta: Any) -> tuple[int, int]:
     """``(visual tokens, temporal patches)`` of one video from its metadata."""
-    frames, h, w, fps, duration = _positive_meta(sid, "videos", meta, 5)
+    frames, h, w, fps, duration = positive_meta(sid, "videos", meta, 5)
     if h <= 0 or w <= 0 or frames < 0 or fps < 0 or duration < 0:
         raise EstimateError(
             f"sample_id={sid}: videos_meta {meta!r} needs [frames>=0, height>0, width>0, "
             "fps>=0, duration>=0]; fix the metadata"
         )
-    total, rate = _frames_fps(meta)
+    total, rate = frames_fps(meta)
     if total <= 0:
         raise EstimateError(
             f"sample_id={sid}: videos_meta {meta!r} gives no frame count (frames=0 and "
@@ -120,7 +116,7 @@ def _video_tokens(cfg: VideoTokenConfig, sid: int, value: Any, meta: Any) -> tup
         raise EstimateError(f"sample_id={sid}: video {value!r} meta {meta!r}: {e}") from e
 
 
-def _raw_meta(raw: Any, key: str) -> Any:
+def raw_meta(raw: Any, key: str) -> Any:
     """``raw[key]``, or the peer's nesting ``raw["mm_inputs_meta"][key]`` (as ``to_record``)."""
     v = raw.get(key)
     if v is None:
@@ -130,7 +126,7 @@ def _raw_meta(raw: Any, key: str) -> Any:
     return v
 
 
-def _media(record: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+def record_media(record: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
     images, videos = [], []
     for msg in record["conversation"]:
         for block in msg["content"]:
@@ -142,7 +138,7 @@ def _media(record: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
     return images, videos
 
 
-def _aligned_meta(record: Mapping[str, Any], key: str, n: int, sid: int) -> list[Any]:
+def aligned_meta(record: Mapping[str, Any], key: str, n: int, sid: int) -> list[Any]:
     meta = record.get(key)
     if meta is None:
         return [None] * n

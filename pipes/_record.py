@@ -24,7 +24,10 @@ import gc
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
+
+from .contracts import Record
+from .errors import RecordError
 
 __all__ = [
     "MEDIA_TYPES",
@@ -47,10 +50,6 @@ _PASSTHROUGH = ("images_meta", "videos_meta", "audios_meta", "_text_tokens", "_m
 # Media block keys kept as given (the tokenizers check them, naming the sample): a video's frame
 # rate (timestamps) and an audio's sampling rate (checked against the WAV header / extractor).
 _BLOCK_KEYS = {"video": ("fps",), "audio": ("sampling_rate",)}
-
-
-class RecordError(ValueError):
-    """A raw record that cannot be read; the message names the sample id and the fix."""
 
 
 def resolve_media_path(path: str, sample_id: int, media_root: str | None) -> str:
@@ -191,7 +190,7 @@ def _llava(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> li
     return conv
 
 
-def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> dict[str, Any]:
+def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) -> Record:
     """Convert one raw record into a Record dict (see the module docstring)."""
     if not isinstance(raw, Mapping):
         raise RecordError(f"sample_id={sample_id}: record is a {type(raw).__name__}, not a dict")
@@ -233,7 +232,7 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
             record[k] = v
     from .video import fill_video_meta  # video files: videos_meta from the container header
 
-    return fill_video_meta(record)
+    return cast(Record, fill_video_meta(record))  # the keys of the contract, set above
 
 
 RawStats = tuple[int, int, int, int, int, int, bool]

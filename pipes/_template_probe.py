@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .estimate import TemplateOverhead
+from .estimate_types import TemplateOverhead
 
 __all__ = ["placeholder_tokens", "probe_overhead", "templated_text_tokens", "tokenizer_id"]
 
 
-def _tokenizer(processor: Any) -> Any:
+def tokenizer_of(processor: Any) -> Any:
     return getattr(processor, "tokenizer", processor)
 
 
@@ -36,7 +36,7 @@ def placeholder_tokens(processor: Any) -> tuple[dict[str, int], list[str]]:
     >>> placeholder_tokens(load_tiny_processor("qwen2_vl"))[1]
     []
     """
-    tok = _tokenizer(processor)
+    tok = tokenizer_of(processor)
     unk = getattr(tok, "unk_token", None)
     found: dict[str, int] = {}
     missing: list[str] = []
@@ -52,20 +52,20 @@ def placeholder_tokens(processor: Any) -> tuple[dict[str, int], list[str]]:
     return found, missing
 
 
-def _placeholder_ids(processor: Any) -> set[int]:
+def placeholder_ids(processor: Any) -> set[int]:
     return set(placeholder_tokens(processor)[0].values())
 
 
 def text_tokens(processor: Any, text: str) -> int:
-    return len(_tokenizer(processor)(text, add_special_tokens=False)["input_ids"])
+    return len(tokenizer_of(processor)(text, add_special_tokens=False)["input_ids"])
 
 
 def templated_text_tokens(processor: Any, conversation: list[dict[str, Any]]) -> int:
     """Tokens of ``apply_chat_template(conversation)`` minus the media placeholders (each is
     replaced by the media's visual tokens when the processor expands it)."""
     text = processor.apply_chat_template(conversation, tokenize=False)
-    ids = _tokenizer(processor)(text, add_special_tokens=False)["input_ids"]
-    placeholders = _placeholder_ids(processor)
+    ids = tokenizer_of(processor)(text, add_special_tokens=False)["input_ids"]
+    placeholders = placeholder_ids(processor)
     return sum(1 for i in ids if i not in placeholders)
 
 
@@ -76,7 +76,7 @@ def probe_overhead(processor: Any) -> TemplateOverhead:
         return templated_text_tokens(processor, [{"role": r, "content": c} for r, c in msgs])
 
     a = [{"type": "text", "text": "a"}]
-    t_a = len(_tokenizer(processor)("a", add_special_tokens=False)["input_ids"])
+    t_a = len(tokenizer_of(processor)("a", add_special_tokens=False)["input_ids"])
     one = n(("user", a))
     user = n(("system", a), ("user", a), ("user", a)) - n(("system", a), ("user", a)) - t_a
     assistant = n(("user", a), ("assistant", a)) - one - t_a
@@ -97,7 +97,7 @@ def tokenizer_id(processor: Any) -> str:
     """A short content id of the tokenizer and chat template (part of the cache fingerprint)."""
     if processor is None:
         return ""
-    tok = _tokenizer(processor)
+    tok = tokenizer_of(processor)
     h = hashlib.sha256()
     h.update(type(processor).__name__.encode())
     h.update(str(len(tok)).encode())

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._media_meta import _image_size
+from ._media_meta import image_hw
 from .audio import audio_num_samples, split_audio_blocks
 
 __all__ = ["audio_conversation", "audio_lengths", "image_sizes", "text_estimate"]
@@ -59,7 +59,7 @@ def audio_lengths(
 
 def image_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
     """``[height, width]`` per image block: ``images_meta`` entries, else the PIL image or the
-    file header (``_media_meta._image_size``); an unreadable image is a ValueError."""
+    file header (``_media_meta.image_hw``); an unreadable image is a ValueError."""
     values = [b.get("image", b.get("path")) for m in conv for b in m["content"]
               if b.get("type") == "image" or (b.get("type") is None and "image" in b)]  # fmt: skip
     meta = list(meta) if meta else [None] * len(values)
@@ -69,7 +69,7 @@ def image_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[in
         )
     sizes = []
     for value, m in zip(values, meta, strict=True):
-        size = (int(m[0]), int(m[1])) if m is not None else _image_size(value, sid)
+        size = (int(m[0]), int(m[1])) if m is not None else image_hw(value, sid)
         if isinstance(size, str):
             raise ValueError(f"sample_id={sid}: {size.replace('_', ' ')}: {value!r:.80}")
         sizes.append([size[0], size[1]])

@@ -39,7 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import mask as M
+from .cu_seqlens import cu_seqlens_from_doc_lengths, to_cu_seqlens
+from .doc_ids import check_doc_ids, segment_starts
 
 __all__ = [
     "ATTENTION_LAYER_TYPES",
@@ -168,8 +169,8 @@ def to_seq_idx(doc_ids: Tensor, *, validate: bool = True) -> Tensor:
     [[0, 0, 1, 2], [3, 3, 3, 3]]
     """
     if validate:
-        M.check_doc_ids(doc_ids)
-    starts = M._segment_starts(doc_ids)
+        check_doc_ids(doc_ids)
+    starts = segment_starts(doc_ids)
     return (starts.cumsum(0) - 1).to(torch.int32).view(doc_ids.shape)
 
 
@@ -185,11 +186,11 @@ def boundary_kwargs(
     ``seq_lens_padded``) skips the scan of ``doc_ids`` for the cu_seqlens when given.
     """
     if validate:
-        M.check_doc_ids(doc_ids)
+        check_doc_ids(doc_ids)
     cu = (
-        M.to_cu_seqlens(doc_ids, validate=False)
+        to_cu_seqlens(doc_ids, validate=False)
         if doc_lengths is None
-        else M.cu_seqlens_from_doc_lengths(doc_lengths, doc_ids.shape[1])
+        else cu_seqlens_from_doc_lengths(doc_lengths, doc_ids.shape[1])
     )
     cu["cu_seq_lens_q"] = cu["cu_seq_lens_q"].to(doc_ids.device)
     cu["cu_seq_lens_k"] = cu["cu_seq_lens_q"]

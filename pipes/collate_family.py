@@ -31,8 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .collate import merge_media, neat_packed_vlm_collater, resolve_mask_format
+from .collate import neat_packed_vlm_collater
+from .collate_media import merge_media
 from .mask import to_4d_additive_mask
+from .mask_format import resolve_mask_format
 from .registry import Handler, resolve_handler
 
 __all__ = [

@@ -50,7 +50,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import mask as M
+from .cu_seqlens import thd_params_from_doc_lengths
+from .doc_ids import doc_lengths
 
 __all__ = [
     "ContextParallelShard",
@@ -124,7 +125,7 @@ def _row_spans(doc_ids: Tensor) -> list[list[int]]:
     """Per row: the spans of documents 1..k, then the row's padding run (if any)."""
     s = doc_ids.shape[1]
     spans = []
-    for lens in M._doc_lengths(doc_ids):
+    for lens in doc_lengths(doc_ids):
         tail = s - sum(lens)
         spans.append(list(lens) + ([tail] if tail else []))
     return spans
@@ -134,7 +135,7 @@ def _real_lengths(batch: Mapping[str, Any], spans: list[list[int]]) -> list[list
     """Per row, per document, its real (unpadded) length: from the batch's THD params when
     present, else the spans themselves."""
     params = batch.get("packed_seq_params")
-    ndocs = [len(M._doc_lengths(batch["doc_ids"][r : r + 1])[0]) for r in range(len(spans))]
+    ndocs = [len(doc_lengths(batch["doc_ids"][r : r + 1])[0]) for r in range(len(spans))]
     if isinstance(params, Mapping) and "cu_seqlens_q" in params:
         flat = params["cu_seqlens_q"].diff().tolist()
         out, i = [], 0
@@ -180,7 +181,7 @@ def shard_for_context_parallel(
         )
     real = _real_lengths(batch, spans)
     docs_spans = [row[: len(r)] for row, r in zip(spans, real, strict=True)]
-    out["packed_seq_params"] = M.thd_params_from_doc_lengths(
+    out["packed_seq_params"] = thd_params_from_doc_lengths(
         docs_spans, s, seq_lens=real, device=doc_ids.device
     )
     local_pad: list[int] = []

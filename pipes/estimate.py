@@ -21,10 +21,9 @@ sized from ``images_meta`` / ``videos_meta`` (or the image file's header); a pla
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,13 +31,14 @@ import numpy.typing as npt
 from ._media_meta import (
     MAX_TEXT_TOKENS,
     EstimateError,
-    _aligned_meta,
-    _frames_fps,
-    _image_size,
-    _media,
-    _positive_meta,
-    _video_tokens,
+    aligned_meta,
+    frames_fps,
+    image_hw,
+    positive_meta,
+    record_media,
+    video_tokens,
 )
+from .estimate_types import FallbackCounter, SampleEstimate, TemplateOverhead, TextStats
 from .media_tokens import ImageTokenConfig, VideoTokenConfig
 
 __all__ = [
@@ -61,70 +61,6 @@ ON_MISSING_MEDIA = ("raise", "fallback")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TemplateOverhead:
-    """Chat-template tokens around the text. Defaults: the Qwen2-VL template with the real Qwen
-    vocabulary (``<|im_start|>``, role, newline, ``<|im_end|>``, newline per message; vision
-    start/end per media; the default system prompt when the first message is not a system one).
-    ``base`` is the constant that ``calibrate`` fits."""
-
-    base: float = 0.0
-    per_system: float = 5.0
-    per_user: float = 5.0
-    per_assistant: float = 5.0
-    per_image: float = 2.0
-    per_video: float = 2.0
-    no_system: float = 11.0
-    per_video_frame: float = 8.0  # Qwen3-VL: "<1.5 seconds>" (6) + vision start/end, per patch
-
-    def tokens(self, st: TextStats) -> float:
-        return self.tokens_of(
-            st.system, st.user, st.assistant, st.images, st.videos, st.first_is_system
-        )
-
-    def tokens_of(
-        self, system: int, user: int, assistant: int, images: int, videos: int, first_sys: bool
-    ) -> float:
-        return (
-            self.base + self.per_system * system + self.per_user * user
-            + self.per_assistant * assistant + self.per_image * images
-            + self.per_video * videos + (0.0 if first_sys else self.no_system)
-        )  # fmt: skip
-
-
-class TextStats(NamedTuple):
-    """What the text estimate of a Record depends on."""
-
-    chars: int
-    system: int
-    user: int
-    assistant: int
-    images: int
-    videos: int
-    first_is_system: bool
-
-
-class SampleEstimate(NamedTuple):
-    total: int
-    visual: int
-    fallbacks: tuple[str, ...]  # reasons, e.g. ("image_missing",), empty when none
-
-
-@dataclass
-class FallbackCounter:
-    """Counts the media items that used the ``media_fallback`` estimate, with sample ids."""
-
-    counts: Counter[str] = field(default_factory=Counter)
-    sample_ids: dict[str, list[int]] = field(default_factory=dict)
-
-    def add(self, sample_id: int, reasons: tuple[str, ...]) -> None:
-        for r in reasons:
-            self.counts[r] += 1
-            ids = self.sample_ids.setdefault(r, [])
-            if not ids or ids[-1] != sample_id:
-                ids.append(sample_id)
-
-
-@dataclass(frozen=True, kw_only=True)
 class LengthEstimator:
     """Frozen length-estimation config plus a (non-compared) fallback counter.
 
@@ -137,7 +73,7 @@ class LengthEstimator:
     video: VideoTokenConfig | None = None
     mode: str = "estimate"
     chars_per_token: float = 3.0
-    overhead: TemplateOverhead = TemplateOverhead()
+    overhead: TemplateOverhead = TemplateOverhead()  # noqa: RUF009 (frozen: one shared value is safe)
     media_fallback: int = 500
     on_missing_media: str = "raise"
     processor: Any = field(default=None, repr=False, compare=False)
@@ -268,9 +204,9 @@ class LengthEstimator:
         given: no media is sized and nothing falls back; video metadata, where present, still
         gives Qwen3-VL's per-frame timestamp text."""
         sid = int(record.get("sample_id", -1))
-        images, videos = _media(record)
-        images_meta = _aligned_meta(record, "images_meta", len(images), sid)
-        videos_meta = _aligned_meta(record, "videos_meta", len(videos), sid)
+        images, videos = record_media(record)
+        images_meta = aligned_meta(record, "images_meta", len(images), sid)
+        videos_meta = aligned_meta(record, "videos_meta", len(videos), sid)
         given = _media_tokens(record, sid)
         if given is not None:
             images = images_meta = []  # nothing to size
@@ -281,7 +217,7 @@ class LengthEstimator:
                 total += self.media_fallback
                 continue
             if meta is not None:
-                h, w = _positive_meta(sid, "images", meta, 2)
+                h, w = positive_meta(sid, "images", meta, 2)
                 if not (0 < h < 1e9 and 0 < w < 1e9) or h != int(h) or w != int(w):
                     raise EstimateError(
                         f"sample_id={sid}: images_meta {meta!r} must be positive integers "
@@ -289,7 +225,7 @@ class LengthEstimator:
                     )
                 size: tuple[int, int] | str = (int(h), int(w))
             else:
-                size = _image_size(value, sid)
+                size = image_hw(value, sid)
             if isinstance(size, str):
                 if self.on_missing_media == "raise" and size not in _NOTHING_TO_READ:
                     raise EstimateError(
@@ -311,7 +247,7 @@ class LengthEstimator:
                 reasons.append("video_no_config" if self.video is None else "video_no_meta")
                 total += self.media_fallback
                 continue
-            tokens, grid_t = _video_tokens(self.video, sid, value, meta)
+            tokens, grid_t = video_tokens(self.video, sid, value, meta)
             total += tokens
             frame_patches += grid_t
             if self.video.timestamps and self.mode == "exact":
@@ -324,7 +260,7 @@ class LengthEstimator:
     def _exact_timestamp_tokens(self, cfg: VideoTokenConfig, meta: Any) -> int:
         from ._template_probe import text_tokens
 
-        frames, fps = _frames_fps(meta)
+        frames, fps = frames_fps(meta)
         texts = cfg.timestamp_texts(frames, fps)
         return 2 * len(texts) + sum(text_tokens(self.processor, t) for t in texts)
 
@@ -361,42 +297,3 @@ def text_stats(record: Mapping[str, Any]) -> TextStats:
         chars, roles["system"], roles["user"], roles["assistant"], n_img, n_vid,
         bool(conv) and conv[0]["role"] == "system",
     )  # fmt: skip
-
-
-def _estimate_sample_length(
-    example: Mapping[str, Any],
-    image_cfg: dict[str, Any] | None = None,
-    video_cfg: dict[str, Any] | None = None,
-    return_media_tokens: bool = False,
-) -> int | tuple[int, int]:
-    """The seed's signature and return convention: ``text + media`` (no shift, no chat-template
-    tokens), or ``(total, media)``; ``example`` is a Record. Differences from the seed (bugs
-    there): a video without a video config counts the 500-token fallback instead of 0, image
-    aspect ratios over 200 raise, and video frames are clamped as transformers does; a
-    precomputed ``_media_tokens`` is the media count.
-    ``LengthEstimator`` is the full version (template overhead, shift, calibration).
-
-    ``_text_tokens``, when present, is the text count as given: like the seed, this function
-    adds no chat-template tokens to it (nor to ``chars // 3``), so it is a lower bound.
-    ``LengthGroupedSampler`` and ``neat_pack_dataset_vlm`` do add the template's tokens
-    (role markers, default system prompt, vision start/end) to a ``_text_tokens``; pass them
-    ``text_tokens_include_template=True`` when your count already holds them.
-
-    >>> rec = {"conversation": [{"role": "user", "content": [{"type": "text", "text": "abcdef"},
-    ...        {"type": "image", "image": "x"}]}], "images_meta": [[280, 560]]}
-    >>> _estimate_sample_length(rec, {"patch_size": 14}, return_media_tokens=True)
-    (202, 200)
-    """
-    from .media_tokens import _image_cfg, _video_cfg
-
-    zero = TemplateOverhead(per_system=0, per_user=0, per_assistant=0, per_image=0,
-                            per_video=0, no_system=0, per_video_frame=0)  # fmt: skip
-    est = LengthEstimator(
-        image=None if image_cfg is None else _image_cfg(image_cfg),
-        video=None if video_cfg is None else _video_cfg(video_cfg),
-        overhead=zero,
-        on_missing_media="fallback",
-    )
-    out = est.estimate_sample({"sample_id": -1, **example})
-    total = out.total + 1  # the seed applies no shift here
-    return (total, out.visual) if return_media_tokens else total

@@ -41,7 +41,7 @@ def templated_text_tokens_batch(
     """``templated_text_tokens`` of each conversation, with one template call and one
     tokenizer call for the whole list (same template, same tokenizer call form: the counts are
     those of the one-at-a-time function)."""
-    from ._template_probe import _placeholder_ids, _tokenizer
+    from ._template_probe import placeholder_ids, tokenizer_of
 
     if not conversations:
         return []
@@ -51,8 +51,8 @@ def templated_text_tokens_batch(
             f"apply_chat_template returned {type(texts).__name__} for {len(conversations)} "
             "conversations; expected one string per conversation"
         )
-    ids = _tokenizer(processor)(list(texts), add_special_tokens=False)["input_ids"]
-    placeholders = _placeholder_ids(processor)
+    ids = tokenizer_of(processor)(list(texts), add_special_tokens=False)["input_ids"]
+    placeholders = placeholder_ids(processor)
     if not placeholders:
         return [len(row) for row in ids]
     return [len(row) - sum(row.count(p) for p in placeholders) for row in ids]
@@ -68,7 +68,7 @@ def exact_samples(
     tokenizer call fails, the block is redone one record at a time so the error names the
     record that caused it.
     """
-    from .estimate import SampleEstimate
+    from .estimate_types import SampleEstimate
 
     if est.mode != "exact":
         raise ValueError(f"exact_samples needs an estimator with mode='exact', got {est.mode=!r}")

@@ -30,7 +30,7 @@ from .family_default import (
     check_modalities,
     processor_failure,
 )
-from .labels import RoleMarkers, _template_text, conversation_labels
+from .labels import RoleMarkers, conversation_labels, template_text
 from .media import SampleError, load_image
 
 __all__ = [
@@ -49,7 +49,7 @@ def render_template(processor: Any, conv: list[dict[str, Any]]) -> str:
     """The templated text, from the processor's template or its tokenizer's (a processor whose
     ``__init__`` does not name ``chat_template`` loses it in ``from_pretrained``: Phi-4)."""
     text: str = processor.apply_chat_template(
-        conv, tokenize=False, chat_template=_template_text(processor)
+        conv, tokenize=False, chat_template=template_text(processor)
     )
     return text
 

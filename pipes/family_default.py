@@ -34,9 +34,9 @@ from torch import Tensor
 from ._conversation import forbidden_tokens, parse_conversation
 from .labels import (
     RoleMarkers,
-    _template_text,
     conversation_labels,
     resolve_role_markers,
+    template_text,
 )
 from .media import SampleError, load_image, load_video
 
@@ -53,7 +53,7 @@ MEDIA_KINDS: Final = ("image", "video", "audio")
 
 def has_chat_template(processor: Any) -> bool:
     """True when the processor or its tokenizer carries a chat template string."""
-    return bool(_template_text(processor))
+    return bool(template_text(processor))
 
 
 _AUDIO_SUBPROCESSORS: Final = ("feature_extractor", "audio_processor")

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ._media_meta import EstimateError, _aligned_meta, _image_size, _media, _positive_meta
+from ._media_meta import EstimateError, aligned_meta, image_hw, positive_meta, record_media
 from .estimate import LengthEstimator, SampleEstimate
 from .family_default import tokenize_default
 from .mask import to_4d_additive_mask
@@ -221,17 +221,17 @@ class Gemma3LengthEstimator(LengthEstimator):
 
     def _crops(self, record: Mapping[str, Any]) -> tuple[list[int], tuple[str, ...]]:
         sid = int(record.get("sample_id", -1))
-        images, _ = _media(record)
+        images, _ = record_media(record)
         if self.pan_and_scan is None:
             return [0] * len(images), ()
         crops, reasons = [], []
-        for value, meta in zip(images, _aligned_meta(record, "images_meta", len(images), sid),
+        for value, meta in zip(images, aligned_meta(record, "images_meta", len(images), sid),
                                strict=True):  # fmt: skip
             if meta is not None:
-                h, w = _positive_meta(sid, "images", meta, 2)
+                h, w = positive_meta(sid, "images", meta, 2)
                 size: tuple[int, int] | str = (int(h), int(w))
             else:
-                size = _image_size(value, sid)
+                size = image_hw(value, sid)
             if isinstance(size, str):
                 reasons.append("image_no_size")
                 crops.append(0)

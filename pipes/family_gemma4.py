@@ -48,11 +48,11 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from ._media_meta import _media
+from ._media_meta import record_media
 from .audio import load_audio_block, split_audio_blocks
 from .family_default import tokenize_default
 from .family_gemma3 import gemma3_packed_mask
-from .labels import RoleMarkers, _tail_alternatives
+from .labels import RoleMarkers, tail_alternatives
 from .media import SampleError
 from .tiny_family_models import WITH_AUDIO, init_tiny_model
 
@@ -121,7 +121,7 @@ def gemma4_markers(processor: Any) -> RoleMarkers:
     start = tuple(int(i) for i in tok(GEMMA4_MODEL_TURN + GEMMA4_THINKING_PREFIX,
                                       add_special_tokens=False)["input_ids"])  # fmt: skip
     end = (int(tok.convert_tokens_to_ids(GEMMA4_END_OF_TURN)),)
-    return RoleMarkers(start, end, _tail_alternatives(tok, start[-1]))
+    return RoleMarkers(start, end, tail_alternatives(tok, start[-1]))
 
 
 def tokenize_gemma4(
@@ -172,9 +172,9 @@ class _ExtraCall:
 
 def gemma4_video_metadata(record: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """``video_metadata`` for the record's frame-list videos when every one has a frame rate
-    (block ``fps`` or ``videos_meta[k][3]``: ``tokenize._video_metadata``, the Qwen-VL rule),
+    (block ``fps`` or ``videos_meta[k][3]``: ``tokenize.video_metadata_of``, the Qwen-VL rule),
     else None (the processor's default 24 fps)."""
-    from .tokenize import _video_metadata
+    from .tokenize import video_metadata_of
 
     blocks: list[Mapping[str, Any]] = []
     for msg in record.get("conversation") or []:
@@ -184,7 +184,7 @@ def gemma4_video_metadata(record: Mapping[str, Any]) -> list[dict[str, Any]] | N
         return None
     fps = [f if isinstance(f, int | float) and not isinstance(f, bool) and f > 0 else None
            for f in (b.get("fps") for b in blocks)]  # fmt: skip
-    return _video_metadata(record, [b.get("video") for b in blocks], fps)
+    return video_metadata_of(record, [b.get("video") for b in blocks], fps)
 
 
 def _chain(hooks: list[Callable[[str], str]], text: str) -> str:
@@ -236,7 +236,7 @@ def _check_audio_tokens(sample: Mapping[str, Any], audio: list[Any], proc: Any) 
 
 
 def _video_frames(record: Mapping[str, Any]) -> list[Any]:
-    _, videos = _media(record)
+    _, videos = record_media(record)
     return videos
 
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._media_meta import EstimateError, _aligned_meta, _image_size, _media, _positive_meta
+from ._media_meta import EstimateError, aligned_meta, image_hw, positive_meta, record_media
 from .audio import audio_num_samples, split_audio_blocks
 from .family_gemma4 import GEMMA4_THINKING_PREFIX, gemma4_video_metadata, inject_thinking_prefix
 
@@ -38,12 +38,12 @@ def _media_texts(record: Mapping[str, Any], proc: Any) -> dict[str, list[str]]:
     order (images: ``images_meta`` ``[h, w]`` or the image; videos: frame lists; audio:
     ``audios_meta`` seconds or the array / WAV header)."""
     sid = int(record.get("sample_id", -1))
-    images, videos = _media(record)
+    images, videos = record_media(record)
     image_texts = []
-    for value, meta in zip(images, _aligned_meta(record, "images_meta", len(images), sid),
+    for value, meta in zip(images, aligned_meta(record, "images_meta", len(images), sid),
                            strict=True):  # fmt: skip
-        size = _positive_meta(sid, "images", meta, 2) if meta is not None else None
-        hw = (int(size[0]), int(size[1])) if size else _image_size(value, sid)
+        size = positive_meta(sid, "images", meta, 2) if meta is not None else None
+        hw = (int(size[0]), int(size[1])) if size else image_hw(value, sid)
         if isinstance(hw, str):
             raise EstimateError(
                 f"sample_id={sid}: no size for image {value!r:.60} ({hw}); give images_meta"

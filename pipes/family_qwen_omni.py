@@ -296,7 +296,7 @@ def _video_kwargs(
     the video's own audio track (``use_audio_in_video`` / ``load_audio_from_video`` on the
     record or a video block) is refused: interleaving it needs a decoder for the track and a
     position rule neatpack does not reproduce."""
-    from .tokenize import _video_metadata
+    from .tokenize import video_metadata_of
 
     blocks = [b for m in record["conversation"] for b in m.get("content") or []
               if isinstance(b, Mapping) and b.get("type", "video" if "video" in b else None)
@@ -313,7 +313,7 @@ def _video_kwargs(
 
     videos = [load_video(v, sample_id=sid) for v in video_src]
     out: dict[str, Any] = {"videos": videos, "do_sample_frames": False}
-    meta = _video_metadata(record, videos, video_fps)
+    meta = video_metadata_of(record, videos, video_fps)
     rates = sorted({m["fps"] for m in meta}) if meta else []
     if len(rates) > 1:
         raise SampleError(

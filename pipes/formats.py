@@ -39,7 +39,7 @@ import io
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ._record import RecordError
+from .errors import RecordError
 
 __all__ = ["FORMATS", "media_value", "normalize_format", "undecoded_dataset"]
 

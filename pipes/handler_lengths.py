@@ -21,7 +21,7 @@ prompt_answer      ``family_prompt.prompt_answer_length`` (chars / 3 outside exa
 =================  ===========================================================================
 
 The family functions read image sizes from ``images_meta``; a record without it gets the sizes
-from its image headers (``_media_meta._image_size``, no decode), so every image is counted. An
+from its image headers (``_media_meta.image_hw``, no decode), so every image is counted. An
 image that cannot be read is an ``EstimateError`` naming the sample (the graph's
 ``on_bad_sample`` then decides). ``visual`` (the planner's media balance) is the estimate minus
 the same record's estimate without media, per sample.
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._media_meta import EstimateError, _image_size, _media
+from ._media_meta import EstimateError, image_hw, record_media
 from .estimate import FallbackCounter, LengthEstimator, SampleEstimate
 
 __all__ = ["HANDLER_ESTIMATE_MODES", "HandlerEstimator", "handler_estimator"]
@@ -147,14 +147,14 @@ class HandlerEstimator:
 
 def _with_image_sizes(record: Mapping[str, Any], sid: int) -> Mapping[str, Any]:
     """``record`` with ``images_meta`` filled from the image headers where it is missing."""
-    images, _ = _media(record)
+    images, _ = record_media(record)
     meta = record.get("images_meta")
     if not images or (isinstance(meta, list) and len(meta) == len(images) and all(meta)):
         return record
     known = meta if isinstance(meta, list) and len(meta) == len(images) else [None] * len(images)
     sizes = []
     for value, m in zip(images, known, strict=True):
-        size = m if m else _image_size(value, sid)
+        size = m if m else image_hw(value, sid)
         if isinstance(size, str):
             raise EstimateError(
                 f"sample_id={sid}: image {value!r:.120}: {size.replace('_', ' ')}; fix the path "

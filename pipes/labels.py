@@ -76,7 +76,7 @@ def _tokenizer(processor_or_tokenizer: Any) -> Any:
     return getattr(processor_or_tokenizer, "tokenizer", processor_or_tokenizer)
 
 
-def _tail_alternatives(tokenizer: Any, last_id: int) -> frozenset[int]:
+def tail_alternatives(tokenizer: Any, last_id: int) -> frozenset[int]:
     """Ids whose raw token string extends the raw string of ``last_id`` (e.g. 'ĊĊ' for 'Ċ')."""
     last = tokenizer.convert_ids_to_tokens(last_id)
     if not isinstance(last, str) or not last:
@@ -90,7 +90,7 @@ def _tail_alternatives(tokenizer: Any, last_id: int) -> frozenset[int]:
     )
 
 
-def _template_text(processor_or_tokenizer: Any) -> str:
+def template_text(processor_or_tokenizer: Any) -> str:
     for obj in (processor_or_tokenizer, _tokenizer(processor_or_tokenizer)):
         template = getattr(obj, "chat_template", None)
         if isinstance(template, str):
@@ -103,7 +103,7 @@ def _template_text(processor_or_tokenizer: Any) -> str:
 def qwen_role_markers(processor_or_tokenizer: Any) -> RoleMarkers | None:
     """Fast path for ``<|im_start|>`` templates, or ``None`` when the template is not one."""
     tok = _tokenizer(processor_or_tokenizer)
-    if "<|im_start|>" not in _template_text(processor_or_tokenizer):
+    if "<|im_start|>" not in template_text(processor_or_tokenizer):
         return None
     ids = [tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")]
     unk = getattr(tok, "unk_token_id", None)
@@ -113,7 +113,7 @@ def qwen_role_markers(processor_or_tokenizer: Any) -> RoleMarkers | None:
     if not role or not _renders_qwen_turns(processor_or_tokenizer):
         return None
     start = (int(ids[0]), *map(int, role))
-    return RoleMarkers(start, (int(ids[1]),), _tail_alternatives(tok, start[-1]))
+    return RoleMarkers(start, (int(ids[1]),), tail_alternatives(tok, start[-1]))
 
 
 def _renders_qwen_turns(processor_or_tokenizer: Any) -> bool:
@@ -198,7 +198,7 @@ def derive_role_markers(processor_or_tokenizer: Any) -> RoleMarkers:
     end = (ids[starts[e1]],)
     if not start:
         raise ValueError(f"derive_role_markers: empty assistant start marker in {full!r}")
-    markers = RoleMarkers(start, end, _tail_alternatives(tok, start[-1]))
+    markers = RoleMarkers(start, end, tail_alternatives(tok, start[-1]))
     found = assistant_spans(ids, markers)
     if len(found) != 2:
         raise ValueError(
@@ -210,7 +210,7 @@ def derive_role_markers(processor_or_tokenizer: Any) -> RoleMarkers:
 
 def resolve_role_markers(processor_or_tokenizer: Any) -> RoleMarkers:
     """The fast path if it applies, else ``derive_role_markers``; cached per tokenizer+template."""
-    key = (id(_tokenizer(processor_or_tokenizer)), _template_text(processor_or_tokenizer))
+    key = (id(_tokenizer(processor_or_tokenizer)), template_text(processor_or_tokenizer))
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is _tokenizer(processor_or_tokenizer):
         return hit[1]

@@ -141,7 +141,7 @@ def _raw_blocks(source: Any, start: int, stop: int, size: int) -> Iterator[list[
         yield block
 
 
-def _estimate_slice(
+def estimate_slice(
     source: Any,
     estimator: LengthEstimator,
     start: int,
@@ -309,15 +309,15 @@ def _estimate_parallel(
 ) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
     if workers == 0 or hi - lo < 2 * 8192:
         if on_error == "raise":  # the default call shape (tests spy on it)
-            return _estimate_slice(source, estimator, lo, hi, progress)
-        return _estimate_slice(source, estimator, lo, hi, progress, on_error)
+            return estimate_slice(source, estimator, lo, hi, progress)
+        return estimate_slice(source, estimator, lo, hi, progress, on_error)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     cuts = np.linspace(lo, hi, workers + 1).astype(int).tolist()
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
         futures = [
-            pool.submit(_estimate_slice, source, estimator, a, b, False, on_error)
+            pool.submit(estimate_slice, source, estimator, a, b, False, on_error)
             for a, b in itertools.pairwise(cuts)
         ]
         parts = [f.result() for f in futures]  # re-raises a worker's error here

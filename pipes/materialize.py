@@ -34,9 +34,10 @@ from typing import Any, NamedTuple
 
 from ._conversation import check_no_placeholders
 from ._record import RecordError
+from .contracts import Pack
 from .media import SampleError
 from .mrope import MRopeConfig
-from .pack import Pack, build_pack, sample_mrope, truncate_sample
+from .pack import build_pack, sample_mrope, truncate_sample
 from .sample_media import HANDLER_POSITIONS, PositionsFn, media_after, split_media
 from .tokenize import (
     Prepared,
@@ -48,6 +49,8 @@ from .tokenize import (
 OVERFLOW_POLICIES: tuple[str, ...] = ("raise", "truncate", "drop")
 FAILURE_POLICIES: tuple[str, ...] = ("raise", "replace", "skip")
 LOAD_ERRORS: tuple[type[BaseException], ...] = (SampleError, RecordError, OSError)
+#: A per-sample hook (``sample_transform``, ``shift``): one tokenized sample in, one out.
+SampleFn = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +117,9 @@ def replacement_id(seed: int, epoch: int, sample_id: int, attempt: int, n: int) 
     return random.Random(f"{seed}:{epoch}:{sample_id}:{attempt}").randrange(n)
 
 
-def load_sample(source: Any, sample_id: int, processor: Any, config: MaterializeConfig) -> Pack:
+def load_sample(
+    source: Any, sample_id: int, processor: Any, config: MaterializeConfig
+) -> dict[str, Any]:
     """One Sample (docs/data_contracts.md section 4) from a record source.
 
     ``config.handler`` names a ``neatpack.pipes.registry`` handler (e.g. ``"chat_template"``,
@@ -216,8 +221,8 @@ def materialize_pack(
     config: MaterializeConfig,
     *,
     epoch: int = 0,
-    sample_transform: Callable[[Pack], Pack] | None = None,
-    shift: Callable[[Pack], Pack] | None = None,
+    sample_transform: SampleFn | None = None,
+    shift: SampleFn | None = None,
 ) -> tuple[Pack, MaterializeReport]:
     """Build the pack of `sample_ids` (in plan order). See the module docstring.
 
@@ -243,7 +248,7 @@ def materialize_pack(
                           epoch, len(source))  # fmt: skip
     replaced = [(sid, cur) for sid, (cur, _) in zip(loaded.planned_of, loaded.items, strict=True)
                 if cur != sid]  # fmt: skip
-    samples: list[Pack] = []
+    samples: list[dict[str, Any]] = []
     for _, s in loaded.items:
         if sample_transform is not None:
             s = sample_transform(s)
@@ -316,8 +321,8 @@ class Materializer:
         processor: Any,
         config: MaterializeConfig,
         *,
-        sample_transform: Callable[[Pack], Pack] | None = None,
-        shift: Callable[[Pack], Pack] | None = None,
+        sample_transform: SampleFn | None = None,
+        shift: SampleFn | None = None,
     ) -> None:
         self.source = source
         self.processor = processor

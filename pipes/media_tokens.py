@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ImageTokenConfig", "VideoTokenConfig", "smart_resize", "smart_resize_video"]
+__all__ = [
+    "ImageTokenConfig",
+    "VideoTokenConfig",
+    "image_config_from_seed",
+    "smart_resize",
+    "smart_resize_video",
+    "video_config_from_seed",
+]
 
 IntArray = npt.NDArray[np.int64]
 VIDEO_SAMPLERS = ("qwen2_vl", "qwen3_vl")
@@ -295,36 +302,9 @@ class VideoTokenConfig:
         return -(-n // tp) * (h // p) * (w // p) // self.merge_size**2
 
 
-# -- the seed's names (nemo_automodel ...vlm.samplers / neat_packing_vlm), same signatures -------
-def _smart_resize_image(
-    height: int,
-    width: int,
-    factor: int = 28,
-    min_pixels: int = 56 * 56,
-    max_pixels: int = 14 * 14 * 4 * 1280,
-) -> tuple[int, int]:
-    """Seed name for ``smart_resize``. Unlike the seed, an aspect ratio over 200 raises
-    ``ValueError`` as transformers does (the seed returned a size the processor refuses)."""
-    return smart_resize(height, width, factor, min_pixels, max_pixels)
-
-
-def _smart_resize_video(
-    num_frames: int,
-    height: int,
-    width: int,
-    temporal_factor: int = 2,
-    factor: int = 32,
-    min_pixels: int = 128 * 128,
-    max_pixels: int = 16 * 16 * 2 * 2 * 2 * 6144,
-) -> tuple[int, int]:
-    """Seed name for ``smart_resize_video``, with transformers' semantics (``round`` for t,
-    small-side upscaling, the aspect and ``num_frames`` checks), which the seed lacked."""
-    return smart_resize_video(
-        num_frames, height, width, temporal_factor, factor, min_pixels, max_pixels
-    )
-
-
-def _image_cfg(cfg: dict[str, Any]) -> ImageTokenConfig:
+def image_config_from_seed(cfg: dict[str, Any]) -> ImageTokenConfig:
+    """An ``ImageTokenConfig`` from a seed-style config dict (``patch_size``, ``merge_size``,
+    ``min_pixels``, ``max_pixels``; the seed's defaults for missing keys)."""
     p, m = int(cfg.get("patch_size", 14)), int(cfg.get("merge_size", 2))
     return ImageTokenConfig(
         patch_size=p, merge_size=m, min_pixels=int(cfg.get("min_pixels", 56 * 56)),
@@ -332,7 +312,9 @@ def _image_cfg(cfg: dict[str, Any]) -> ImageTokenConfig:
     )  # fmt: skip
 
 
-def _video_cfg(cfg: dict[str, Any]) -> VideoTokenConfig:
+def video_config_from_seed(cfg: dict[str, Any]) -> VideoTokenConfig:
+    """A ``VideoTokenConfig`` from a seed-style config dict (the seed's defaults for missing
+    keys)."""
     return VideoTokenConfig(
         patch_size=int(cfg.get("patch_size", 16)), merge_size=int(cfg.get("merge_size", 2)),
         temporal_patch_size=int(cfg.get("temporal_patch_size", 2)),
@@ -341,27 +323,3 @@ def _video_cfg(cfg: dict[str, Any]) -> VideoTokenConfig:
         fps=float(cfg.get("fps", 2.0)), min_frames=int(cfg.get("min_frames", 4)),
         max_frames=int(cfg.get("max_frames", 768)),
     )  # fmt: skip
-
-
-def _estimate_image_tokens(img_meta: Any, image_cfg: dict[str, Any]) -> int:
-    """Seed signature: tokens of one ``[height, width]`` image under a seed-style config dict
-    (``patch_size``, ``merge_size``, ``min_pixels``, ``max_pixels``).
-
-    >>> _estimate_image_tokens([280, 560], {"patch_size": 14, "merge_size": 2})
-    200
-    """
-    return _image_cfg(image_cfg).tokens(int(img_meta[0]), int(img_meta[1]))
-
-
-def _estimate_video_tokens(vid_meta: Any, video_cfg: dict[str, Any]) -> int:
-    """Seed signature for ``[total_frames, height, width, fps, duration]`` with Qwen3-VL frame
-    sampling. Like transformers (not the seed), the frame count is clamped to the video's
-    frames last, so a 3-frame clip keeps 3 frames, not ``min_frames``.
-
-    >>> cfg = {"patch_size": 16, "min_pixels": 100, "max_pixels": 10**8, "max_frames": 128}
-    >>> _estimate_video_tokens([100, 320, 640, 25, 4], cfg)
-    800
-    """
-    frames, h, w, fps, duration = (float(v) for v in vid_meta[:5])
-    total = int(frames) or int(duration * fps)
-    return _video_cfg(video_cfg).tokens(total, int(h), int(w), fps or None)

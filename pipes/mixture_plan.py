@@ -29,7 +29,7 @@ import numpy.typing as npt
 from .mixture import IntArray, fill_counts, source_rng
 from .plan import plan_packs
 
-__all__ = ["MixturePlan", "mix_order", "plan_mixture", "replan_from_cursor"]
+__all__ = ["MixturePlan", "mix_order", "pack_source_tokens", "plan_mixture", "replan_from_cursor"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,7 +142,7 @@ def _share_tracking_order(per_group: npt.NDArray[np.int64], rng: np.random.Gener
     return np.asarray(out, dtype=np.int64)
 
 
-def _pack_source_tokens(
+def pack_source_tokens(
     offsets: IntArray, ids: IntArray, total: IntArray, bounds: IntArray
 ) -> npt.NDArray[np.int64]:
     """Tokens of each source in each pack: ``[packs, sources]``."""
@@ -228,7 +228,7 @@ def _finish(
     rng: np.random.Generator,
 ) -> tuple[IntArray, IntArray, IntArray]:
     """Served prefix packs (kept in order) + new packs in ``mix_order``: CSR and order."""
-    tokens = _pack_source_tokens(offsets, ids, total, bounds)
+    tokens = pack_source_tokens(offsets, ids, total, bounds)
     order = mix_order(tokens, group_size, rng)
     n_prefix = int(prefix_offsets.size - 1)
     all_offsets = np.concatenate([prefix_offsets, offsets[1:] + prefix_offsets[-1]])

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .mixture import Blend
-from .mixture_plan import MixturePlan, _pack_source_tokens
+from .mixture_plan import MixturePlan, pack_source_tokens
 
 __all__ = ["mixture_ledger", "realized_shares", "target_shares"]
 
@@ -49,7 +49,7 @@ def target_shares(blend: Blend, planned_tokens: Sequence[int]) -> list[float]:
 
 def _pack_tokens(plan: MixturePlan, total: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Tokens per source of each pack, in serving order: ``[packs, sources]``."""
-    return _pack_source_tokens(plan.offsets, plan.ids, total, plan.bounds)[plan.order]
+    return pack_source_tokens(plan.offsets, plan.ids, total, plan.bounds)[plan.order]
 
 
 def realized_shares(

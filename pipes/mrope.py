@@ -50,7 +50,7 @@ import torch
 
 MROPE_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 AUDIO_TOKEN_TYPE = 3  # mm_token_type_ids of an audio token (Qwen2.5-Omni)
-_FAMILY_BY_PROCESSOR = {
+FAMILY_BY_PROCESSOR = {
     "Qwen2VLProcessor": "qwen2_vl",
     "Qwen2_5_VLProcessor": "qwen2_5_vl",
     "Qwen3VLProcessor": "qwen3_vl",
@@ -103,11 +103,11 @@ class MRopeConfig:
         """From a Qwen-VL processor. Qwen2.5-VL's `tokens_per_second` lives in the *model*
         config, not the processor: pass it if your checkpoint differs from 2."""
         name = type(processor).__name__
-        family = _FAMILY_BY_PROCESSOR.get(name)
+        family = FAMILY_BY_PROCESSOR.get(name)
         if family is None:
             raise ValueError(
                 f"cannot tell the mRoPE family of processor {name!r}; known: "
-                f"{sorted(_FAMILY_BY_PROCESSOR)}. Build MRopeConfig(family=...) yourself, or use "
+                f"{sorted(FAMILY_BY_PROCESSOR)}. Build MRopeConfig(family=...) yourself, or use "
                 "1-D positions (mrope=False) for a text-only model."
             )
         tok = processor.tokenizer

@@ -43,16 +43,16 @@ only injected into a sample with no media, so the media order is unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ._tensors import adjacent_view
+from .contracts import Pack
 from .loss import CROSS_ENTROPY_IGNORE_IDX
 from .mrope import MRopeConfig, compute_mrope_position_ids, mrope_position_ids
 
 IGNORE_INDEX = CROSS_ENTROPY_IGNORE_IDX  # one value for the whole package (pipes/loss.py)
-Pack = dict[str, Any]
 MEDIA_KEYS: tuple[str, ...] = (
     "pixel_values",
     "image_grid_thw",
@@ -224,7 +224,8 @@ def concat_shifted(
             )
         tail = pack_size - total
     fills = {"input_ids": padding_idx, "labels": IGNORE_INDEX}
-    pack: Pack = {"sample_ids": [int(d["sample_id"]) for d in shifted if "sample_id" in d]}
+    ids = [int(d["sample_id"]) for d in shifted if "sample_id" in d]
+    pack: dict[str, Any] = {"sample_ids": ids}
     for key, parts in cols.items():
         parts.append(torch.full((tail,), fills.get(key, 0), dtype=torch.long))
         pack[key] = torch.cat(parts).long()
@@ -241,7 +242,7 @@ def concat_shifted(
     ig, vg = pack["image_grid_thw"], pack["video_grid_thw"]
     pack["n_images"] = 0 if ig is None else int(torch.as_tensor(ig).shape[0])
     pack["n_videos"] = 0 if vg is None else int(torch.as_tensor(vg).shape[0])
-    return pack
+    return cast(Pack, pack)  # every key of the contract is set above
 
 
 def build_pack(
@@ -279,25 +280,9 @@ def build_pack(
     )
 
 
-def build_packed_vlm_sample(
-    samples: Sequence[dict[str, Any]],
-    pack_size: int,
-    padding_idx: int,
-    has_mrope: bool = False,
-    sequence_alignment: int = 1,
-) -> Pack:
-    """Seed-compatible public `_build_packed_vlm_sample`: ALREADY-SHIFTED samples in, one pack
-    out, no tail padding (`pack_size` unused, as in the seed; the collater pads). Unlike the seed
-    it supports mRoPE with alignment and keeps fake-image tokens masked (module docstring)."""
-    del pack_size
-    return concat_shifted(
-        samples, padding_idx=padding_idx, alignment=sequence_alignment, mrope=has_mrope
-    )
-
-
 def build_packed_sample(
     samples: Sequence[dict[str, Any]], pack_size: int, padding_idx: int = 0
-) -> Pack:
+) -> dict[str, torch.Tensor]:
     """Seed-compatible public `_build_packed_sample` (LLM path): NO shift (labels are expected
     pre-shifted), document ids 1..k, positions restart per document, padded to `pack_size`.
     The seed returns a row longer than `pack_size` when the samples overflow; this raises."""

@@ -30,9 +30,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .collate import RobustCollate
+from .contracts import Pack
 from .mrope import compute_mrope_position_ids
-from .pack import Pack, concat_shifted, shift_sample
+from .pack import concat_shifted, shift_sample
+from .robust_collate import RobustCollate
 
 
 def _aligned(n: int, alignment: int) -> int:
@@ -201,7 +202,7 @@ def neat_pack_dataset_vlm(
     """
     from .binpack import greedy_knapsack
     from .estimate import LengthEstimator
-    from .lengths import _estimate_slice
+    from .lengths import estimate_slice
     from .plan import greedy_knapsack_vt_balanced
     from .read import SequenceSource
 
@@ -223,7 +224,7 @@ def neat_pack_dataset_vlm(
     if ds_raw is not None:
         source = ds_raw if hasattr(ds_raw, "content_fingerprint") else SequenceSource(ds_raw)
         # the length index's block estimator: raw records on its fast path, the rest one by one
-        totals, visuals, fallbacks = _estimate_slice(source, est, 0, len(source), progress=False)
+        totals, visuals, fallbacks = estimate_slice(source, est, 0, len(source), progress=False)
         for sid, reasons in fallbacks:
             est.fallbacks.add(sid, reasons)
         for i, (total, vt) in enumerate(zip(totals.tolist(), visuals.tolist(), strict=True)):

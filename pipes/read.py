@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._record import RecordError, paused_gc, to_record
+from .contracts import Record
 
 __all__ = [
     "HFDatasetSource",
@@ -41,7 +42,6 @@ __all__ = [
     "to_record",
 ]
 
-Record = dict[str, Any]
 _CHUNK = 1 << 20  # 1 MiB: read and hash granularity
 _BLOCK = 8 << 20  # 8 MiB: sequential read block of iter_raw
 
@@ -108,7 +108,7 @@ def _hash_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _media_root(media_root: str | os.PathLike[str] | None) -> str | None:
+def real_media_root(media_root: str | os.PathLike[str] | None) -> str | None:
     return None if media_root is None else os.path.realpath(media_root)
 
 
@@ -139,7 +139,7 @@ class JsonlSource:
         self, path: str | os.PathLike[str], media_root: str | os.PathLike[str] | None = None
     ) -> None:
         self.path = Path(path)
-        self.media_root = _media_root(media_root)
+        self.media_root = real_media_root(media_root)
         self._fd: int | None = None
         self._pid = -1
         starts, ends, lines, blanks, digest = _index_jsonl(self.path)
@@ -307,7 +307,7 @@ class JsonListSource:
         self, path: str | os.PathLike[str], media_root: str | os.PathLike[str] | None = None
     ) -> None:
         self.path = Path(path)
-        self.media_root = _media_root(media_root)
+        self.media_root = real_media_root(media_root)
         with self.path.open("rb") as f:
             try:
                 data = json.load(f)
@@ -348,7 +348,7 @@ class SequenceSource:
         self, records: Sequence[Mapping[str, Any]], media_root: str | os.PathLike[str] | None = None
     ) -> None:
         self.records = records
-        self.media_root = _media_root(media_root)
+        self.media_root = real_media_root(media_root)
         self._fingerprint: str | None = None
 
     def __len__(self) -> int:
@@ -385,7 +385,7 @@ class HFDatasetSource:
         from .formats import undecoded_dataset
 
         self.ds = undecoded_dataset(ds)  # Image/Video features: bytes, decoded in the workers
-        self.media_root = _media_root(media_root)
+        self.media_root = real_media_root(media_root)
 
     def __len__(self) -> int:
         return len(self.ds)

@@ -26,6 +26,8 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
+from .contracts import Record
+
 __all__ = ["LengthGroupedSampler", "estimate_lengths", "raw_records"]
 
 
@@ -85,7 +87,7 @@ class _Indexed:
     def __len__(self) -> int:
         return len(self.obj)
 
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+    def __getitem__(self, sample_id: int) -> Record:
         from ._record import to_record
 
         return to_record(self.obj[sample_id], int(sample_id), None)
@@ -116,7 +118,7 @@ def estimate_lengths(
     """
     from ._record import RecordError
     from .estimate import LengthEstimator
-    from .lengths import _estimate_slice
+    from .lengths import estimate_slice
 
     if estimator is None:
         estimator = LengthEstimator.from_processor(processor) if processor else LengthEstimator()
@@ -124,7 +126,7 @@ def estimate_lengths(
     if ids is not None:
         source = _Picked(source, ids)
     try:
-        total, _, fallbacks = _estimate_slice(source, estimator, 0, len(source), progress=False)
+        total, _, fallbacks = estimate_slice(source, estimator, 0, len(source), progress=False)
     except RecordError as e:
         raise type(e)(
             f"{e}. LengthGroupedSampler estimates lengths from the raw conversations under the "

@@ -36,6 +36,7 @@ from typing import Any, Final
 import numpy as np
 
 from ._record import RecordError, to_record
+from .contracts import Record
 
 __all__ = [
     "ParquetSource",
@@ -131,10 +132,10 @@ class TarShardSource:
         media_root: str | os.PathLike[str] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        from .read import _media_root
+        from .read import real_media_root
 
         self.paths = _paths(shards, "tar")
-        self.media_root = _media_root(media_root)
+        self.media_root = real_media_root(media_root)
         fps = [shard_fingerprint(p) for p in self.paths]
         self._samples = [
             self._index(p, fp, cache_dir) for p, fp in zip(self.paths, fps, strict=True)
@@ -219,7 +220,7 @@ class TarShardSource:
                 raw["videos"] = videos
         return raw
 
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+    def __getitem__(self, sample_id: int) -> Record:
         return to_record(self.raw(sample_id), int(sample_id), self.media_root)
 
     def content_fingerprint(self) -> str:
@@ -318,10 +319,10 @@ class ParquetSource:
     ) -> None:
         import pyarrow.parquet as pq
 
-        from .read import _media_root
+        from .read import real_media_root
 
         self.paths = _paths(shards, "Parquet")
-        self.media_root = _media_root(media_root)
+        self.media_root = real_media_root(media_root)
         groups: list[list[int]] = []
         for p in self.paths:
             try:
@@ -355,7 +356,7 @@ class ParquetSource:
         group = bisect.bisect_right(starts, local) - 1
         return dict(self._rows(shard, group)[local - int(starts[group])])
 
-    def __getitem__(self, sample_id: int) -> dict[str, Any]:
+    def __getitem__(self, sample_id: int) -> Record:
         return to_record(self.raw(sample_id), int(sample_id), self.media_root)
 
     def iter_raw(self, start: int, stop: int) -> Iterator[Any]:

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from .contracts import PackRef
+
 __all__ = [
     "TAIL_POLICIES",
     "PackRef",
@@ -40,8 +42,6 @@ __all__ = [
 ]
 
 TAIL_POLICIES = ("drop", "pad")
-
-PackRef = dict[str, Any]
 
 
 class PlanLike(Protocol):

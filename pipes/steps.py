@@ -216,7 +216,10 @@ class MaskConverter:
         self.attn_implementation, self.dtype = attn_implementation, dtype
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        from .mask import to_4d_additive_mask, to_4d_bool_mask, to_block_mask
+        import torch
+
+        from .doc_ids import check_doc_ids
+        from .mask_format import attention_inputs
 
         doc_ids = batch.get("doc_ids")
         if doc_ids is None or doc_ids.dim() != 2:
@@ -224,16 +227,9 @@ class MaskConverter:
                 "MaskConverter needs batch['doc_ids'] [B, S] (collate with "
                 f"attn_implementation='doc_ids'); got keys {sorted(batch)}"
             )
-        out = dict(batch)
-        if self.attn_implementation == "sdpa":
-            out["attention_mask"] = to_4d_bool_mask(doc_ids)
-        elif self.attn_implementation == "eager":
-            import torch
-
-            out["attention_mask"] = to_4d_additive_mask(doc_ids, self.dtype or torch.float32)
-        else:
-            out["attention_mask"] = to_block_mask(doc_ids)
-        return out
+        check_doc_ids(doc_ids)
+        dtype = self.dtype or torch.float32
+        return dict(batch) | attention_inputs(doc_ids, self.attn_implementation, mask_dtype=dtype)
 
 
 class PPMediaSplitter:

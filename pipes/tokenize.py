@@ -33,13 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 from PIL import Image
 from torch import Tensor
 
 from ._conversation import forbidden_tokens, parse_conversation
+from .contracts import Sample
 from .labels import IGNORE_INDEX, RoleMarkers, conversation_labels, resolve_role_markers
 from .media import SampleError, load_image, load_video
 
@@ -71,7 +72,7 @@ def _fake_block(ids: Tensor, mm: Tensor, n_tokens: int, tok: Any) -> Tensor:
     return torch.arange(lo, hi)
 
 
-def _video_metadata(
+def video_metadata_of(
     record: Mapping[str, Any], videos: list[Any], video_fps: list[float | None]
 ) -> list[dict[str, Any]] | None:
     """Frame-list videos with a known frame rate: the block's ``fps``, else ``videos_meta[k][3]``
@@ -138,7 +139,7 @@ def prepare_conversation(
             vp = getattr(processor, "video_processor", None)
             sample_frames = bool(getattr(vp, "do_sample_frames", False))
         kwargs["videos"], kwargs["do_sample_frames"] = videos, sample_frames
-        metadata = _video_metadata(record, videos, video_fps)
+        metadata = video_metadata_of(record, videos, video_fps)
         if metadata is not None:
             kwargs["video_metadata"] = metadata
     try:
@@ -228,7 +229,7 @@ def tokenize_conversation(
 
 def tokenize_conversations(
     records: Sequence[Mapping[str, Any]], processor: Any, **options: Any
-) -> list[dict[str, Any]]:
+) -> list[Sample]:
     """``tokenize_conversation`` for several Records with ONE processor call for all of those
     without videos (the image processor resizes same-size images together, and the per-call
     overhead is paid once). Each Sample equals ``tokenize_conversation``'s for its record, and the
@@ -238,7 +239,8 @@ def tokenize_conversations(
     label_policy = options.pop("label_policy", "assistant")
     _check_policy(label_policy)
     preps = [prepare_conversation(r, processor, **options) for r in records]
-    return finish_conversations(preps, processor, label_policy=label_policy)
+    samples = finish_conversations(preps, processor, label_policy=label_policy)
+    return cast(list[Sample], samples)  # docs/data_contracts.md section 4
 
 
 def _check_policy(label_policy: str) -> None:

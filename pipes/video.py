@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .media import SampleError
+from .errors import SampleError
 
 __all__ = ["MAX_VIDEO_BYTES", "DecodedVideo", "decode_video", "probe_video", "require_av"]
 

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from neatpack.graphs.cli import main
-from neatpack.graphs.neat_vlm import open_source
+from neatpack.graphs.open_data import open_source
 from neatpack.graphs.pictures import _LEFT, _RIGHT, PLAN_SIZE, RANK_COLORS, WHITE
 from neatpack.graphs.report import PICTURE_STEPS, step_loads
 from neatpack.pipes.estimate import LengthEstimator

@@ -336,10 +336,15 @@ def test_bad_input_is_one_line_exit_2(
 
 
 @pytest.mark.badinput
-def test_console_script_exit_2_without_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["console_script", "python_m"])
+def test_console_script_exit_2_without_traceback(tmp_path: Path, how: str) -> None:
+    """Also as ``python -m neatpack.graphs.cli``, whose ``__main__`` copy of cli.py must catch
+    the ``UsageError`` that report.py raises (one class, in graphs/cli_inputs.py)."""
     script = Path(sys.executable).parent / "neatpack"
     code = "import sys; from neatpack.graphs.cli import main; sys.exit(main())"
     cmd = [str(script)] if script.exists() else [sys.executable, "-c", code]
+    if how == "python_m":
+        cmd = [sys.executable, "-m", "neatpack.graphs.cli"]
     proc = subprocess.run(
         [*cmd, "plan", str(tmp_path / "nope.jsonl"), "--processor", "qwen2_vl", "--pack-size",
          "1024"], capture_output=True, text=True, timeout=120,

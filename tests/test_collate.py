@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neatpack.pipes import collate as C
+import neatpack.pipes as C
 from neatpack.pipes.mask import to_4d_bool_mask
 
 IMG = 1  # mm_token_type_ids value of an image token

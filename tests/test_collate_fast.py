@@ -1,8 +1,8 @@
 """The collater's fast path equals its general path, output for output and error for error.
 
 ``neat_packed_vlm_collater`` pads packs in the data contract's form with one ``torch.cat`` and
-builds cu_seqlens / THD params from the packs' lengths (``_pad_packs_fast``); anything else goes
-through ``_pad_packs``, the original key-by-key code that validates with ``check_doc_ids``. The
+builds cu_seqlens / THD params from the packs' lengths (``pad_packs_fast``); anything else goes
+through ``pad_packs``, the original key-by-key code that validates with ``check_doc_ids``. The
 general path is the reference here: every test runs the collater twice, once as shipped and
 once with the fast path switched off, and requires identical results (values, dtypes, shapes,
 dict key order, the same exception and message), and checks that the fast path really ran
@@ -21,8 +21,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from neatpack import pipes as M
 from neatpack.pipes import collate as C
-from neatpack.pipes import mask as M
+from neatpack.pipes import mask_format as MF
 from neatpack.pipes.pack import build_pack
 
 IMG, VID = 1, 2
@@ -71,19 +72,19 @@ def make_pack(
 
 @contextmanager
 def general_path_only() -> Iterator[None]:
-    """Switch the fast path off: every batch goes through ``_pad_packs`` (the reference)."""
-    fast = C._pad_packs_fast
-    C._pad_packs_fast = lambda *args, **kwargs: None
+    """Switch the fast path off: every batch goes through ``pad_packs`` (the reference)."""
+    fast = C.pad_packs_fast
+    C.pad_packs_fast = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        C._pad_packs_fast = fast
+        C.pad_packs_fast = fast
 
 
 @contextmanager
 def count_fast_hits() -> Iterator[list[bool]]:
     """Record, per collate call, whether the fast path produced the padded batch."""
-    fast = C._pad_packs_fast
+    fast = C.pad_packs_fast
     hits: list[bool] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
@@ -91,11 +92,11 @@ def count_fast_hits() -> Iterator[list[bool]]:
         hits.append(out is not None)
         return out
 
-    C._pad_packs_fast = spy
+    C.pad_packs_fast = spy
     try:
         yield hits
     finally:
-        C._pad_packs_fast = fast
+        C.pad_packs_fast = fast
 
 
 def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
@@ -150,7 +151,7 @@ def collate_both(packs: list[dict[str, Any]], **kwargs: Any) -> tuple[bool, tupl
 # -- the contract's packs take the fast path and give the reference output ------------------
 
 
-@pytest.mark.parametrize("fmt", C.MASK_FORMATS)
+@pytest.mark.parametrize("fmt", MF.MASK_FORMATS)
 @pytest.mark.parametrize("mrope", [False, True])
 def test_every_format_equals_reference(fmt: str, mrope: bool) -> None:
     packs = [
@@ -169,9 +170,9 @@ def test_every_format_equals_reference(fmt: str, mrope: bool) -> None:
     ]
     assert out["input_ids"].is_contiguous()
     assert out["position_ids"].is_contiguous()
-    if fmt in C.FLASH_FORMATS:
+    if fmt in MF.FLASH_FORMATS:
         assert out["cu_seq_lens_q"].tolist() == [0, 4, 7, 12, 14, 15, 16, 17, 21]
-    if mrope and fmt in C.MASK_FREE_FORMATS:
+    if mrope and fmt in MF.MASK_FREE_FORMATS:
         assert out["position_ids"].shape == (4, 3, s)
 
 
@@ -337,7 +338,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             del pack["text_position_ids"]
     longest = max(int(p["input_ids"].shape[0]) for p in packs)
     kwargs = {
-        "mask_format": draw(st.sampled_from(C.MASK_FORMATS)),
+        "mask_format": draw(st.sampled_from(MF.MASK_FORMATS)),
         "padding_idx": draw(st.sampled_from([0, 3])),
         "max_length": draw(st.none() | st.integers(max(1, longest - 1), longest + 5)),
         "pad_to_multiple_of": draw(st.none() | st.sampled_from([1, 4])),

@@ -455,9 +455,9 @@ def test_text_stats_counts_roles_and_media() -> None:
 
 
 def test_seed_named_functions() -> None:
-    from neatpack.pipes.estimate import _estimate_sample_length
-    from neatpack.pipes.media_tokens import (
+    from neatpack.pipes import (
         _estimate_image_tokens,
+        _estimate_sample_length,
         _estimate_video_tokens,
         _smart_resize_image,
         _smart_resize_video,

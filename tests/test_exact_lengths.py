@@ -13,7 +13,7 @@ import pytest
 from PIL import Image, PngImagePlugin
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes._media_meta import _image_size
+from neatpack.pipes._media_meta import image_hw
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import build_length_index
 from neatpack.pipes.read import JsonlSource, SequenceSource
@@ -117,9 +117,9 @@ def test_png_header_read_decodes_no_pixels_and_keeps_late_exif(
         return real_load(self)
 
     monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", counting_load)
-    assert _image_size(str(plain), 0) == (30, 90)
+    assert image_hw(str(plain), 0) == (30, 90)
     assert loads == []
-    assert _image_size(str(rotated), 1) == (90, 30)
+    assert image_hw(str(rotated), 1) == (90, 30)
     with Image.open(rotated) as im:  # what the materializer sees after exif_transpose
         from PIL import ImageOps
 

@@ -81,8 +81,8 @@ def test_cache_reload_and_rebuild_on_change(
     files = list(cache.iterdir())
     assert [f.name for f in files] == [f"{first.fingerprint}.npz"]  # no temp files left
     calls: list[int] = []
-    real = lengths_mod._estimate_slice
-    monkeypatch.setattr(lengths_mod, "_estimate_slice", lambda *a: calls.append(1) or real(*a))
+    real = lengths_mod.estimate_slice
+    monkeypatch.setattr(lengths_mod, "estimate_slice", lambda *a: calls.append(1) or real(*a))
     again = build_length_index(JsonlSource(path), EST, cache_dir=cache, progress=False)
     assert calls == []  # served from the cache
     np.testing.assert_array_equal(again.total, first.total)
@@ -161,13 +161,13 @@ def _worker(rank: int, world: int, port: int, data: str, cache: str, out: str) -
         est = LengthEstimator(image=ImageTokenConfig(), on_missing_media="fallback")
         src = JsonlSource(data)
         calls: list[int] = []
-        real = lengths_mod._estimate_slice
+        real = lengths_mod.estimate_slice
 
         def spy(s: Any, e: Any, lo: int, hi: int, p: bool) -> Any:
             calls.append(hi - lo)
             return real(s, e, lo, hi, p)
 
-        lengths_mod._estimate_slice = spy  # type: ignore[assignment]
+        lengths_mod.estimate_slice = spy  # type: ignore[assignment]
         result: dict[str, Any] = {}
         try:
             a = build_length_index(src, est, cache_dir=cache, progress=False, rank=rank,

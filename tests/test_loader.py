@@ -230,6 +230,6 @@ def test_pin_memory_without_cuda_warns_and_changes_nothing(monkeypatch: pytest.M
     plain = [b["sample_ids"] for b in neat_llm_graph(records, config=NeatLLMConfig(pack_size=64))]
     with pytest.warns(UserWarning, match="pin_memory=True is ignored: no CUDA"):
         pinned = neat_llm_graph(records, config=NeatLLMConfig(pack_size=64, pin_memory=True))
-        got = [b["sample_ids"] for b in pinned]
+    got = [b["sample_ids"] for b in pinned]
     assert got == plain
     assert len(plain) > 2

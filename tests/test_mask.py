@@ -10,7 +10,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neatpack.pipes import mask as M
+from neatpack import pipes as M
+from neatpack.pipes import block_mask, cu_seqlens, doc_ids, mask, text_positions
 
 
 def _doc_ids(rows: list[list[int]], s: int) -> torch.Tensor:
@@ -46,9 +47,9 @@ packs = st.lists(
 
 
 def test_doctests_pass() -> None:
-    result = doctest.testmod(M)
-    assert result.attempted >= 7
-    assert result.failed == 0
+    results = [doctest.testmod(m) for m in (block_mask, cu_seqlens, doc_ids, mask, text_positions)]
+    assert sum(r.attempted for r in results) >= 7
+    assert sum(r.failed for r in results) == 0
 
 
 def test_bool_mask_literal() -> None:

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.mask import to_text_position_ids
 from neatpack.pipes.pack import build_pack
+from neatpack.pipes.text_positions import to_text_position_ids
 
 pytestmark = pytest.mark.parity
 VOCAB = 512

@@ -205,9 +205,9 @@ def test_truncated_answer_does_not_label_padding(proc: Any, side: str) -> None:
 def test_robust_collate_docstring_examples() -> None:
     import doctest
 
-    from neatpack.pipes import collate, packed_dataset
+    from neatpack.pipes import packed_dataset, robust_collate
 
-    for obj in (collate.RobustCollate, packed_dataset.PackedDatasetWrapper.robust_collate):
+    for obj in (robust_collate.RobustCollate, packed_dataset.PackedDatasetWrapper.robust_collate):
         runner = doctest.DocTestRunner()
         for test in doctest.DocTestFinder().find(obj):
             runner.run(test)

@@ -1,0 +1,69 @@
+"""Opening the data a graph reads: ``open_source`` turns what a user passes (a ``.jsonl`` /
+``.json`` path, a list of dicts, a ``datasets.Dataset``, tar / Parquet shards, a source) into a
+record source; ``EstimateChecked`` makes the records the length index could not estimate fail
+in the worker, where ``on_bad_sample`` decides them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from neatpack.pipes.contracts import Record
+from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
+
+__all__ = ["EstimateChecked", "open_source"]
+
+
+def open_source(data: Any, media_root: str | None = None) -> RecordSource:
+    """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source; tar /
+    Parquet shards (a path, a glob or a list of paths ending ``.tar`` / ``.parquet``)."""
+    from neatpack.pipes.shards import shard_source
+
+    shards = shard_source(data, media_root)
+    if shards is not None:
+        return shards
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"data file {str(path)!r} does not exist: pass a .jsonl or .json"
+            )
+        if path.suffix == ".json":
+            return JsonListSource(path, media_root=media_root)
+        return JsonlSource(path, media_root=media_root)
+    if isinstance(data, RecordSource):
+        return data
+    if isinstance(data, Sequence):
+        return SequenceSource(list(data), media_root=media_root)
+    from neatpack.pipes.read import HFDatasetSource
+
+    if hasattr(data, "features"):  # a datasets.Dataset
+        return HFDatasetSource(data, media_root=media_root)
+    raise TypeError(
+        f"cannot read data of type {type(data).__name__}: pass a .jsonl/.json path, a list of "
+        "dicts, a datasets.Dataset or a RecordSource"
+    )
+
+
+class EstimateChecked:
+    """The record source as the materializer sees it: for the ids the length index could not
+    estimate (``on_error="skip"``: a bad ``images_meta``, an unreadable image header) reading
+    the record raises the estimator's own error, so ``on_bad_sample`` decides them (skipped or
+    replaced, counted as failed) instead of a length-0 plan entry overflowing its pack."""
+
+    def __init__(self, source: RecordSource, estimator: Any, ids: list[int]) -> None:
+        self.source, self.estimator, self.ids = source, estimator, frozenset(ids)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, sample_id: int) -> Record:
+        record: Record = self.source[sample_id]
+        if int(sample_id) in self.ids:
+            self.estimator.estimate_sample(record)  # raises EstimateError naming the sample
+        return record
+
+    def content_fingerprint(self) -> str:
+        return str(self.source.content_fingerprint())
