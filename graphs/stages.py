@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, Prefetcher
 
+from neatpack.graphs.heap import InMainProcess
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.watchdog import init_worker, quiet_forked_iterator_gc
 from neatpack.pipes.source import PackSource
@@ -61,8 +62,8 @@ def map_stage(
             method=method,
             multiprocessing_context=multiprocessing_context if method == "process" else None,
         )
-    else:
-        out = Mapper(node, fn)
+    else:  # in the trainer's process: freed step memory is reused, see graphs/heap.py
+        out = Mapper(node, InMainProcess(fn))
     return Prefetcher(out, prefetch) if prefetch else out
 
 
