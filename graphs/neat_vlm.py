@@ -39,6 +39,7 @@ from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.index_workers import index_workers
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
 from neatpack.pipes.overlong import check_overlong
@@ -96,6 +97,9 @@ class NeatVLMConfig:
     boundaries: bool = False  # seq_idx + cu_seq_lens for linear-attention / SSM layers (#20)
     allow_packing_leak: bool = False  # pack a model whose leak probe fails (#20)
     cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size (#20)
+    # length index build: 0 in this process, N forked processes over slices (same index), None
+    # one per core once the corpus is large enough (pipes/index_workers.py)
+    index_workers: int | None = 0
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -110,6 +114,8 @@ class NeatVLMConfig:
             raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
         if self.worker_method not in WORKER_METHODS:
             raise ValueError(f"{self.worker_method=} is not one of {WORKER_METHODS}")
+        if self.index_workers is not None and self.index_workers < 0:
+            raise ValueError(f"{self.index_workers=} must be >= 0, or None for one per core")
         if self.num_workers < 0 or self.prefetch < 0:
             raise ValueError(f"{self.num_workers=} and {self.prefetch=} must be >= 0")
         if self.pp_microbatches is not None and not 1 <= self.pp_microbatches <= self.batch_size:
@@ -243,6 +249,9 @@ def neat_vlm_parts(
             world_size=world_size,
             # a record that cannot be read follows on_bad_sample (skipped or replaced, counted)
             on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
+            num_workers=(
+                index_workers(len(source)) if cfg.index_workers is None else cfg.index_workers
+            ),
         )
     index = lengths
     # Overlong samples are known now: say so (by modality, with the fixes) before any batch.
