@@ -289,7 +289,8 @@ def main() -> None:
     args.root = tempfile.mkdtemp(prefix="neatpack-bench-peer-")
     write_corpus(args.root, num_samples=args.samples, seed=3)
     args.plan_file = Path(args.root) / "plan.jsonl"
-    plan_corpus(args.plan_file, args.plan_records)
+    if args.plan_records:  # 0: no plan comparison
+        plan_corpus(args.plan_file, args.plan_records)
     site = str(Path(neatpack.__path__[0]).parent)  # neatpack itself, for the peer's processor
     peer_env = {**os.environ, "PYTHONPATH": site}
     runs: dict[str, list[dict[str, Any]]] = {"neat": [], "peer": []}
@@ -297,10 +298,12 @@ def main() -> None:
         runs["neat"].append(_child(sys.executable, "neat", args, dict(os.environ)))
         runs["peer"].append(_child(python, "peer", args, peer_env))
     best = {k: max(v, key=lambda r: r["real_tokens_per_s"]) for k, v in runs.items()}
-    modes = ("estimate", "exact") if args.plan_exact else ("estimate",)
+    modes: tuple[str, ...] = ("estimate", "exact") if args.plan_exact else ("estimate",)
+    modes = modes if args.plan_records else ()
     plan = {f"neat_{m}": _child(sys.executable, f"plan_neat_{m}", args, dict(os.environ))
             for m in modes}  # fmt: skip
-    plan["peer"] = _child(python, "plan_peer", args, peer_env)
+    if modes:
+        plan["peer"] = _child(python, "plan_peer", args, peer_env)
     metrics = {
         **best,
         "ratio_real_tokens_per_s": round(
