@@ -82,12 +82,11 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
     from nemo_automodel.components.datasets.vlm.neat_packing_vlm import neat_pack_dataset_vlm
     from torch.utils.data import DataLoader
 
-    from neatpack.pipes.tiny import load_tiny_processor
     from neatpack.pipes.tiny_models import tiny_model
 
     torch.set_num_threads(1)
     root = Path(args.root)
-    processor = load_tiny_processor("qwen2_vl")
+    processor = _processor(args.processor)
     pad = int(processor.tokenizer.pad_token_id or 0)
     model = tiny_model("qwen2_vl", processor=processor)
     t0 = time.perf_counter()
@@ -124,11 +123,10 @@ def run_neat(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-    from neatpack.pipes.tiny import load_tiny_processor
 
     torch.set_num_threads(1)
     root = Path(args.root)
-    processor = load_tiny_processor("qwen2_vl")
+    processor = _processor(args.processor)
     cfg = NeatVLMConfig(
         pack_size=args.pack_size, batch_size=1, media_root=str(root / "media"),
         cache_dir=str(root / f"cache-{os.getpid()}"), num_workers=args.workers,
@@ -143,6 +141,19 @@ def run_neat(args: argparse.Namespace) -> dict[str, Any]:
     t2 = time.perf_counter()
     n = sum(1 for _ in (root / "data.jsonl").open())
     return _side(packs, docs, real, args.pack_size, t2 - t0, t2 - t1, n)
+
+
+def _processor(name: str) -> Any:
+    """An embedded tiny processor by name, or one saved with ``save_pretrained`` in a directory
+    (a real vocabulary, as ``bench_utilization.py --processor``)."""
+    if Path(name).is_dir():
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(name, local_files_only=True)  # type: ignore[no-untyped-call]
+
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    return load_tiny_processor(name)
 
 
 def _side(
@@ -235,7 +246,7 @@ def _child(python: str, what: str, args: argparse.Namespace, env: dict[str, str]
     cmd = [python, __file__, "--one", what, "--root", args.root, "--pack-size",
            str(args.pack_size), "--workers", str(args.workers), "--packing-ratio",
            str(args.packing_ratio), "--plan-file", str(args.plan_file),
-           "--plan-workers", str(args.plan_workers)]  # fmt: skip
+           "--plan-workers", str(args.plan_workers), "--processor", args.processor]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{what} run failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -248,6 +259,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--peer-python", default=os.environ.get("NEATPACK_PEER_PYTHON"))
     ap.add_argument("--samples", type=int, default=1944)
+    ap.add_argument("--processor", default="qwen2_vl", help="tiny processor name or a saved dir")
     ap.add_argument("--pack-size", type=int, default=8192)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--packing-ratio", type=float, default=1.0)
@@ -329,6 +341,7 @@ def main() -> None:
                     "repeats": args.repeats,
                     "quick": args.quick,
                     "peer_python": python,
+                    "processor": args.processor,
                 },
                 "metrics": metrics,
                 "env": {"python": platform.python_version(), "cpus": os.cpu_count()},
