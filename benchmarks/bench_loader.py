@@ -4,6 +4,8 @@
 * a map-style ``torch.utils.data.DataLoader`` over a PackedDatasetWrapper-style dataset (each
   item materializes one pack of the same plan with the same processor), at the same workers;
 * the bare single-process processor (chat template + processor call) on the same samples;
+  with 0 workers also per CPU second (``cpu_ratio_neat_0_workers_vs_bare_processor``: the
+  ratio that other load on a shared machine does not move);
 * time to first batch after ``load_state_dict`` at 0 %, 50 % and 95 % of an epoch, on a
   corpus of identical records (every batch costs the same, so only the resume differs).
 
@@ -73,7 +75,7 @@ def _tokens(batch: dict[str, Any]) -> int:
 def _drain(batches: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Whole-epoch rates, and steady-state rates after the first batch (which pays for
     starting the workers and filling the pipeline once per epoch)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     it = iter(batches)
     first = next(it)
     t1 = time.perf_counter()
@@ -82,9 +84,11 @@ def _drain(batches: Iterable[dict[str, Any]]) -> dict[str, float]:
     for batch in it:
         n += 1
         rest_tokens += _tokens(batch)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     return {
         "batches_per_s": n / (t2 - t0),
+        "cpu_s": c2 - c0,  # this process only (workers' CPU not counted)
+        "tokens_per_cpu_s": (tokens + rest_tokens) / (c2 - c0),
         "tokens_per_s": (tokens + rest_tokens) / (t2 - t0),
         "first_batch_s": t1 - t0,
         "steady_batches_per_s": (n - 1) / (t2 - t1) if n > 1 else float("nan"),
@@ -112,7 +116,7 @@ def time_dataloader(ds: PackDataset, workers: int, batch_size: int) -> dict[str,
 def time_bare_processor(source: Any, processor: Any, ids: list[int]) -> dict[str, float]:
     from neatpack.pipes.media import load_image
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tokens = 0
     for i in ids:
         conv = source[i]["conversation"]
@@ -125,8 +129,13 @@ def time_bare_processor(source: Any, processor: Any, ids: list[int]) -> dict[str
         text = processor.apply_chat_template(conv, tokenize=False)
         out = processor(text=[text], images=images or None, return_tensors="pt")
         tokens += int(out["input_ids"].shape[1]) - 1
-    dt = time.perf_counter() - t0
-    return {"samples_per_s": len(ids) / dt, "tokens_per_s": tokens / dt, "seconds": dt}
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "samples_per_s": len(ids) / dt,
+        "tokens_per_s": tokens / dt,
+        "seconds": dt,
+        "tokens_per_cpu_s": tokens / cpu,
+    }
 
 
 def uniform_corpus(data: Path, n: int) -> Path:
@@ -256,6 +265,12 @@ def main() -> None:
         metrics[f"{tag}ratio_neat_{top}_workers_vs_bare_processor"] = (
             metrics["neat"][f"workers_{top}"][rate] / metrics["bare_processor"]["tokens_per_s"]
         )
+    # Per CPU second (one process, one torch thread): robust to other load on a shared machine,
+    # where wall-clock ratios move by tens of percent between runs.
+    metrics["cpu_ratio_neat_0_workers_vs_bare_processor"] = (
+        metrics["neat"]["workers_0"]["tokens_per_cpu_s"]
+        / metrics["bare_processor"]["tokens_per_cpu_s"]
+    )
     uniform = uniform_corpus(Path(data), n)
     resume = {
         f"{int(f * 100)}%": time_resume(uniform, processor, cfg(top), f) for f in (0.0, 0.5, 0.95)

@@ -38,6 +38,7 @@ from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.open_data import EstimateChecked, open_source
 from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.index_workers import index_workers
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
 from neatpack.pipes.mixture import Mixture
@@ -98,6 +99,9 @@ class NeatVLMConfig:
     cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size (#20)
     # several weighted sources instead of `data` (#16; pipes/mixture.py, graphs/mixture.py)
     mixture: Mixture | None = None
+    # length index build: 0 in this process, N forked processes over slices (same index), None
+    # one per core once the corpus is large enough (pipes/index_workers.py)
+    index_workers: int | None = 0
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -112,6 +116,8 @@ class NeatVLMConfig:
             raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
         if self.worker_method not in WORKER_METHODS:
             raise ValueError(f"{self.worker_method=} is not one of {WORKER_METHODS}")
+        if self.index_workers is not None and self.index_workers < 0:
+            raise ValueError(f"{self.index_workers=} must be >= 0, or None for one per core")
         if self.num_workers < 0 or self.prefetch < 0:
             raise ValueError(f"{self.num_workers=} and {self.prefetch=} must be >= 0")
         if self.pp_microbatches is not None and not 1 <= self.pp_microbatches <= self.batch_size:
@@ -237,6 +243,9 @@ def neat_vlm_parts(
             world_size=world_size,
             # a record that cannot be read follows on_bad_sample (skipped or replaced, counted)
             on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
+            num_workers=(
+                index_workers(len(source)) if cfg.index_workers is None else cfg.index_workers
+            ),
         )
     index = lengths
     # Overlong samples are known now: say so (by modality, with the fixes) before any batch.

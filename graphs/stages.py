@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, PinMemory, Prefetcher
 
+from neatpack.graphs.heap import InMainProcess
 from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.watchdog import init_worker, quiet_forked_iterator_gc
 from neatpack.pipes.source import PackSource
@@ -68,8 +69,8 @@ def map_stage(
             method=method,
             multiprocessing_context=multiprocessing_context if method == "process" else None,
         )
-    else:
-        out = Mapper(node, fn)
+    else:  # in the trainer's process: freed step memory is reused, see graphs/heap.py
+        out = Mapper(node, InMainProcess(fn))
     if prefetch:
         out = Prefetcher(out, prefetch)
     if pin_memory:

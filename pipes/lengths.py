@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from ._record import RecordError, paused_gc
 from .estimate import LengthEstimator
+from .index_workers import index_start_method
 
 __all__ = [
     "FORMAT_VERSION",
@@ -231,7 +232,8 @@ def build_length_index(
     returns the identical index. The cache is used only when every rank has it (decided
     collectively, so ranks never disagree about entering the collective). Estimation errors on
     any rank are raised on every rank. ``num_workers > 0`` splits this process's slice over
-    that many spawned worker processes (the source and estimator are pickled to them).
+    that many worker processes (forked where the platform can, see ``index_workers``; the
+    source and estimator are pickled to them); ``index_workers(len(source))`` picks a number.
     ``on_error``: ``"raise"`` (a bad record stops the build, naming it) or ``"skip"`` (it gets
     length 0 and is listed under the fallback reason ``record_error``: the loader's
     ``on_bad_sample`` policy then skips or replaces it, counted). The cached file does not
@@ -315,7 +317,7 @@ def _estimate_parallel(
     from concurrent.futures import ProcessPoolExecutor
 
     cuts = np.linspace(lo, hi, workers + 1).astype(int).tolist()
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context(index_start_method())) as pool:
         futures = [
             pool.submit(estimate_slice, source, estimator, a, b, False, on_error)
             for a, b in itertools.pairwise(cuts)

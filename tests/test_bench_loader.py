@@ -25,6 +25,7 @@ def test_bench_loader_quick() -> None:
     assert all(v["tokens_per_s"] > 0 for v in m["neat"].values())
     assert all(v["batches"] >= 2 and v["steady_tokens_per_s"] > 0 for v in m["neat"].values())
     assert "steady_ratio_neat_vs_dataloader" in m
+    assert m["cpu_ratio_neat_0_workers_vs_bare_processor"] > 0
     assert set(m["resume_first_batch_s"]) == {"0%", "50%", "95%"}
 
 

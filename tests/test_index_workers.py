@@ -1,0 +1,85 @@
+"""The length index on several processes: forked (a script needs no ``__main__`` guard), the
+same index as one process, and the graph's ``index_workers`` option."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from neatpack.pipes.index_workers import (
+    MIN_RECORDS_PER_WORKER,
+    index_start_method,
+    index_workers,
+)
+
+
+def _corpus(path: Path, n: int) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            text = "word " * (5 + i % 50)
+            turns = [{"role": "user", "content": text}, {"role": "assistant", "content": text}]
+            f.write(json.dumps({"id": i, "messages": turns}) + "\n")
+    return path
+
+
+@pytest.mark.timeout(300)
+def test_a_script_without_main_guard_builds_the_index_on_worker_processes(
+    tmp_path: Path,
+) -> None:
+    """A plain script (no ``if __name__ == "__main__"``) that asks for index workers. With
+    spawned workers every child re-ran the script and the build died ("An attempt has been
+    made to start a new process before the current process has finished its bootstrapping
+    phase", then BrokenProcessPool); forked workers just run the slices."""
+    data = _corpus(tmp_path / "d.jsonl", 2 * MIN_RECORDS_PER_WORKER + 100)
+    script = tmp_path / "build.py"
+    script.write_text(textwrap.dedent(f"""
+        from neatpack.pipes.estimate import LengthEstimator
+        from neatpack.pipes.lengths import build_length_index
+        from neatpack.pipes.read import JsonlSource
+        from neatpack.pipes.tiny import load_tiny_processor
+        src = JsonlSource({str(data)!r})
+        est = LengthEstimator.from_processor(load_tiny_processor("qwen2_vl"), mode="estimate")
+        one = build_length_index(src, est, progress=False)
+        two = build_length_index(src, est, progress=False, num_workers=2)
+        same = bool((one.total == two.total).all()), one.fingerprint == two.fingerprint
+        print(len(two.total), *same)
+        """))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=280, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(2 * MIN_RECORDS_PER_WORKER + 100), "True", "True"]
+
+
+def test_start_method_and_worker_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert index_start_method() == "fork"  # Linux
+    assert index_workers(2 * MIN_RECORDS_PER_WORKER - 1, cpus=8) == 0  # too few to pay
+    assert index_workers(10**6, cpus=8) == 8
+    assert index_workers(10**6, cpus=1) == 0
+    monkeypatch.setenv("NEATPACK_INDEX_START", "spawn")
+    assert index_start_method() == "spawn"
+    assert index_workers(10**6, cpus=8) == 0  # spawned workers re-import torch: not worth it
+    monkeypatch.setenv("NEATPACK_INDEX_START", "telepathy")
+    with pytest.raises(ValueError, match="NEATPACK_INDEX_START='telepathy'"):
+        index_start_method()
+
+
+def test_graph_index_workers_option(tmp_path: Path) -> None:
+    from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    with pytest.raises(ValueError, match="index_workers=-1"):
+        NeatVLMConfig(pack_size=1024, index_workers=-1)
+    data = _corpus(tmp_path / "d.jsonl", 40)
+    proc = load_tiny_processor("qwen2_vl")
+    got = []
+    for workers in (0, None, 2):  # 40 records: None and 2 both run in this process
+        cfg = NeatVLMConfig(pack_size=1024, index_workers=workers, prefetch=0)
+        loader = neat_vlm_graph(data, proc, config=cfg)
+        got.append([p["sample_ids"] for b in loader for p in b["packs"]])
+    assert got[0] == got[1] == got[2]
