@@ -388,6 +388,12 @@ class _EstimateChecked:
     def content_fingerprint(self) -> str:
         return str(self.source.content_fingerprint())
 
+    def prefetch(self, sample_ids: Any) -> None:
+        """The source's prefetch (remote shards), if it has one."""
+        prefetch = getattr(self.source, "prefetch", None)
+        if prefetch is not None:
+            prefetch(sample_ids)
+
 
 def _pad_id(processor: Any) -> int:
     tok = getattr(processor, "tokenizer", processor)

@@ -23,7 +23,7 @@ records; an Image column's ``{"bytes", "path"}`` structs are read as ``pipes/for
 from __future__ import annotations
 
 import bisect
-import glob
+import copy
 import hashlib
 import io
 import json
@@ -36,6 +36,8 @@ from typing import Any, Final
 import numpy as np
 
 from ._record import RecordError, to_record
+from .media_policy import confine_record_media
+from .remote import FsspecStore, LocalStore, RangeFile, is_url, split_url, store_for
 
 __all__ = [
     "ParquetSource",
@@ -55,31 +57,34 @@ class ShardIndexError(RecordError):
 
 
 def _paths(
-    shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], kind: str
+    shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    kind: str,
+    store: LocalStore | FsspecStore,
 ) -> list[str]:
     if isinstance(shards, str | os.PathLike):
-        text = os.fspath(shards)
-        found = sorted(glob.glob(text)) if any(c in text for c in "*?[") else [text]
+        found = store.expand(os.fspath(shards))
+        if not found and not any(c in os.fspath(shards) for c in "*?["):
+            raise ShardIndexError(f"{kind} shard {os.fspath(shards)!r} does not exist; fix the path")
     else:
         found = [os.fspath(p) for p in shards]
+        for p in found:
+            if not store.expand(p):
+                raise ShardIndexError(f"{kind} shard {p!r} does not exist; fix the path")
     if not found:
         raise ShardIndexError(f"no {kind} shards match {shards!r}; check the path or glob")
-    for p in found:
-        if not os.path.isfile(p):
-            raise ShardIndexError(f"{kind} shard {p!r} does not exist; fix the path")
     return found
 
 
 def shard_fingerprint(path: str) -> str:
     """sha256 over the base name, size and the first and last 64 KiB (cheap on huge shards)."""
-    size = os.path.getsize(path)
-    h = hashlib.sha256(f"{Path(path).name}\n{size}\n".encode())
-    with open(path, "rb") as f:
-        h.update(f.read(65536))
-        if size > 65536:
-            f.seek(max(65536, size - 65536))
-            h.update(f.read())
-    return h.hexdigest()
+    return LocalStore().fingerprint(path)
+
+
+def _base(store: LocalStore | FsspecStore, path: str, media_root: str | None) -> str:
+    """Where the media of ``path`` 's records may come from (``pipes/media_policy.py``)."""
+    if store.remote:
+        return path.rsplit("/", 1)[0]
+    return media_root if media_root is not None else os.path.dirname(os.path.realpath(path))
 
 
 def _combined(fingerprints: list[str], kind: str) -> str:
@@ -101,11 +106,12 @@ def _locate(starts: Any, sample_id: int, n: int) -> tuple[int, int]:
 Members = dict[str, tuple[int, int]]  # ext -> (data offset, size)
 
 
-def index_tar(path: str) -> list[tuple[str, Members]]:
-    """``[(key, {ext: (offset, size)}), ...]`` in member order, reading headers only."""
+def index_tar(path: str, fileobj: Any = None) -> list[tuple[str, Members]]:
+    """``[(key, {ext: (offset, size)}), ...]`` in member order, reading headers only
+    (``fileobj``: an open remote object, read through its readahead buffer)."""
     samples: list[tuple[str, Members]] = []
     try:
-        with tarfile.open(path, "r:") as tf:
+        with tarfile.open(path if fileobj is None else None, "r:", fileobj=fileobj) as tf:
             for m in tf:
                 if not m.isfile():
                     continue
@@ -117,34 +123,51 @@ def index_tar(path: str) -> list[tuple[str, Members]]:
                 if not samples or samples[-1][0] != key:
                     samples.append((key, {}))
                 samples[-1][1][ext.lower()] = (m.offset_data, m.size)
-    except (tarfile.TarError, OSError) as e:
+    except (tarfile.TarError, OSError, RecordError) as e:
         raise ShardIndexError(f"tar shard {path!r} is unreadable ({e}); re-create it") from e
+    finally:
+        if fileobj is not None:
+            fileobj.close()
     return samples
 
 
 class TarShardSource:
-    """WebDataset-style tar shards (uncompressed ``.tar``), random access by sample id."""
+    """WebDataset-style tar shards (uncompressed ``.tar``), random access by sample id.
+
+    ``shards``: local paths or fsspec URLs (``s3://bucket/set/*.tar``) with their
+    ``storage_options`` (endpoint, credentials); ``retries``: further tries of a failed remote
+    read; ``allow_hosts``: the http(s) hosts a record's media may be fetched from (none by
+    default); ``cache_dir``: where the offset index is cached by shard fingerprint."""
 
     def __init__(
         self,
         shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         media_root: str | os.PathLike[str] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        retries: int = 3,
+        allow_hosts: Sequence[str] = (),
     ) -> None:
         from .read import _media_root
 
-        self.paths = _paths(shards, "tar")
+        self._store = store_for(shards, storage_options, retries)
+        self.paths = _paths(shards, "tar", self._store)
         self.media_root = _media_root(media_root)
-        fps = [shard_fingerprint(p) for p in self.paths]
+        self.allow_hosts = tuple(allow_hosts)
+        try:
+            fps = [self._store.fingerprint(p) for p in self.paths]
+        except RecordError as e:
+            raise ShardIndexError(f"tar shards are unreadable: {e}") from e
         self._samples = [
             self._index(p, fp, cache_dir) for p, fp in zip(self.paths, fps, strict=True)
         ]
         counts = [len(s) for s in self._samples]
         self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
         self._fingerprint = _combined(fps, "tar")
+        self._prefetched: dict[int, tuple[int, bytes | BaseException]] = {}
 
-    @staticmethod
-    def _index(path: str, fp: str, cache_dir: str | os.PathLike[str] | None) -> list[Any]:
+    def _index(self, path: str, fp: str, cache_dir: str | os.PathLike[str] | None) -> list[Any]:
         cache = Path(cache_dir) / f"tar-index-{fp}.json" if cache_dir is not None else None
         if cache is not None and cache.is_file():
             try:
@@ -153,7 +176,14 @@ class TarShardSource:
                     return cached  # used as loaded: (key, members) unpack lists as tuples
             except (ValueError, TypeError):
                 pass  # a corrupt cache file: rebuild it
-        samples = index_tar(path)
+        if self._store.remote:
+            try:
+                fileobj = self._store.open(path)
+            except Exception as e:  # the client's own error types
+                raise ShardIndexError(f"tar shard {path!r} is unreadable ({e}); fix it") from e
+            samples = index_tar(path, fileobj)
+        else:
+            samples = index_tar(path)
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
@@ -166,6 +196,8 @@ class TarShardSource:
 
     def raw(self, sample_id: int) -> dict[str, Any]:
         shard, local = _locate(self._starts, sample_id, len(self))
+        if self._store.remote:
+            return self._raw_at(None, shard, local, int(sample_id))
         with open(self.paths[shard], "rb") as f:
             return self._raw_at(f, shard, local, sample_id)
 
@@ -177,13 +209,41 @@ class TarShardSource:
         while sid < stop:
             shard, _ = _locate(self._starts, sid, len(self))
             first, end = int(self._starts[shard]), min(stop, int(self._starts[shard + 1]))
-            with open(self.paths[shard], "rb") as f:
+            if self._store.remote:
+                f = None
+            else:
+                f = open(self.paths[shard], "rb")  # noqa: SIM115 - closed below
+            try:
                 for i in range(sid, end):
                     try:
                         yield self._raw_at(f, shard, i - first, i)
                     except RecordError:
                         yield None
+            finally:
+                if f is not None:
+                    f.close()
             sid = end
+
+    def prefetch(self, sample_ids: Sequence[int]) -> None:
+        """Read the byte spans of ``sample_ids`` (json + media members are adjacent in a tar)
+        in one concurrent call; the next ``source[id]`` of each reads from memory. Remote
+        shards only (the worker calls it with its pack's ids); replaces the last prefetch."""
+        self._prefetched = {}
+        if not self._store.remote:
+            return
+        ranges, ids = [], []
+        for sid in dict.fromkeys(int(i) for i in sample_ids):
+            if not 0 <= sid < len(self):
+                continue
+            shard, local = _locate(self._starts, sid, len(self))
+            spans = list(self._samples[shard][local][1].values())
+            lo = min(o for o, _ in spans)
+            ranges.append((self.paths[shard], lo, max(o + n for o, n in spans) - lo))
+            ids.append(sid)
+        got = self._store.read_many(ranges, f"prefetch of sample_ids {ids[:8]}")
+        self._prefetched = {
+            sid: (lo, data) for sid, (_, lo, _), data in zip(ids, ranges, got, strict=True)
+        }
 
     def _raw_at(self, f: Any, shard: int, local: int, sample_id: int) -> dict[str, Any]:
         key, members = self._samples[shard][local]
@@ -191,10 +251,23 @@ class TarShardSource:
         where = f"sample_id={sample_id} ({path}: {key})"
         if "json" not in members:
             raise RecordError(f"{where}: no .json member (members {sorted(members)}); add one")
+        span = self._prefetched.pop(sample_id, None)
+        if span is not None and isinstance(span[1], BaseException):
+            span = None  # the batch read failed for this one: read (and retry) it alone
 
         def read(ext: str) -> Any:
             offset, size = members[ext]
-            if ext.rsplit(".", 1)[-1] in IMAGE_EXTS:  # header now, pixels in the worker
+            image = ext.rsplit(".", 1)[-1] in IMAGE_EXTS  # header now, pixels in the worker
+            if span is not None:
+                lo, data = span
+                body = bytes(data[offset - lo : offset - lo + size])  # type: ignore[index]
+                return _open_image(io.BytesIO(body), f"{where} member .{ext}") if image else body
+            if f is None:  # remote: ranged reads
+                if image:
+                    raw = RangeFile(self._store, path, offset, size, where)
+                    return _open_image(io.BufferedReader(raw, 16384), f"{where} member .{ext}")
+                return self._store.read(path, offset, size, where)
+            if image:
                 return _member_image(path, offset, size, f"{where} member .{ext}")
             f.seek(offset)
             return f.read(size)
@@ -205,10 +278,11 @@ class TarShardSource:
             raise RecordError(f"{where}: malformed .json member: {e}") from e
         if not isinstance(raw, dict):
             raise RecordError(f"{where}: .json member is a {type(raw).__name__}, not a dict")
+        names = {f"{Path(key).name}.{e}": e for e in members} | {e: e for e in members}
+        used = _substitute(raw, names, read) if len(members) > 1 else False
+        self._confine(raw, path, where)
         if len(members) == 1:
             return raw  # metadata only: nothing to attach
-        names = {f"{Path(key).name}.{e}": e for e in members} | {e: e for e in members}
-        used = _substitute(raw, names, read)
         if not used and not any(k in raw for k in ("images", "image", "videos", "video")):
             exts = [e for e in members if e != "json"]
             images = [read(e) for e in exts if e.rsplit(".", 1)[-1] in IMAGE_EXTS]
@@ -219,11 +293,59 @@ class TarShardSource:
                 raw["videos"] = videos
         return raw
 
+    def _confine(self, raw: dict[str, Any], path: str, where: str) -> None:
+        _confine_media(raw, self._store, path, self.media_root, self.allow_hosts, where)
+
     def __getitem__(self, sample_id: int) -> dict[str, Any]:
         return to_record(self.raw(sample_id), int(sample_id), self.media_root)
 
     def content_fingerprint(self) -> str:
         return self._fingerprint
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_prefetched": {}}
+
+
+def _confine_media(
+    raw: Any,
+    store: LocalStore | FsspecStore,
+    path: str,
+    media_root: str | None,
+    allow_hosts: Sequence[str],
+    where: str,
+) -> None:
+    """Confine the record's string media references (``pipes/media_policy.py``); a remote
+    one is opened lazily (an image's header only), a local one stays a checked path."""
+
+    def load(ref: str) -> Any:
+        if not is_url(ref):
+            return ref
+        other = store if ref.startswith(f"{getattr(store, 'protocol', '')}://") else None
+        source = other if other is not None else FsspecStore(split_url(ref)[0])
+        if ref.rsplit(".", 1)[-1].lower() in VIDEO_EXTS:
+            return source.read(ref, 0, _size(source, ref, where), where)
+        raw = RangeFile(source, ref, 0, _size(source, ref, where), where)
+        return _open_image(io.BufferedReader(raw, 16384), f"{where} media {ref!r}")
+
+    confine_record_media(
+        raw, base=_base(store, path, media_root), where=where, allow_hosts=allow_hosts, load=load
+    )
+
+
+def _size(store: FsspecStore, url: str, where: str) -> int:
+    info = store._retry(lambda: store.fs.info(split_url(url)[1]), f"{where}: size of {url!r}")
+    return int(info["size"])
+
+
+def _open_image(fileobj: Any, where: str) -> Any:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        return Image.open(fileobj)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise RecordError(
+            f"{where}: no readable image header ({type(e).__name__}: {e}); re-encode it"
+        ) from e
 
 
 class MemberFile(io.RawIOBase):
@@ -273,14 +395,7 @@ class MemberFile(io.RawIOBase):
 def _member_image(path: str, offset: int, size: int, where: str) -> Any:
     """A PIL image opened lazily over a tar member: ``Image.open`` reads its header (the length
     index needs the size only); ``load_image`` in the worker reads and decodes the rest."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        return Image.open(io.BufferedReader(MemberFile(path, offset, size), 16384))
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise RecordError(
-            f"{where}: no readable image header ({type(e).__name__}: {e}); re-encode it"
-        ) from e
+    return _open_image(io.BufferedReader(MemberFile(path, offset, size), 16384), where)
 
 
 def _substitute(node: Any, names: dict[str, str], read: Any) -> bool:
@@ -309,23 +424,30 @@ def _substitute(node: Any, names: dict[str, str], read: Any) -> bool:
 
 class ParquetSource:
     """Parquet files, one record per row, random access by sample id through row groups. The
-    last row group read is kept per process (sequential ids in a pack read it once)."""
+    row groups of the last pack are kept per process (sequential ids in a pack read it once).
+    ``shards``, ``storage_options``, ``retries``, ``allow_hosts`` as for ``TarShardSource``."""
 
     def __init__(
         self,
         shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         media_root: str | os.PathLike[str] | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        retries: int = 3,
+        allow_hosts: Sequence[str] = (),
     ) -> None:
-        import pyarrow.parquet as pq
-
         from .read import _media_root
 
-        self.paths = _paths(shards, "Parquet")
+        self._store = store_for(shards, storage_options, retries)
+        self.paths = _paths(shards, "Parquet", self._store)
         self.media_root = _media_root(media_root)
+        self.allow_hosts = tuple(allow_hosts)
+        self._files: dict[int, Any] = {}
+        self._pid = os.getpid()
         groups: list[list[int]] = []
-        for p in self.paths:
+        for k, p in enumerate(self.paths):
             try:
-                meta = pq.ParquetFile(p).metadata
+                meta = self._file(k).metadata
             except Exception as e:  # pyarrow raises ArrowInvalid / OSError on a bad footer
                 raise ShardIndexError(
                     f"Parquet shard {p!r} is unreadable ({e}); re-write it"
@@ -335,37 +457,77 @@ class ParquetSource:
         self._starts = (
             np.concatenate([[0], np.cumsum([g[-1] for g in self._groups])]).astype(int).tolist()
         )
-        self._fingerprint = _combined([shard_fingerprint(p) for p in self.paths], "parquet")
-        self._cache: tuple[tuple[int, int], list[dict[str, Any]]] | None = None
+        self._fingerprint = _combined([self._store.fingerprint(p) for p in self.paths], "parquet")
+        self._cache: dict[tuple[int, int], list[dict[str, Any]]] = {}
+
+    def _file(self, shard: int) -> Any:
+        """This process's open ``ParquetFile`` of a shard (opened after the fork, kept)."""
+        import pyarrow.parquet as pq
+
+        if self._pid != os.getpid():
+            self._files, self._pid = {}, os.getpid()
+        if shard not in self._files:
+            path = self.paths[shard]
+            self._files[shard] = pq.ParquetFile(
+                self._store.open(path) if self._store.remote else path
+            )
+        return self._files[shard]
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def _rows(self, shard: int, group: int) -> list[dict[str, Any]]:
-        if self._cache is None or self._cache[0] != (shard, group):
-            import pyarrow.parquet as pq
-
-            table = pq.ParquetFile(self.paths[shard]).read_row_group(group)
-            self._cache = ((shard, group), table.to_pylist())
-        return self._cache[1]
-
-    def raw(self, sample_id: int) -> dict[str, Any]:
+    def _where(self, sample_id: int) -> tuple[int, int, int]:
         shard, local = _locate(self._starts, sample_id, len(self))
         starts = self._groups[shard]
         group = bisect.bisect_right(starts, local) - 1
-        return dict(self._rows(shard, group)[local - int(starts[group])])
+        return shard, group, local - int(starts[group])
+
+    def _rows(self, shard: int, group: int, sample_id: int) -> list[dict[str, Any]]:
+        if (shard, group) not in self._cache:
+            where = f"sample_id={sample_id} ({self.paths[shard]}: row group {group})"
+            if self._store.remote:
+                rows = self._store._retry(  # type: ignore[union-attr]
+                    lambda: self._file(shard).read_row_group(group).to_pylist(), where
+                )
+            else:
+                rows = self._file(shard).read_row_group(group).to_pylist()
+            self._cache = {**self._cache, (shard, group): rows} if len(self._cache) < 64 else {
+                (shard, group): rows
+            }
+        return self._cache[(shard, group)]
+
+    def prefetch(self, sample_ids: Sequence[int]) -> None:
+        """Read the row groups of ``sample_ids`` (the worker's pack) before its samples."""
+        wanted = {self._where(int(i))[:2]: int(i) for i in sample_ids if 0 <= int(i) < len(self)}
+        self._cache = {k: v for k, v in self._cache.items() if k in wanted}
+        for (shard, group), sid in wanted.items():
+            try:
+                self._rows(shard, group, sid)
+            except RecordError:
+                pass  # the sample's own read reports it
+
+    def raw(self, sample_id: int) -> dict[str, Any]:
+        shard, group, row = self._where(sample_id)
+        raw = copy.deepcopy(self._rows(shard, group, int(sample_id))[row])  # confined in place
+        where = f"sample_id={sample_id} ({self.paths[shard]}: row {row} of group {group})"
+        _confine_media(raw, self._store, self.paths[shard], self.media_root, self.allow_hosts, where)
+        return raw
 
     def __getitem__(self, sample_id: int) -> dict[str, Any]:
         return to_record(self.raw(sample_id), int(sample_id), self.media_root)
 
     def iter_raw(self, start: int, stop: int) -> Iterator[Any]:
-        return (self.raw(i) for i in range(start, stop))
+        for i in range(start, stop):
+            try:
+                yield self.raw(i)
+            except RecordError:
+                yield None
 
     def content_fingerprint(self) -> str:
         return self._fingerprint
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cache": None}
+        return {**self.__dict__, "_cache": {}, "_files": {}, "_pid": -1}
 
 
 _KINDS: Final[dict[str, type[TarShardSource] | type[ParquetSource]]] = {
