@@ -162,10 +162,12 @@ class FsspecStore:
         return {**self.__dict__, "_fs": None, "_pid": -1}  # never pickle a live client
 
     def url(self, path: str) -> str:
-        return f"{self.protocol}://{split_url(path)[1] if is_url(path) else path}"
+        """A listed path of this filesystem as a URL again."""
+        return path if is_url(path) else f"{self.protocol}://{path}"
 
     def _path(self, url: str) -> str:
-        return split_url(url)[1]
+        """The filesystem's own path of ``url`` (s3: ``bucket/key``; http keeps the URL)."""
+        return str(self.fs._strip_protocol(url))
 
     def expand(self, pattern: str) -> list[str]:
         path = self._path(pattern)
@@ -178,7 +180,7 @@ class FsspecStore:
         info = self._retry(lambda: self.fs.info(self._path(path)), f"info of {path!r}")
         keys = ("size", "ETag", "etag", "LastModified", "mtime", "last_modified", "md5Hash")
         parts = [f"{k}={info[k]}" for k in keys if info.get(k) is not None]
-        return hashlib.sha256(f"{path}\n" + "\n".join(parts).encode()).hexdigest()
+        return hashlib.sha256("\n".join([path, *parts]).encode()).hexdigest()
 
     def open(self, path: str) -> BinaryIO:
         f: BinaryIO = self.fs.open(

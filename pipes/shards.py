@@ -23,6 +23,7 @@ records; an Image column's ``{"bytes", "path"}`` structs are read as ``pipes/for
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import hashlib
 import io
@@ -64,7 +65,9 @@ def _paths(
     if isinstance(shards, str | os.PathLike):
         found = store.expand(os.fspath(shards))
         if not found and not any(c in os.fspath(shards) for c in "*?["):
-            raise ShardIndexError(f"{kind} shard {os.fspath(shards)!r} does not exist; fix the path")
+            raise ShardIndexError(
+                f"{kind} shard {os.fspath(shards)!r} does not exist; fix the path"
+            )
     else:
         found = [os.fspath(p) for p in shards]
         for p in found:
@@ -209,10 +212,7 @@ class TarShardSource:
         while sid < stop:
             shard, _ = _locate(self._starts, sid, len(self))
             first, end = int(self._starts[shard]), min(stop, int(self._starts[shard + 1]))
-            if self._store.remote:
-                f = None
-            else:
-                f = open(self.paths[shard], "rb")  # noqa: SIM115 - closed below
+            f = None if self._store.remote else open(self.paths[shard], "rb")  # noqa: SIM115
             try:
                 for i in range(sid, end):
                     try:
@@ -272,8 +272,9 @@ class TarShardSource:
             f.seek(offset)
             return f.read(size)
 
+        body = read("json")  # a failed remote read raises its own error
         try:
-            raw = json.loads(read("json"))
+            raw = json.loads(body)
         except ValueError as e:
             raise RecordError(f"{where}: malformed .json member: {e}") from e
         if not isinstance(raw, dict):
@@ -320,8 +321,8 @@ def _confine_media(
     def load(ref: str) -> Any:
         if not is_url(ref):
             return ref
-        other = store if ref.startswith(f"{getattr(store, 'protocol', '')}://") else None
-        source = other if other is not None else FsspecStore(split_url(ref)[0])
+        own = isinstance(store, FsspecStore) and ref.startswith(f"{store.protocol}://")
+        source = store if own and isinstance(store, FsspecStore) else _web_store(ref)
         if ref.rsplit(".", 1)[-1].lower() in VIDEO_EXTS:
             return source.read(ref, 0, _size(source, ref, where), where)
         raw = RangeFile(source, ref, 0, _size(source, ref, where), where)
@@ -332,8 +333,19 @@ def _confine_media(
     )
 
 
+_WEB_STORES: dict[tuple[int, str], FsspecStore] = {}
+
+
+def _web_store(url: str) -> FsspecStore:
+    """One store per process and protocol for the allowed web media (made after the fork)."""
+    key = (os.getpid(), split_url(url)[0])
+    if key not in _WEB_STORES:
+        _WEB_STORES[key] = FsspecStore(key[1])
+    return _WEB_STORES[key]
+
+
 def _size(store: FsspecStore, url: str, where: str) -> int:
-    info = store._retry(lambda: store.fs.info(split_url(url)[1]), f"{where}: size of {url!r}")
+    info = store._retry(lambda: store.fs.info(store._path(url)), f"{where}: size of {url!r}")
     return int(info["size"])
 
 
@@ -491,9 +503,11 @@ class ParquetSource:
                 )
             else:
                 rows = self._file(shard).read_row_group(group).to_pylist()
-            self._cache = {**self._cache, (shard, group): rows} if len(self._cache) < 64 else {
-                (shard, group): rows
-            }
+            self._cache = (
+                {**self._cache, (shard, group): rows}
+                if len(self._cache) < 64
+                else {(shard, group): rows}
+            )
         return self._cache[(shard, group)]
 
     def prefetch(self, sample_ids: Sequence[int]) -> None:
@@ -501,16 +515,16 @@ class ParquetSource:
         wanted = {self._where(int(i))[:2]: int(i) for i in sample_ids if 0 <= int(i) < len(self)}
         self._cache = {k: v for k, v in self._cache.items() if k in wanted}
         for (shard, group), sid in wanted.items():
-            try:
+            with contextlib.suppress(RecordError):  # the sample's own read reports it
                 self._rows(shard, group, sid)
-            except RecordError:
-                pass  # the sample's own read reports it
 
     def raw(self, sample_id: int) -> dict[str, Any]:
         shard, group, row = self._where(sample_id)
         raw = copy.deepcopy(self._rows(shard, group, int(sample_id))[row])  # confined in place
         where = f"sample_id={sample_id} ({self.paths[shard]}: row {row} of group {group})"
-        _confine_media(raw, self._store, self.paths[shard], self.media_root, self.allow_hosts, where)
+        _confine_media(
+            raw, self._store, self.paths[shard], self.media_root, self.allow_hosts, where
+        )
         return raw
 
     def __getitem__(self, sample_id: int) -> dict[str, Any]:
