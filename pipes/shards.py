@@ -197,6 +197,11 @@ class TarShardSource:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    @property
+    def shard_starts(self) -> list[int]:
+        """The first sample id of each shard (the index build cuts its parts there)."""
+        return list(self._starts[:-1])
+
     def raw(self, sample_id: int) -> dict[str, Any]:
         shard, local = _locate(self._starts, sample_id, len(self))
         if self._store.remote:
@@ -487,6 +492,11 @@ class ParquetSource:
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    @property
+    def shard_starts(self) -> list[int]:
+        """The first sample id of each shard (the index build cuts its parts there)."""
+        return list(self._starts[:-1])
 
     def _where(self, sample_id: int) -> tuple[int, int, int]:
         shard, local = _locate(self._starts, sample_id, len(self))
