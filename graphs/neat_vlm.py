@@ -157,12 +157,20 @@ class NeatVLMConfig:
         return key
 
 
-def open_source(data: Any, media_root: str | None = None) -> RecordSource:
+def open_source(
+    data: Any,
+    media_root: str | None = None,
+    *,
+    cache_dir: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> RecordSource:
     """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source; tar /
-    Parquet shards (a path, a glob or a list of paths ending ``.tar`` / ``.parquet``)."""
+    Parquet shards (a path, a glob or a list of paths or fsspec URLs ending ``.tar`` /
+    ``.parquet``; the tar offset index cached in ``cache_dir``, split over the ranks)."""
     from neatpack.pipes.shards import shard_source
 
-    shards = shard_source(data, media_root)
+    shards = shard_source(data, media_root, cache_dir=cache_dir, rank=rank, world_size=world_size)
     if shards is not None:
         return shards
     if isinstance(data, (str, os.PathLike)):
@@ -225,7 +233,9 @@ def neat_vlm_parts(
     )
     family: FamilyPlan | None = plan_family(processor, cfg)  # None: Qwen-VL; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
-    source = open_source(data, cfg.media_root)
+    source = open_source(
+        data, cfg.media_root, cache_dir=cfg.cache_dir, rank=rank, world_size=world_size
+    )
     estimator: Any = None
     if lengths is None:
         if family is not None:

@@ -37,6 +37,7 @@ from typing import Any, Final
 import numpy as np
 
 from ._record import RecordError, to_record
+from .index_split import side_group, split_points
 from .media_policy import confine_record_media
 from .remote import FsspecStore, LocalStore, RangeFile, is_url, split_url, store_for
 
@@ -140,7 +141,9 @@ class TarShardSource:
     ``shards``: local paths or fsspec URLs (``s3://bucket/set/*.tar``) with their
     ``storage_options`` (endpoint, credentials); ``retries``: further tries of a failed remote
     read; ``allow_hosts``: the http(s) hosts a record's media may be fetched from (none by
-    default); ``cache_dir``: where the offset index is cached by shard fingerprint."""
+    default); ``cache_dir``: where the offset index is cached by shard fingerprint;
+    ``rank``, ``world_size``, ``group``: split the offset index build over the ranks of an
+    initialized ``torch.distributed`` (each scans its share; gathered on a gloo side group)."""
 
     def __init__(
         self,
@@ -151,6 +154,9 @@ class TarShardSource:
         storage_options: dict[str, Any] | None = None,
         retries: int = 3,
         allow_hosts: Sequence[str] = (),
+        rank: int = 0,
+        world_size: int = 1,
+        group: Any = None,
     ) -> None:
         from .read import _media_root
 
@@ -162,13 +168,54 @@ class TarShardSource:
             fps = [self._store.fingerprint(p) for p in self.paths]
         except RecordError as e:
             raise ShardIndexError(f"tar shards are unreadable: {e}") from e
-        self._samples = [
-            self._index(p, fp, cache_dir) for p, fp in zip(self.paths, fps, strict=True)
-        ]
+        self._samples = self._index_all(fps, cache_dir, rank, world_size, group)
         counts = [len(s) for s in self._samples]
         self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
         self._fingerprint = _combined(fps, "tar")
         self._prefetched: dict[int, tuple[int, bytes | BaseException]] = {}
+
+    def _index_all(
+        self,
+        fps: list[str],
+        cache_dir: str | os.PathLike[str] | None,
+        rank: int,
+        world_size: int,
+        group: Any,
+    ) -> list[Any]:
+        """Every shard's offset index. With ``world_size > 1`` under ``torch.distributed``
+        each rank scans its share of the shards (``split_points``) and the shares are
+        all-gathered on the CPU gloo side group; remote shards are scanned 8 at a time."""
+        from .lengths import _dist
+
+        dist = _dist(world_size)
+        cuts = split_points(len(self.paths), world_size) if dist is not None else [0, 0]
+        mine = range(cuts[rank], cuts[rank + 1]) if dist is not None else range(len(self.paths))
+
+        def one(k: int) -> Any:
+            return self._index(self.paths[k], fps[k], cache_dir)
+
+        error: str | None = None
+        got: dict[int, Any] = {}
+        try:
+            if self._store.remote and len(mine) > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(min(8, len(mine))) as pool:
+                    got = dict(zip(mine, pool.map(one, mine), strict=True))
+            else:
+                got = {k: one(k) for k in mine}
+        except ShardIndexError as e:
+            if dist is None:
+                raise
+            error = f"rank {rank}: {e}"
+        if dist is None:
+            return [got[k] for k in range(len(self.paths))]
+        parts: list[Any] = [None] * world_size
+        dist.all_gather_object(parts, (error, got), group=side_group(group))
+        if errors := [e for e, _ in parts if e is not None]:
+            raise ShardIndexError("; ".join(errors))
+        merged = {k: v for _, part in parts for k, v in part.items()}
+        return [merged[k] for k in range(len(self.paths))]
 
     def _index(self, path: str, fp: str, cache_dir: str | os.PathLike[str] | None) -> list[Any]:
         cache = Path(cache_dir) / f"tar-index-{fp}.json" if cache_dir is not None else None
@@ -561,10 +608,16 @@ _KINDS: Final[dict[str, type[TarShardSource] | type[ParquetSource]]] = {
 
 
 def shard_source(
-    data: Any, media_root: str | os.PathLike[str] | None = None
+    data: Any,
+    media_root: str | os.PathLike[str] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> TarShardSource | ParquetSource | None:
     """A ``TarShardSource`` / ``ParquetSource`` when ``data`` is a path, glob or list of paths
-    that all end ``.tar`` or all end ``.parquet``; else None (another reader's data).
+    (or fsspec URLs, with the store's defaults: environment credentials and endpoint) that all
+    end ``.tar`` or all end ``.parquet``; else None (another reader's data).
 
     >>> shard_source([{"messages": []}]) is None
     True
@@ -577,4 +630,8 @@ def shard_source(
     suffixes = {Path(os.fspath(p)).suffix for p in items}
     if len(suffixes) != 1 or (suffix := suffixes.pop()) not in _KINDS:
         return None
-    return _KINDS[suffix](data, media_root=media_root)
+    if suffix == ".tar":  # the offset index: cached, split over the ranks
+        return TarShardSource(
+            data, media_root=media_root, cache_dir=cache_dir, rank=rank, world_size=world_size
+        )
+    return ParquetSource(data, media_root=media_root)

@@ -59,7 +59,7 @@ def _free_port() -> int:
 def _rank(rank: int, world: int, port: int, root: str) -> None:
     import torch.distributed as dist
 
-    from neatpack.pipes import lengths
+    from neatpack.pipes import lengths, shards
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
@@ -79,9 +79,18 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
             sliced.append((lo, hi))
             return real_parallel(source, est, lo, hi, *a)
 
+        scanned: list[str] = []
+        real_scan = shards.index_tar
+
+        def spy_scan(path: str, *a: Any) -> Any:
+            scanned.append(Path(path).name)
+            return real_scan(path, *a)
+
         dist.all_gather_object = spy_gather  # type: ignore[assignment]
         lengths._estimate_parallel = spy_parallel  # type: ignore[assignment]
-        source = TarShardSource(sorted(Path(root).glob("*.tar")))
+        shards.index_tar = spy_scan  # type: ignore[assignment]
+        paths = sorted(Path(root).glob("*.tar"))
+        source = TarShardSource(paths, rank=rank, world_size=world)
         est = LengthEstimator.from_processor(load_tiny_processor(), mode="exact")
         index = build_length_index(source, est, progress=False, rank=rank, world_size=world)
         again = build_length_index(source, est, progress=False, rank=rank, world_size=world)
@@ -89,6 +98,8 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
             "total": index.total.tolist(),
             "again": again.total.tolist(),
             "slices": sliced,
+            "scanned": scanned,
+            "samples": [source.raw(i)["messages"] for i in range(len(source))],
             "gathers": len(groups),
             "default_group_used": any(g is None or g is dist.group.WORLD for g in groups),
             "backends": sorted({dist.get_backend(g) for g in groups if g is not None}),
@@ -102,7 +113,7 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_index_build_splits_whole_shards_over_gloo_ranks_on_a_side_group(tmp_path: Path) -> None:
+def test_index_builds_split_whole_shards_over_gloo_ranks_on_a_side_group(tmp_path: Path) -> None:
     import random
 
     rng = random.Random(8)
@@ -127,7 +138,12 @@ def test_index_build_splits_whole_shards_over_gloo_ranks_on_a_side_group(tmp_pat
         assert rep["total"] == single  # the whole index on each rank
         assert rep["again"] == single
         assert rep["slices"] == [[[0, 6], [6, 10]][r]] * 2  # whole shards: 5 moved to 6
-        assert rep["gathers"] == 4
+        assert (
+            rep["scanned"]
+            == [["shard-000.tar", "shard-001.tar"], ["shard-002.tar", "shard-003.tar"]][r]
+        )
+        assert rep["samples"] == [source.raw(i)["messages"] for i in range(N)]
+        assert rep["gathers"] == 5  # the offset index once, the length index twice two
         assert not rep["default_group_used"]
         assert rep["backends"] == ["gloo"]
         assert rep["one_side_group"]
