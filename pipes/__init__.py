@@ -21,6 +21,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "formats": ("FORMATS", "normalize_format"),
     "shards": ("ParquetSource", "ShardIndexError", "TarShardSource"),
+    "remote": ("RemoteReadError",),
+    "media_policy": ("MediaRefusedError",),
     "video": ("decode_video", "probe_video"),
     "estimate": ("EstimateError", "LengthEstimator", "TemplateOverhead"),
     "media_tokens": ("ImageTokenConfig", "VideoTokenConfig", "smart_resize"),

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def s3(options: dict[str, Any]) -> Any:
 
     client = boto3.client("s3", endpoint_url=options["endpoint_url"], region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
-    for name in (BUCKET, "other-bucket"):
+    for name in (BUCKET, "other-bucket", "my-bucket"):
         client.create_bucket(Bucket=name)
     return s3fs.S3FileSystem(skip_instance_cache=True, **options)
 
@@ -289,3 +290,24 @@ def test_poisoned_media_references_are_refused_naming_the_sample(
     got = _ids(list(loader))
     assert sorted(got) == [0, 1]
     assert sorted(loader.ledgers[0].failed) == list(range(2, len(refs)))
+
+
+def test_readme_object_storage_example_runs(
+    s3: Any, endpoint: str, samples: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Your data in object storage", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    for p in write_tars(tmp_path, samples):
+        s3.put_file(str(p), f"my-bucket/set1/{p.name}")
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {}
+    exec(compile(code.group(1), "README-object-storage", "exec"), scope)
+    assert scope["batch"]["input_ids"].shape[0] == 1
+    assert len(scope["source"]) == N
+    assert len(list((tmp_path / "cache").glob("tar-index-*.json"))) == 3
