@@ -375,9 +375,15 @@ def _confine_media(
             return ref
         own = isinstance(store, FsspecStore) and ref.startswith(f"{store.protocol}://")
         source = store if own and isinstance(store, FsspecStore) else _web_store(ref)
+        size = _size(source, ref, where)
+        if size is None:  # a server that does not say: the whole object, once
+            body = source._retry(lambda: source.fs.cat_file(source._path(ref)), f"{where}: {ref!r}")
+            if ref.rsplit(".", 1)[-1].lower() in VIDEO_EXTS:
+                return body
+            return _open_image(io.BytesIO(body), f"{where} media {ref!r}")
         if ref.rsplit(".", 1)[-1].lower() in VIDEO_EXTS:
-            return source.read(ref, 0, _size(source, ref, where), where)
-        raw = RangeFile(source, ref, 0, _size(source, ref, where), where)
+            return source.read(ref, 0, size, where)
+        raw = RangeFile(source, ref, 0, size, where)
         return _open_image(io.BufferedReader(raw, 16384), f"{where} media {ref!r}")
 
     confine_record_media(
@@ -389,16 +395,18 @@ _WEB_STORES: dict[tuple[int, str], FsspecStore] = {}
 
 
 def _web_store(url: str) -> FsspecStore:
-    """One store per process and protocol for the allowed web media (made after the fork)."""
+    """One store per process and protocol for the allowed web media (made after the fork).
+    Redirects are not followed: an allowed host could send the read anywhere (169.254...)."""
     key = (os.getpid(), split_url(url)[0])
     if key not in _WEB_STORES:
-        _WEB_STORES[key] = FsspecStore(key[1])
+        options = {"allow_redirects": False} if key[1] in ("http", "https") else {}
+        _WEB_STORES[key] = FsspecStore(key[1], options)
     return _WEB_STORES[key]
 
 
-def _size(store: FsspecStore, url: str, where: str) -> int:
+def _size(store: FsspecStore, url: str, where: str) -> int | None:
     info = store._retry(lambda: store.fs.info(store._path(url)), f"{where}: size of {url!r}")
-    return int(info["size"])
+    return None if info.get("size") is None else int(info["size"])
 
 
 def _open_image(fileobj: Any, where: str) -> Any:

@@ -311,3 +311,49 @@ def test_readme_object_storage_example_runs(
     assert scope["batch"]["input_ids"].shape[0] == 1
     assert len(scope["source"]) == N
     assert len(list((tmp_path / "cache").glob("tar-index-*.json"))) == 3
+
+
+def test_an_allowed_web_host_cannot_redirect_the_read(s3: Any, options: Any, samples: Any) -> None:
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Target(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    target = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Target)
+    where = f"http://localhost:{target.server_address[1]}/latest/meta-data.png"
+
+    class Redirect(Target):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", where)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    redirect = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    for server in (target, redirect):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ref = f"http://127.0.0.1:{redirect.server_address[1]}/a.png"
+        rec = {**trl(samples[0] | {"images": [b""]}), "images": [ref]}
+        s3.pipe_file(f"{BUCKET}/set3/r.tar", _tar({"r": rec}))
+        source = TarShardSource(f"s3://{BUCKET}/set3/r.tar", storage_options=options,
+                                allow_hosts=["127.0.0.1"])  # fmt: skip
+        with pytest.raises(S.RecordError, match="sample_id=0"):
+            source[0]
+        assert hits == []  # the redirect was not followed
+    finally:
+        for server in (target, redirect):
+            server.shutdown()
