@@ -1,12 +1,15 @@
-"""Sharded local datasets: WebDataset-style tar shards and Parquet files, read by sample id.
+"""Sharded datasets: WebDataset-style tar shards and Parquet files, local or at fsspec URLs
+(``pipes/remote.py``), read by sample id.
 
 Sample ids run over the shards in the order given (a glob is sorted): shard 0's samples, then
 shard 1's, ... Random access goes through a per-shard offset index: a Parquet file's row groups
 (from its footer, no data read), a tar shard's member offsets (headers only, grouped by key),
-cached in ``cache_dir`` under the shard's fingerprint (size + sha256 of its first and last
-64 KiB + path name) so a restart does not rescan. Both are ``RecordSource`` s: pass one to
+cached in ``cache_dir`` (``pipes/tar_index.py``: flat arrays, ``.npz``) under the shard's
+fingerprint (local: size + sha256 of its first and last 64 KiB + name; remote: ETag, size,
+mtime) so a restart does not rescan. Both are ``RecordSource`` s: pass one to
 ``neat_vlm_graph`` and resume, exactly-once and elastic resume work as with JSONL (the ids are
-stable).
+stable). A record's media references are confined to the shard's location
+(``pipes/media_policy.py``).
 
 A tar sample is the members sharing a key (``dir/000017.json``, ``dir/000017.jpg``; the key is
 the name up to the first dot of its base name). Its ``.json`` member is the record, in any
@@ -40,6 +43,7 @@ from ._record import RecordError, to_record
 from .index_split import side_group, split_points
 from .media_policy import confine_record_media
 from .remote import FsspecStore, LocalStore, RangeFile, is_url, split_url, store_for
+from .tar_index import TarIndex
 
 __all__ = [
     "ParquetSource",
@@ -181,7 +185,7 @@ class TarShardSource:
         rank: int,
         world_size: int,
         group: Any,
-    ) -> list[Any]:
+    ) -> list[TarIndex]:
         """Every shard's offset index. With ``world_size > 1`` under ``torch.distributed``
         each rank scans its share of the shards (``split_points``) and the shares are
         all-gathered on the CPU gloo side group; remote shards are scanned 8 at a time."""
@@ -217,29 +221,24 @@ class TarShardSource:
         merged = {k: v for _, part in parts for k, v in part.items()}
         return [merged[k] for k in range(len(self.paths))]
 
-    def _index(self, path: str, fp: str, cache_dir: str | os.PathLike[str] | None) -> list[Any]:
-        cache = Path(cache_dir) / f"tar-index-{fp}.json" if cache_dir is not None else None
+    def _index(self, path: str, fp: str, cache_dir: str | os.PathLike[str] | None) -> TarIndex:
+        cache = Path(cache_dir) / f"tar-index-{fp}.npz" if cache_dir is not None else None
         if cache is not None and cache.is_file():
             try:
-                cached = json.loads(cache.read_text())  # [[key, {ext: [offset, size]}], ...]
-                if isinstance(cached, list) and all(len(x) == 2 for x in cached[:1]):
-                    return cached  # used as loaded: (key, members) unpack lists as tuples
-            except (ValueError, TypeError):
-                pass  # a corrupt cache file: rebuild it
+                return TarIndex.load(cache)
+            except ValueError:
+                pass  # a torn or corrupt cache file: rebuild it
         if self._store.remote:
             try:
                 fileobj = self._store.open(path)
             except Exception as e:  # the client's own error types
                 raise ShardIndexError(f"tar shard {path!r} is unreadable ({e}); fix it") from e
-            samples = index_tar(path, fileobj)
+            index = TarIndex.from_samples(index_tar(path, fileobj))
         else:
-            samples = index_tar(path)
+            index = TarIndex.from_samples(index_tar(path))
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(samples))
-            os.replace(tmp, cache)
-        return samples
+            index.save(cache)
+        return index
 
     def __len__(self) -> int:
         return int(self._starts[-1])

@@ -176,7 +176,7 @@ def test_tar_index_is_cached_by_etag(
     s3.put_file(str(path), f"{BUCKET}/cached/a.tar")
     url = f"s3://{BUCKET}/cached/a.tar"
     first = TarShardSource(url, cache_dir=tmp_path / "cache", storage_options=options)
-    assert len(list((tmp_path / "cache").glob("tar-index-*.json"))) == 1
+    assert len(list((tmp_path / "cache").glob("tar-index-*.npz"))) == 1
 
     def no_scan(*a: Any) -> Any:
         raise AssertionError("rescanned")
@@ -310,7 +310,7 @@ def test_readme_object_storage_example_runs(
     exec(compile(code.group(1), "README-object-storage", "exec"), scope)
     assert scope["batch"]["input_ids"].shape[0] == 1
     assert len(scope["source"]) == N
-    assert len(list((tmp_path / "cache").glob("tar-index-*.json"))) == 3
+    assert len(list((tmp_path / "cache").glob("tar-index-*.npz"))) == 3
 
 
 def test_an_allowed_web_host_cannot_redirect_the_read(s3: Any, options: Any, samples: Any) -> None:
