@@ -40,8 +40,14 @@ __all__ = ["MediaRefusedError", "confine_media_ref", "confine_record_media"]
 METADATA_HOSTS: Final = frozenset(
     {"169.254.169.254", "metadata.google.internal", "metadata", "fd00:ec2::254", "100.100.100.200"}
 )
-_MEDIA_KEYS: Final = ("image", "video", "path", "url")
-_LIST_KEYS: Final = ("images", "videos")
+# Keys whose string values are media references wherever they stand; ``path`` / ``url`` only
+# inside a media block (``{"type": "image", "url": ...}``, ``image_url: {"url": ...}``, an
+# item of ``images``): elsewhere they are provenance metadata, neither read nor fetched.
+_MEDIA_KEYS: Final = frozenset(
+    {"image", "video", "audio", "images", "videos", "audios", "image_url", "video_url"}
+)
+_BLOCK_KEYS: Final = frozenset({"path", "url"})
+_BLOCK_TYPES: Final = frozenset({"image", "video", "audio", "image_url", "video_url"})
 _WEB: Final = ("http", "https")
 
 
@@ -106,32 +112,43 @@ def confine_media_ref(ref: str, *, base: str, where: str, allow_hosts: Sequence[
 
 def confine_record_media(
     raw: Any, *, base: str, where: str, allow_hosts: Sequence[str], load: Callable[[str], Any]
-) -> None:
-    """Confine every string media reference of ``raw`` in place, replacing it by
-    ``load(confined reference)`` (a lazy image, bytes, or the checked local path).
+) -> Any:
+    """``raw`` with every string media reference confined and replaced by
+    ``load(confined reference)`` (a lazy image, bytes, or the checked local path). Copy on
+    write: ``raw`` itself is never changed, containers along a replaced value are new, the
+    rest is shared (a cached Parquet row is read again unchanged).
 
-    Media keys are ``image`` / ``video`` / ``path`` / ``url`` values and the items of
-    ``images`` / ``videos`` lists; a ``{"bytes": ..., "path": ...}`` struct with its bytes is
-    left as it is (the path is only the original file name)."""
-    if isinstance(raw, dict):
-        if raw.get("bytes") is not None:
-            return
-        for k, v in raw.items():
-            if k in _MEDIA_KEYS and isinstance(v, str):
-                raw[k] = load(confine_media_ref(v, base=base, where=where, allow_hosts=allow_hosts))
-            elif k in _LIST_KEYS and isinstance(v, list):
-                for i, item in enumerate(v):
-                    if isinstance(item, str):
-                        ref = confine_media_ref(
-                            item, base=base, where=where, allow_hosts=allow_hosts
-                        )
-                        v[i] = load(ref)
-                    else:
-                        confine_record_media(
-                            item, base=base, where=where, allow_hosts=allow_hosts, load=load
-                        )
-            elif k != "text":
-                confine_record_media(v, base=base, where=where, allow_hosts=allow_hosts, load=load)
-    elif isinstance(raw, list):
-        for item in raw:
-            confine_record_media(item, base=base, where=where, allow_hosts=allow_hosts, load=load)
+    Media references are the strings under ``image`` / ``video`` / ``audio`` (and their
+    plurals), and ``path`` / ``url`` inside a media block; a ``{"bytes": ..., "path": ...}``
+    struct with its bytes is left as it is (the path is only the original file name).
+
+    >>> row = {"images": ["a.jpg"], "messages": [{"content": [{"type": "text", "text": "x"}]}]}
+    >>> out = confine_record_media(row, base="s3://b/p", where="s", allow_hosts=(), load=str.upper)
+    >>> out["images"], row["images"], out["messages"] is row["messages"]
+    (['S3://B/P/A.JPG'], ['a.jpg'], True)
+    """
+
+    def ref(value: str) -> Any:
+        return load(confine_media_ref(value, base=base, where=where, allow_hosts=allow_hosts))
+
+    def walk(node: Any, media: bool) -> Any:
+        if isinstance(node, str):
+            return ref(node) if media else node
+        if isinstance(node, dict):
+            if node.get("bytes") is not None:
+                return node
+            block = media or node.get("type") in _BLOCK_TYPES
+            changed = {}
+            for k, v in node.items():
+                if k == "text":
+                    continue
+                new = walk(v, media=k in _MEDIA_KEYS or (block and k in _BLOCK_KEYS))
+                if new is not v:
+                    changed[k] = new
+            return {**node, **changed} if changed else node
+        if isinstance(node, list):
+            items = [walk(item, media) for item in node]
+            return items if any(a is not b for a, b in zip(items, node, strict=True)) else node
+        return node
+
+    return walk(raw, media=False)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import copy
 import hashlib
 import io
 import json
@@ -332,7 +331,7 @@ class TarShardSource:
             raise RecordError(f"{where}: .json member is a {type(raw).__name__}, not a dict")
         names = {f"{Path(key).name}.{e}": e for e in members} | {e: e for e in members}
         used = _substitute(raw, names, read) if len(members) > 1 else False
-        self._confine(raw, path, where)
+        raw = self._confine(raw, path, where)
         if len(members) == 1:
             return raw  # metadata only: nothing to attach
         if not used and not any(k in raw for k in ("images", "image", "videos", "video")):
@@ -345,8 +344,11 @@ class TarShardSource:
                 raw["videos"] = videos
         return raw
 
-    def _confine(self, raw: dict[str, Any], path: str, where: str) -> None:
-        _confine_media(raw, self._store, path, self.media_root, self.allow_hosts, where)
+    def _confine(self, raw: dict[str, Any], path: str, where: str) -> dict[str, Any]:
+        out: dict[str, Any] = _confine_media(
+            raw, self._store, path, self.media_root, self.allow_hosts, where
+        )
+        return out
 
     def __getitem__(self, sample_id: int) -> dict[str, Any]:
         return to_record(self.raw(sample_id), int(sample_id), self.media_root)
@@ -365,8 +367,8 @@ def _confine_media(
     media_root: str | None,
     allow_hosts: Sequence[str],
     where: str,
-) -> None:
-    """Confine the record's string media references (``pipes/media_policy.py``); a remote
+) -> Any:
+    """The record with its string media references confined (``pipes/media_policy.py``); a remote
     one is opened lazily (an image's header only), a local one stays a checked path."""
 
     def load(ref: str) -> Any:
@@ -385,7 +387,7 @@ def _confine_media(
         raw = RangeFile(source, ref, 0, size, where)
         return _open_image(io.BufferedReader(raw, 16384), f"{where} media {ref!r}")
 
-    confine_record_media(
+    return confine_record_media(
         raw, base=_base(store, path, media_root), where=where, allow_hosts=allow_hosts, load=load
     )
 
@@ -584,12 +586,12 @@ class ParquetSource:
 
     def raw(self, sample_id: int) -> dict[str, Any]:
         shard, group, row = self._where(sample_id)
-        raw = copy.deepcopy(self._rows(shard, group, int(sample_id))[row])  # confined in place
+        cached = self._rows(shard, group, int(sample_id))[row]
         where = f"sample_id={sample_id} ({self.paths[shard]}: row {row} of group {group})"
-        _confine_media(
-            raw, self._store, self.paths[shard], self.media_root, self.allow_hosts, where
+        raw = _confine_media(  # copy on write: the cached row stays as read
+            cached, self._store, self.paths[shard], self.media_root, self.allow_hosts, where
         )
-        return raw
+        return dict(raw)
 
     def __getitem__(self, sample_id: int) -> dict[str, Any]:
         return to_record(self.raw(sample_id), int(sample_id), self.media_root)

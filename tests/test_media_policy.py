@@ -144,3 +144,24 @@ def test_doctests_pass() -> None:
     import doctest
 
     assert doctest.testmod(media_policy).failed == 0
+
+
+def test_only_media_references_are_confined() -> None:
+    from neatpack.pipes.media_policy import confine_record_media
+
+    block = {"type": "image_url", "image_url": {"url": "https://evil.example/x.png"}}
+    row: dict[str, Any] = {
+        "url": "https://origin.example/page",  # provenance columns: neither read nor refused
+        "meta": {"path": "/orig/x.jpg"},
+        "messages": [{"role": "user", "content": [block, {"type": "text", "text": "/etc/x"}]}],
+    }
+    kw: dict[str, Any] = {"base": BASE, "where": "sample_id=2", "allow_hosts": (), "load": str}
+    with pytest.raises(MediaRefusedError, match=r"sample_id=2: .*evil.example"):
+        confine_record_media(row, **kw)
+    block["image_url"]["url"] = "imgs/x.png"
+    out = confine_record_media(row, **kw)
+    assert out["messages"][0]["content"][0]["image_url"]["url"] == f"{BASE}/imgs/x.png"
+    assert block["image_url"]["url"] == "imgs/x.png"  # copy on write: the input is unchanged
+    assert out["meta"] is row["meta"]
+    row["messages"] = []
+    assert confine_record_media(row, **kw) is row  # nothing to confine: the same object
