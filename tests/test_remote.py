@@ -357,3 +357,20 @@ def test_an_allowed_web_host_cannot_redirect_the_read(s3: Any, options: Any, sam
     finally:
         for server in (target, redirect):
             server.shutdown()
+
+
+def test_sources_pickle_without_live_clients_or_handles(uploaded: str, options: Any) -> None:
+    import pickle
+
+    tar = TarShardSource(f"{uploaded}/shard-*.tar", storage_options=options)
+    parquet = ParquetSource(f"{uploaded}/part-*.parquet", storage_options=options)
+    tar.prefetch([0, 1])
+    assert parquet[1]["conversation"]
+    assert tar._store._fs is not None
+    assert parquet._files  # open in this process
+    for source in (tar, parquet):
+        clone = pickle.loads(pickle.dumps(source))  # what a worker receives
+        assert clone._store._fs is None  # the worker makes its own client
+        assert getattr(clone, "_files", {}) == {}
+        assert getattr(clone, "_prefetched", {}) == {}
+        assert clone.raw(1)["messages"] == source.raw(1)["messages"]
