@@ -55,6 +55,7 @@ __all__ = [
 IMAGE_EXTS: Final = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 VIDEO_EXTS: Final = ("mp4", "webm", "mkv", "avi", "mov")
 _MEDIA_KEYS: Final = ("image", "video", "path", "url")
+_JSON_BATCH: Final = 256  # remote .json members read together by iter_raw
 
 
 class ShardIndexError(RecordError):
@@ -176,6 +177,7 @@ class TarShardSource:
         self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
         self._fingerprint = _combined(fps, "tar")
         self._prefetched: dict[int, tuple[int, bytes | BaseException]] = {}
+        self._json: dict[int, bytes] = {}  # iter_raw's batch of remote .json members
 
     def _index_all(
         self,
@@ -265,6 +267,8 @@ class TarShardSource:
             f = None if self._store.remote else open(self.paths[shard], "rb")  # noqa: SIM115
             try:
                 for i in range(sid, end):
+                    if f is None and (i - sid) % _JSON_BATCH == 0:
+                        self._prefetch_json(shard, i - first, min(end, i + _JSON_BATCH) - first)
                     try:
                         yield self._raw_at(f, shard, i - first, i)
                     except RecordError:
@@ -273,6 +277,19 @@ class TarShardSource:
                 if f is not None:
                     f.close()
             sid = end
+
+    def _prefetch_json(self, shard: int, lo: int, hi: int) -> None:
+        """The ``.json`` members of samples ``lo..hi-1`` of a remote shard in one concurrent
+        read (the length index reads records in order: one request per sample otherwise)."""
+        index, first = self._samples[shard], int(self._starts[shard])
+        ranges, ids = [], []
+        for local in range(lo, hi):
+            members = index[local][1]
+            if "json" in members:
+                ranges.append((self.paths[shard], *members["json"]))
+                ids.append(first + local)
+        got = self._store.read_many(ranges, f"{self.paths[shard]}: .json members {lo}..{hi - 1}")
+        self._json = {i: g for i, g in zip(ids, got, strict=True) if isinstance(g, bytes)}
 
     def prefetch(self, sample_ids: Sequence[int]) -> None:
         """Read the byte spans of ``sample_ids`` (json + media members are adjacent in a tar)
@@ -307,6 +324,8 @@ class TarShardSource:
 
         def read(ext: str) -> Any:
             offset, size = members[ext]
+            if ext == "json" and sample_id in self._json:
+                return self._json.pop(sample_id)
             image = ext.rsplit(".", 1)[-1] in IMAGE_EXTS  # header now, pixels in the worker
             if span is not None:
                 lo, data = span
@@ -357,7 +376,7 @@ class TarShardSource:
         return self._fingerprint
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_prefetched": {}}
+        return {**self.__dict__, "_prefetched": {}, "_json": {}}
 
 
 def _confine_media(

@@ -374,3 +374,37 @@ def test_sources_pickle_without_live_clients_or_handles(uploaded: str, options: 
         assert getattr(clone, "_files", {}) == {}
         assert getattr(clone, "_prefetched", {}) == {}
         assert clone.raw(1)["messages"] == source.raw(1)["messages"]
+
+
+def test_index_build_reads_the_json_members_in_batches(
+    uploaded: str, options: Any, processor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = TarShardSource(f"{uploaded}/shard-*.tar", storage_options=options)
+    fs = source._store.fs
+    single: list[tuple[str, int, int]] = []
+    batches: list[int] = []
+    real_cat, real_ranges = fs.cat_file, fs.cat_ranges
+
+    def cat_file(path: str, start: Any = None, end: Any = None, **k: Any) -> Any:
+        single.append((path, start, end))
+        return real_cat(path, start=start, end=end, **k)
+
+    def cat_ranges(paths: list[str], starts: Any, ends: Any, **k: Any) -> Any:
+        batches.append(len(paths))
+        return real_ranges(paths, starts, ends, **k)
+
+    monkeypatch.setattr(fs, "cat_file", cat_file)
+    monkeypatch.setattr(fs, "cat_ranges", cat_ranges)
+    est = LengthEstimator.from_processor(processor, mode="estimate")
+    index = build_length_index(source, est, progress=False)
+    assert batches == [4, 4, 2]  # one concurrent read per shard's .json members
+    text_only = {  # the .json of samples without pictures: planned from the batch alone
+        (source._store._path(p), *m["json"])
+        for p, shard in zip(source.paths, source._samples, strict=True)
+        for _, m in shard
+        if len(m) == 1
+    }
+    assert len(text_only) == 4
+    assert not {(p, a, b - a) for p, a, b in single} & text_only  # none read alone
+    assert single  # samples with pictures: their headers (and record) read by source[id]
+    assert (index.total > 0).all()
