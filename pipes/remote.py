@@ -170,10 +170,19 @@ class FsspecStore:
         return str(self.fs._strip_protocol(url))
 
     def expand(self, pattern: str) -> list[str]:
+        """The URLs a glob matches, or ``[pattern]`` if that object exists; a store that
+        cannot answer (credentials, network) raises ``RemoteReadError`` saying why."""
         path = self._path(pattern)
         if any(c in path for c in "*?["):
-            return sorted(self.url(p) for p in self.fs.glob(path))
-        return [pattern] if self.fs.isfile(path) else []
+            found = self._retry(lambda: self.fs.glob(path), f"listing {pattern!r}")
+            return sorted(self.url(p) for p in found)
+        try:
+            self._retry(lambda: self.fs.info(path), f"{pattern!r}")
+        except RemoteReadError as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                return []
+            raise
+        return [pattern]
 
     def fingerprint(self, path: str) -> str:
         """sha256 of the URL, size, ETag and modification time from ``fs.info`` (no data read)."""

@@ -67,6 +67,19 @@ def _paths(
     kind: str,
     store: LocalStore | FsspecStore,
 ) -> list[str]:
+    try:
+        return _expand(shards, kind, store)
+    except ShardIndexError:
+        raise
+    except RecordError as e:  # a remote store that cannot answer
+        raise ShardIndexError(f"{kind} shards {shards!r} cannot be listed: {e}") from e
+
+
+def _expand(
+    shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    kind: str,
+    store: LocalStore | FsspecStore,
+) -> list[str]:
     if isinstance(shards, str | os.PathLike):
         found = store.expand(os.fspath(shards))
         if not found and not any(c in os.fspath(shards) for c in "*?["):

@@ -408,3 +408,14 @@ def test_index_build_reads_the_json_members_in_batches(
     assert not {(p, a, b - a) for p, a, b in single} & text_only  # none read alone
     assert single  # samples with pictures: their headers (and record) read by source[id]
     assert (index.total > 0).all()
+
+
+def test_missing_and_unreachable_shards_are_named(uploaded: str, options: Any) -> None:
+    with pytest.raises(S.ShardIndexError, match=r"tar shard 's3://neat-data/set1/nope.tar' does"):
+        TarShardSource(f"{uploaded}/nope.tar", storage_options=options)
+    with pytest.raises(S.ShardIndexError, match="no Parquet shards match"):
+        ParquetSource(f"{uploaded}/nope-*.parquet", storage_options=options)
+    closed = {**options, "endpoint_url": f"http://127.0.0.1:{_free_port()}",
+              "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}  # fmt: skip
+    with pytest.raises(S.ShardIndexError, match=r"cannot be listed: .*failed 2 times"):
+        TarShardSource(f"{uploaded}/shard-*.tar", storage_options=closed, retries=1)
