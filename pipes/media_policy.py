@@ -131,24 +131,27 @@ def confine_record_media(
     def ref(value: str) -> Any:
         return load(confine_media_ref(value, base=base, where=where, allow_hosts=allow_hosts))
 
-    def walk(node: Any, media: bool) -> Any:
-        if isinstance(node, str):
-            return ref(node) if media else node
-        if isinstance(node, dict):
-            if node.get("bytes") is not None:
-                return node
-            block = media or node.get("type") in _BLOCK_TYPES
-            changed = {}
-            for k, v in node.items():
-                if k == "text":
-                    continue
-                new = walk(v, media=k in _MEDIA_KEYS or (block and k in _BLOCK_KEYS))
-                if new is not v:
-                    changed[k] = new
-            return {**node, **changed} if changed else node
-        if isinstance(node, list):
-            items = [walk(item, media) for item in node]
-            return items if any(a is not b for a, b in zip(items, node, strict=True)) else node
-        return node
+    return _walk(raw, False, ref)
 
-    return walk(raw, media=False)
+
+def _walk(node: Any, media: bool, ref: Callable[[str], Any]) -> Any:
+    """A module function, not a nested one: a self-recursive closure is a reference cycle,
+    and the length index runs with the garbage collector paused (one leaked per record)."""
+    if isinstance(node, str):
+        return ref(node) if media else node
+    if isinstance(node, dict):
+        if node.get("bytes") is not None:
+            return node
+        block = media or node.get("type") in _BLOCK_TYPES
+        changed = {}
+        for k, v in node.items():
+            if k == "text":
+                continue
+            new = _walk(v, k in _MEDIA_KEYS or (block and k in _BLOCK_KEYS), ref)
+            if new is not v:
+                changed[k] = new
+        return {**node, **changed} if changed else node
+    if isinstance(node, list):
+        items = [_walk(item, media, ref) for item in node]
+        return items if any(a is not b for a, b in zip(items, node, strict=True)) else node
+    return node
