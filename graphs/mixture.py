@@ -54,7 +54,9 @@ def mixture_parts(
     family = plan_family(processor, cfg)
     sources, indexes = [], []
     for spec in mix.sources:
-        source = open_source(spec.data, spec.media_root)
+        source = open_source(
+            spec.data, spec.media_root, cache_dir=cfg.cache_dir, rank=rank, world_size=world_size
+        )
         if family is not None:
             estimator = family.estimator(processor, cfg.estimate_mode)
         elif cfg.estimate_mode == "calibrated":

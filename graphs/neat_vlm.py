@@ -225,7 +225,9 @@ def neat_vlm_parts(
     )
     family: FamilyPlan | None = plan_family(processor, cfg)  # None: Qwen-VL; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
-    source = open_source(data, cfg.media_root)
+    source = open_source(
+        data, cfg.media_root, cache_dir=cfg.cache_dir, rank=rank, world_size=world_size
+    )
     estimator: Any = None
     if lengths is None:
         if family is not None:

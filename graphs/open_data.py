@@ -16,12 +16,20 @@ from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, Seque
 __all__ = ["EstimateChecked", "open_source"]
 
 
-def open_source(data: Any, media_root: str | None = None) -> RecordSource:
+def open_source(
+    data: Any,
+    media_root: str | None = None,
+    *,
+    cache_dir: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> RecordSource:
     """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source; tar /
-    Parquet shards (a path, a glob or a list of paths ending ``.tar`` / ``.parquet``)."""
+    Parquet shards (a path, a glob or a list of paths or fsspec URLs ending ``.tar`` /
+    ``.parquet``; the tar offset index cached in ``cache_dir``, split over the ranks)."""
     from neatpack.pipes.shards import shard_source
 
-    shards = shard_source(data, media_root)
+    shards = shard_source(data, media_root, cache_dir=cache_dir, rank=rank, world_size=world_size)
     if shards is not None:
         return shards
     if isinstance(data, (str, os.PathLike)):
@@ -67,3 +75,9 @@ class EstimateChecked:
 
     def content_fingerprint(self) -> str:
         return str(self.source.content_fingerprint())
+
+    def prefetch(self, sample_ids: Any) -> None:
+        """The source's prefetch (remote shards), if it has one."""
+        prefetch = getattr(self.source, "prefetch", None)
+        if prefetch is not None:
+            prefetch(sample_ids)

@@ -20,6 +20,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "formats": ("FORMATS", "normalize_format"),
     "shards": ("ParquetSource", "ShardIndexError", "TarShardSource"),
+    "remote": ("RemoteReadError",),
+    "media_policy": ("MediaRefusedError",),
     "video": ("decode_video", "probe_video"),
     "estimate": ("LengthEstimator",),
     "estimate_types": ("SampleEstimate", "TemplateOverhead"),

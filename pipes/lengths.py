@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from ._record import RecordError, paused_gc
 from .estimate import LengthEstimator
+from .index_split import initialized_dist, side_group, split_points
 from .index_workers import index_start_method
 
 __all__ = [
@@ -228,8 +229,11 @@ def build_length_index(
 
     With ``world_size > 1`` and ``torch.distributed`` initialized (otherwise this process
     estimates everything), rank ``r`` estimates the
-    contiguous slice ``[N*r//W, N*(r+1)//W)`` and the slices are all-gathered, so every rank
-    returns the identical index. The cache is used only when every rank has it (decided
+    contiguous slice ``[N*r//W, N*(r+1)//W)`` (moved to shard starts for a sharded source:
+    ``pipes/index_split.py``) and the slices are all-gathered on a CPU gloo side group (never
+    the default group: an NCCL one would route them through GPU memory), so every rank
+    returns the identical index. ``group``: a gloo group to use instead (None: the world's).
+    The cache is used only when every rank has it (decided
     collectively, so ranks never disagree about entering the collective). Estimation errors on
     any rank are raised on every rank. ``num_workers > 0`` splits this process's slice over
     that many worker processes (forked where the platform can, see ``index_workers``; the
@@ -247,8 +251,9 @@ def build_length_index(
     fp = length_index_fingerprint(source, estimator)
     path = None if cache_dir is None else Path(cache_dir) / f"{fp}.npz"
     cached = _try_load(path, fp)
-    dist = _dist(world_size)
+    dist = initialized_dist(world_size)
     if dist is not None:
+        group = side_group(group)  # CPU gloo: never the (maybe NCCL) default group
         actual = (dist.get_rank(group), dist.get_world_size(group))
         bad = None
         if actual != (rank, world_size):
@@ -264,7 +269,8 @@ def build_length_index(
     elif cached is not None:
         return cached
     n = len(source)
-    lo, hi = (n * rank // world_size, n * (rank + 1) // world_size) if dist else (0, n)
+    cuts = split_points(n, world_size, getattr(source, "shard_starts", None))
+    lo, hi = (cuts[rank], cuts[rank + 1]) if dist else (0, n)
     error: str | None = None
     empty = np.zeros(0, np.int64)
     part: tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]] = (empty, empty, [])
@@ -316,7 +322,8 @@ def _estimate_parallel(
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    cuts = np.linspace(lo, hi, workers + 1).astype(int).tolist()
+    bounds = [b - lo for b in getattr(source, "shard_starts", None) or () if lo <= b <= hi]
+    cuts = [lo + c for c in split_points(hi - lo, workers, bounds)]
     with ProcessPoolExecutor(workers, mp_context=mp.get_context(index_start_method())) as pool:
         futures = [
             pool.submit(estimate_slice, source, estimator, a, b, False, on_error)
@@ -337,11 +344,3 @@ def _try_load(path: Path | None, fp: str) -> LengthIndex | None:
         return LengthIndex.load(path, fingerprint=fp)
     except ValueError:
         return None  # torn or corrupt: rebuild (the rebuild overwrites it atomically)
-
-
-def _dist(world_size: int) -> Any:
-    if world_size <= 1:
-        return None
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None

@@ -332,6 +332,9 @@ class Materializer:
 
     def __call__(self, pack_ref: Mapping[str, Any]) -> Pack:
         epoch = int(pack_ref.get("epoch", 0))
+        prefetch = getattr(self.source, "prefetch", None)
+        if prefetch is not None:  # remote shards: the pack's reads in one concurrent batch
+            prefetch(pack_ref["sample_ids"])
         pack, report = materialize_pack(
             self.source, pack_ref["sample_ids"], self.processor, self.config, epoch=epoch,
             sample_transform=self.sample_transform, shift=self.shift,

@@ -154,7 +154,7 @@ def test_tar_index_is_cached_by_shard_fingerprint(
     paths = write_tars(tmp_path, samples)
     cache = tmp_path / "cache"
     first = TarShardSource(paths, cache_dir=cache)
-    assert len(list(cache.glob("tar-index-*.json"))) == 3
+    assert len(list(cache.glob("tar-index-*.npz"))) == 3
 
     def no_scan(path: str) -> Any:
         raise AssertionError(f"rescanned {path}")
