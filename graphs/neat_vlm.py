@@ -123,7 +123,7 @@ class NeatVLMConfig:
                 "(every document and the row are split into 2 * cp_size chunks)"
             )
         if self.handler is not None:
-            from neatpack.pipes.registry import HANDLERS
+            from neatpack.pipes.families import HANDLERS
 
             if self.handler not in HANDLERS:
                 raise ValueError(

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from .collate import merge_media, neat_packed_vlm_collater, resolve_mask_format
+from .families import Handler, resolve_handler
 from .mask import to_4d_additive_mask
-from .registry import Handler, resolve_handler
 
 __all__ = [
     "FAMILY_4D_FORMATS",

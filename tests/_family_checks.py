@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from neatpack.pipes.families import packed_model_inputs, tokenize_with_handler
 from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.registry import packed_model_inputs, tokenize_with_handler
 
 ROOT = Path(__file__).resolve().parents[1]
 PROCESSORS = ROOT / "pipes" / "_assets" / "processors"

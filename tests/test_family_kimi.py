@@ -24,8 +24,9 @@ from _family_checks import (
 from PIL import Image
 from test_families import _records, _with_meta
 
-from neatpack.pipes.family_default import default_estimate
-from neatpack.pipes.family_kimi import (
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.chat_template import default_estimate
+from neatpack.pipes.families.kimi import (
     _FOLDER,
     kimi_k25_fixed_length_batch,
     kimi_k25_image_tokens,
@@ -33,7 +34,6 @@ from neatpack.pipes.family_kimi import (
     tiny_kimi_k25_model,
 )
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 
 @pytest.fixture(scope="module")

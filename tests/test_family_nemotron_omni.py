@@ -22,7 +22,8 @@ from _audio_family_records import RATE, _audio_rec, _tone, audio_family_records,
 from _family_checks import estimate_error
 from PIL import Image
 
-from neatpack.pipes.family_nemotron_omni import (
+from neatpack.pipes.families import get_handler, packed_model_inputs, tokenize_with_handler
+from neatpack.pipes.families.nemotron_omni import (
     load_tiny_nemotron_omni_processor,
     nemotron_audio_tokens,
     nemotron_image_tokens,
@@ -30,7 +31,6 @@ from neatpack.pipes.family_nemotron_omni import (
     tiny_nemotron_omni_model,
 )
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
 
 MEDIA_KEYS = ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")
 

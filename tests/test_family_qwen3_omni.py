@@ -34,7 +34,8 @@ from _omni_records import (
     write_wav,
 )
 
-from neatpack.pipes.family_qwen3_omni import (
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.qwen3_omni import (
     _FOLDER,
     QWEN3_OMNI,
     load_tiny_qwen3_omni_processor,
@@ -43,14 +44,13 @@ from neatpack.pipes.family_qwen3_omni import (
     tiny_qwen3_omni_model,
     tokenize_qwen3_omni,
 )
-from neatpack.pipes.family_qwen_omni import (
+from neatpack.pipes.families.qwen_omni import (
     omni_tokenize,
     qwen_omni_mrope,
     qwen_omni_pack_media,
     qwen_omni_position_ids,
 )
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 
 @pytest.fixture(scope="module")

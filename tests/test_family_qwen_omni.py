@@ -35,7 +35,8 @@ from _omni_records import (
     write_wav,
 )
 
-from neatpack.pipes.family_qwen_omni import (
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.qwen_omni import (
     _FOLDER,
     load_tiny_qwen_omni_processor,
     qwen_omni_audio_tokens,
@@ -47,7 +48,6 @@ from neatpack.pipes.family_qwen_omni import (
     tokenize_qwen_omni,
 )
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_a_wav_file_and_its_array_give_the_same_sample(omni: Any, tmp_path: Path
 def test_wav_reader_scales_every_pcm_width(
     tmp_path: Path, width: int, dtype: str, offset: int
 ) -> None:
-    from neatpack.pipes.family_qwen_omni import load_audio
+    from neatpack.pipes.families.qwen_omni import load_audio
 
     full = 2 ** (8 * width - 1)
     ints = np.array([-full, -full // 2, 0, 1, full // 2, full - 1], dtype=np.int64)

@@ -19,8 +19,12 @@ from test_families import _records, _with_meta
 
 pytest.importorskip("num2words", reason="SmolVLMProcessor imports num2words (test extra)")
 
-from neatpack.pipes.family_idefics3 import load_tiny_idefics3_processor
-from neatpack.pipes.family_smolvlm import (
+from neatpack.pipes.families import (
+    get_handler,
+    tokenize_with_handler,
+)
+from neatpack.pipes.families.idefics3 import load_tiny_idefics3_processor
+from neatpack.pipes.families.smolvlm import (
     _FOLDER,
     load_tiny_smolvlm_processor,
     smolvlm_estimate,
@@ -29,10 +33,6 @@ from neatpack.pipes.family_smolvlm import (
     tiny_smolvlm_model,
 )
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import (
-    get_handler,
-    tokenize_with_handler,
-)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ from PIL import Image
 from test_families import _records, _text, _with_meta
 
 from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.family_step3 import (
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.step3 import (
     _FOLDER,
     load_tiny_step3_processor,
     step3_batch_media,
@@ -34,7 +35,6 @@ from neatpack.pipes.family_step3 import (
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.pp_media import microbatch_bounds
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 
 @pytest.fixture(scope="module")

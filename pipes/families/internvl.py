@@ -4,7 +4,7 @@ InternVL goes through the processor-agnostic default (``registry`` handler ``cha
 labels from the derived ``<|im_start|>assistant\\n`` markers, image tokens from the processor's
 ``image_token_ids`` (``<IMG_CONTEXT>`` plus the ``<img>`` / ``</img>`` brackets) checked against
 its ``_get_num_multimodal_tokens`` (``2 + image_seq_length * crops``), the length from
-``family_default.default_estimate``, and a packed row from ``registry.packed_model_inputs``
+``chat_template.default_estimate``, and a packed row from ``registry.packed_model_inputs``
 (crops concatenated on dim 0, block-causal mask, 1-D positions). This module only ships the tiny
 processor loader and the tiny model builder the tests use.
 """
@@ -15,11 +15,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .tiny_family_models import init_tiny_model
+from neatpack.pipes.tiny_family_models import init_tiny_model
 
 __all__ = ["load_tiny_internvl_processor", "tiny_internvl_model"]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "internvl"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "internvl"
 
 
 def load_tiny_internvl_processor() -> Any:

@@ -38,11 +38,14 @@ from typing import Any
 
 import torch
 
-from .family_default import tokenize_default
-from .family_image_estimate import images_meta_estimate
-from .tiny_family_models import init_tiny_model
+from neatpack.pipes.tiny_family_models import init_tiny_model
+
+from . import Handler, register_handler
+from ._shared import images_meta_estimate
+from .chat_template import tokenize_default
 
 __all__ = [
+    "STEP3_HANDLER",
     "load_tiny_step3_processor",
     "step3_batch_media",
     "step3_estimate",
@@ -54,7 +57,7 @@ __all__ = [
     "tokenize_step3",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "step3"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "step3"
 STEP3_MEDIA_KEYS = ("pixel_values", "pixel_values_local", "num_local_patches")
 
 
@@ -163,7 +166,7 @@ def step3_pp_media(
         images_per_row [2, 0, 1], crops_per_row [9, 0, 3], 2 micro-batches (rows [0, 1] [2])
         pixel_values [3 views] -> [views 0..1] [view 2];  pixel_values_local -> [0:9] [9:12]
     """
-    from .pp_media import chunk_step3_media
+    from neatpack.pipes.pp_media import chunk_step3_media
 
     rows = torch.arange(batch_size)
     empty = torch.zeros(0, dtype=torch.long)
@@ -209,3 +212,18 @@ def tiny_step3_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> A
         image_token_id=int(processor.image_token_id),
     )  # fmt: skip
     return init_tiny_model(Step3p7ForConditionalGeneration, cfg, seed=seed, attn=attn)
+
+
+STEP3_HANDLER = register_handler(
+    Handler(
+        "step3",
+        tokenize_step3,
+        modalities=frozenset({"image"}),
+        pack_media=step3_pack_media,
+        description="Step3 (Step-3.7) crops: global view + sliding-window crops per image, "
+        "<im_patch> count checked (pipes/families/step3.py); packs need "
+        "step3.step3_pack_media (pixel_values, pixel_values_local, num_local_patches)",
+        estimate=step3_estimate,
+    ),
+    ("Step3p7Processor",),
+)

@@ -28,12 +28,15 @@ from typing import Any
 
 import torch
 
-from .family_default import tokenize_default
-from .family_image_estimate import images_meta_estimate
-from .labels import RoleMarkers, derive_role_markers
-from .tiny_family_models import init_tiny_model
+from neatpack.pipes.labels import RoleMarkers, derive_role_markers
+from neatpack.pipes.tiny_family_models import init_tiny_model
+
+from . import Handler, register_handler
+from ._shared import images_meta_estimate
+from .chat_template import tokenize_default
 
 __all__ = [
+    "IDEFICS3_HANDLER",
     "idefics3_estimate",
     "idefics3_image_tokens",
     "idefics3_markers",
@@ -43,7 +46,7 @@ __all__ = [
     "tokenize_idefics3",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "idefics3"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "idefics3"
 _MARKERS: dict[int, tuple[Any, RoleMarkers]] = {}
 
 
@@ -145,3 +148,18 @@ def tiny_tile_model(
         scale_factor=2,
     )  # fmt: skip
     return init_tiny_model(model_cls, cfg, seed=seed, attn=attn)
+
+
+IDEFICS3_HANDLER = register_handler(
+    Handler(
+        "idefics3",
+        tokenize_idefics3,
+        modalities=frozenset({"image"}),
+        pack_media=idefics3_pack_media,
+        description="Idefics3 / SmolVLM-style tiles: image_seq_len per tile; packs need "
+        "idefics3.idefics3_pack_media (tiles on axis 1)",
+        estimate=idefics3_estimate,
+        media_axis=1,
+    ),
+    ("Idefics3Processor",),
+)

@@ -26,11 +26,14 @@ from typing import Any
 
 import torch
 
-from .family_default import tokenize_default
-from .family_image_estimate import images_meta_estimate
-from .tiny_family_models import init_tiny_model
+from neatpack.pipes.tiny_family_models import init_tiny_model
+
+from . import Handler, register_handler
+from ._shared import images_meta_estimate
+from .chat_template import tokenize_default
 
 __all__ = [
+    "LLAVA_ONEVISION_HANDLER",
     "llava_onevision_estimate",
     "llava_onevision_image_tokens",
     "llava_onevision_pack_media",
@@ -39,7 +42,7 @@ __all__ = [
     "tokenize_llava_onevision",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "llava_onevision"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "llava_onevision"
 
 
 def load_tiny_llava_onevision_processor() -> Any:
@@ -130,3 +133,17 @@ def tiny_llava_onevision_model(processor: Any, *, seed: int = 0, attn: str = "ea
         vision_aspect_ratio=processor.vision_aspect_ratio,
     )  # fmt: skip
     return init_tiny_model(LlavaOnevisionForConditionalGeneration, cfg, seed=seed, attn=attn)
+
+
+LLAVA_ONEVISION_HANDLER = register_handler(
+    Handler(
+        "llava_onevision",
+        tokenize_llava_onevision,
+        modalities=frozenset({"image"}),
+        pack_media=llava_onevision_pack_media,
+        description="LLaVA-OneVision: AnyRes image-token rule; packs need "
+        "llava_onevision.llava_onevision_pack_media (image_sizes, batch_num_images)",
+        estimate=llava_onevision_estimate,
+    ),
+    ("LlavaOnevisionProcessor",),
+)

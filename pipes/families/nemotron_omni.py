@@ -1,7 +1,7 @@
 """Nemotron-H Omni (``NemotronH_Omni_Reasoning_V3Processor`` / ``NemotronH_Omni_Reasoning_V3``):
 text, images and audio in one ChatML conversation (the seed's ``nemotron_omni_collate_fn``).
 
-The shared flow is ``family_audio.tokenize_audio_family``; what is Nemotron's:
+The shared flow is ``audio.tokenize_audio_family``; what is Nemotron's:
 
 * an ``<image>`` placeholder becomes ``<img>`` + ``<image>`` x ``h * w / 4`` + ``</img>``, where
   ``(h, w)`` is the 16-pixel patch grid the image processor picks (``get_patch_grid_size``, the
@@ -38,12 +38,15 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from .family_audio import AudioFamily, estimate_audio_family, tokenize_audio_family
-from .labels import resolve_role_markers
-from .mask import to_4d_additive_mask
+from neatpack.pipes.labels import resolve_role_markers
+from neatpack.pipes.mask import to_4d_additive_mask
+
+from . import Handler, register_handler
+from .audio import AudioFamily, estimate_audio_family, tokenize_audio_family
 
 __all__ = [
     "NEMOTRON_OMNI",
+    "NEMOTRON_OMNI_HANDLER",
     "load_tiny_nemotron_omni_processor",
     "nemotron_audio_tokens",
     "nemotron_image_tokens",
@@ -54,7 +57,7 @@ __all__ = [
     "tokenize_nemotron_omni",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "nemotron_h_omni"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "nemotron_h_omni"
 _KEYS: Final = ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")
 
 
@@ -143,7 +146,7 @@ def tokenize_nemotron_omni(
 def nemotron_omni_estimate(
     record: Mapping[str, Any], processor: Any, *, mode: str = "exact"
 ) -> int:
-    """``family_audio.estimate_audio_family`` with Nemotron's rules; exact mode == the real
+    """``audio.estimate_audio_family`` with Nemotron's rules; exact mode == the real
     length (a test checks it)."""
     return estimate_audio_family(record, processor, NEMOTRON_OMNI, mode=mode)
 
@@ -221,3 +224,19 @@ def tiny_nemotron_omni_model(
     model.config.use_cache = False
     model.eval()  # type: ignore[no-untyped-call]
     return model
+
+
+NEMOTRON_OMNI_HANDLER = register_handler(
+    Handler(
+        "nemotron_omni",
+        tokenize_nemotron_omni,
+        modalities=frozenset({"image", "audio"}),
+        pack_media=nemotron_omni_pack_media,
+        packed_mask=nemotron_omni_packed_masks,
+        description="Nemotron-H Omni: images (<img> runs from image_grid_hw) + audio (Parakeet "
+        "features, 16 kHz checked); packs need nemotron_omni.nemotron_omni_pack_media; "
+        "Mamba layers are not isolated per document (pipes/families/nemotron_omni.py)",
+        estimate=nemotron_omni_estimate,
+    ),
+    ("NemotronH_Omni_Reasoning_V3Processor",),
+)

@@ -1,6 +1,6 @@
 """Gemma 3 (``Gemma3Processor`` / ``Gemma3ForConditionalGeneration``): what really differs.
 
-* Tokenization is the processor-agnostic default (``family_default.tokenize_default``): labels
+* Tokenization is the processor-agnostic default (``chat_template.tokenize_default``): labels
   from the ``<start_of_turn>model\\n`` ... ``<end_of_turn>`` markers derived from the template,
   ``<image_soft_token>`` as the image token (``processor.image_token_ids``), ``image_seq_length``
   tokens per image, or per crop with pan-and-scan (``gemma3_pan_and_scan`` below). Images only: a
@@ -42,12 +42,21 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ._media_meta import EstimateError, _aligned_meta, _image_size, _media, _positive_meta
-from .estimate import LengthEstimator, SampleEstimate
-from .family_default import tokenize_default
-from .mask import to_4d_additive_mask
+from neatpack.pipes._media_meta import (
+    EstimateError,
+    _aligned_meta,
+    _image_size,
+    _media,
+    _positive_meta,
+)
+from neatpack.pipes.estimate import LengthEstimator, SampleEstimate
+from neatpack.pipes.mask import to_4d_additive_mask
+
+from . import Handler, register_handler
+from .chat_template import tokenize_default
 
 __all__ = [
+    "GEMMA3_HANDLER",
     "Gemma3LengthEstimator",
     "PanAndScan",
     "gemma3_estimator",
@@ -64,7 +73,7 @@ __all__ = [
     "tokenize_gemma3",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "gemma3"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "gemma3"
 
 
 def load_tiny_gemma3_processor() -> Any:
@@ -243,7 +252,7 @@ class Gemma3LengthEstimator(LengthEstimator):
 def gemma3_estimator(processor: Any, **kw: Any) -> Gemma3LengthEstimator:
     """``Gemma3LengthEstimator`` for ``processor``: template overhead probed from it, an uncropped
     image ``gemma3_image_tokens``, its pan-and-scan settings (None when off)."""
-    from ._template_probe import probe_overhead, tokenizer_id
+    from neatpack.pipes._template_probe import probe_overhead, tokenizer_id
 
     kw.setdefault("overhead", probe_overhead(processor))
     kw.setdefault("on_missing_media", "fallback")
@@ -347,3 +356,22 @@ def gemma3_pack_media(samples: Any) -> dict[str, Tensor]:
     needs no ``token_type_ids``)."""
     pvs = [s["pixel_values"] for s in samples if s.get("pixel_values") is not None]
     return {"pixel_values": torch.cat(pvs, dim=0)} if pvs else {}
+
+
+def _gemma3_estimator(processor: Any, mode: str) -> Gemma3LengthEstimator:
+    return gemma3_estimator(processor, mode=mode)
+
+
+GEMMA3_HANDLER = register_handler(
+    Handler(
+        "gemma3",
+        tokenize_gemma3,
+        modalities=frozenset({"image"}),
+        pack_media=gemma3_pack_media,
+        packed_mask=gemma3_packed_masks,
+        description="Gemma 3: the default path, images only, pan-and-scan crops counted; packed "
+        "rows need gemma3.gemma3_packed_mask (bidirectional image tokens)",
+        estimator=_gemma3_estimator,
+    ),
+    ("Gemma3Processor",),
+)

@@ -52,16 +52,20 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from .family_audio import (
+from neatpack.pipes.labels import RoleMarkers
+
+from . import Handler, register_handler
+from .audio import (
     AUDIO_FAMILY_MODALITIES,
     AudioFamily,
     audio_processor,
     estimate_audio_family,
     tokenize_audio_family,
 )
-from .labels import RoleMarkers
 
 __all__ = [
+    "PHI4_GRAPH_REFUSED",
+    "PHI4_HANDLER",
     "PHI4_MODALITIES",
     "load_tiny_phi4_processor",
     "phi4_audio_tokens",
@@ -73,7 +77,7 @@ __all__ = [
 ]
 
 PHI4_MODALITIES: Final = AUDIO_FAMILY_MODALITIES
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "phi4_multimodal"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "phi4_multimodal"
 _IMAGE_KEYS: Final = ("image_pixel_values", "image_sizes", "image_attention_mask")
 _AUDIO_KEYS: Final = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
 
@@ -228,3 +232,32 @@ def phi4_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out["audio_attention_mask"] = _pad_dim1([s["audio_attention_mask"] for s in auds], False)
         out["audio_embed_sizes"] = torch.cat([s["audio_embed_sizes"] for s in auds], dim=0)
     return out
+
+
+#: Why ``neat_vlm_graph`` refuses Phi-4-multimodal (``Handler.graph_refused``): the graph merges
+#: a whole batch's media into ONE forward and plans packs by length only.
+PHI4_GRAPH_REFUSED: Final = (
+    "Phi-4-multimodal picks its audio projection per forward ('vision' when any image "
+    "is in it, else 'speech'), so phi4.phi4_pack_media refuses image-less audio beside "
+    "images, a mix the planner does not keep apart (the loader would fail mid-epoch); and its "
+    "audio encoder adds its padding mask to the scores, so clips of unequal length in one "
+    "forward are not exact (tests/test_family_phi4.py measures 0.34 and 0.077). Fix: pack it "
+    "with materialize_pack + neat_packed_family_collater over groups that are image-only, or "
+    "audio-only with clips of equal length"
+)
+
+
+PHI4_HANDLER = register_handler(
+    Handler(
+        "phi4",
+        tokenize_phi4,
+        modalities=PHI4_MODALITIES,
+        pack_media=phi4_pack_media,
+        description="Phi-4-multimodal: images (448 HD crops) + audio "
+        "(Phi4MultimodalFeatureExtractor, 16 kHz checked); packs need "
+        "phi4.phi4_pack_media (pipes/families/phi4.py)",
+        estimate=phi4_estimate,
+        graph_refused=PHI4_GRAPH_REFUSED,
+    ),
+    ("Phi4MultimodalProcessor",),
+)

@@ -41,6 +41,7 @@ are block-causal.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -48,18 +49,29 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from ._media_meta import _media
-from .audio import load_audio_block, split_audio_blocks
-from .family_default import tokenize_default
-from .family_gemma3 import gemma3_packed_mask
-from .labels import RoleMarkers, _tail_alternatives
-from .media import SampleError
-from .tiny_family_models import WITH_AUDIO, init_tiny_model
+from neatpack.pipes._media_meta import (
+    EstimateError,
+    _aligned_meta,
+    _image_size,
+    _media,
+    _positive_meta,
+)
+from neatpack.pipes.audio import audio_num_samples, load_audio_block, split_audio_blocks
+from neatpack.pipes.labels import RoleMarkers, _tail_alternatives
+from neatpack.pipes.media import SampleError
+from neatpack.pipes.tiny_family_models import WITH_AUDIO, init_tiny_model
+
+from . import Handler, register_handler
+from .chat_template import tokenize_default
+from .gemma3 import gemma3_packed_mask
 
 __all__ = [
+    "GEMMA4_HANDLER",
     "GEMMA4_MODALITIES",
     "GEMMA4_MODEL_TURN",
     "GEMMA4_THINKING_PREFIX",
+    "gemma4_estimate",
+    "gemma4_handler_estimate",
     "gemma4_markers",
     "gemma4_pack_media",
     "gemma4_packed_masks",
@@ -75,7 +87,7 @@ GEMMA4_THINKING_PREFIX: Final = "<|channel>thought\n<channel|>"
 GEMMA4_END_OF_TURN: Final = "<turn|>"
 GEMMA4_MODALITIES: Final = frozenset({"image", "video", "audio"})
 _AUDIO_STAND_IN: Final = "\ue000audio\ue000"  # private use: no real text contains it
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "gemma4"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "gemma4"
 
 
 def load_tiny_gemma4_processor() -> Any:
@@ -174,7 +186,7 @@ def gemma4_video_metadata(record: Mapping[str, Any]) -> list[dict[str, Any]] | N
     """``video_metadata`` for the record's frame-list videos when every one has a frame rate
     (block ``fps`` or ``videos_meta[k][3]``: ``tokenize._video_metadata``, the Qwen-VL rule),
     else None (the processor's default 24 fps)."""
-    from .tokenize import _video_metadata
+    from neatpack.pipes.tokenize import _video_metadata
 
     blocks: list[Mapping[str, Any]] = []
     for msg in record.get("conversation") or []:
@@ -274,7 +286,7 @@ def gemma4_packed_masks(
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Tensor]:
     """``{"full_attention", "sliding_attention"}`` additive masks for a packed Gemma 4 row."""
-    from .mask import to_4d_additive_mask
+    from neatpack.pipes.mask import to_4d_additive_mask
 
     full = to_4d_additive_mask(doc_ids, dtype)
     if not bidirectional_vision:
@@ -354,3 +366,132 @@ def tiny_gemma4_model(
     return init_tiny_model(
         Gemma4ForConditionalGeneration, cfg, seed=seed, attn=attn, subconfigs=WITH_AUDIO
     )
+
+
+# --- from family_gemma4_estimate.py ----------------------------------------
+
+
+def _video_text(proc: Any, frames: int, tokens_per_frame: int, fps: float | None) -> str:
+    from transformers.video_utils import VideoMetadata
+
+    meta = VideoMetadata(total_num_frames=frames, fps=fps, frames_indices=list(range(frames)))
+    return str(
+        proc.replace_video_token(
+            {"num_soft_tokens_per_video": [tokens_per_frame], "video_metadata": [meta]}, 0
+        )
+    )
+
+
+def _media_texts(record: Mapping[str, Any], proc: Any) -> dict[str, list[str]]:
+    """The text each image / video / audio of ``record`` expands to, per placeholder token, in
+    order (images: ``images_meta`` ``[h, w]`` or the image; videos: frame lists; audio:
+    ``audios_meta`` seconds or the array / WAV header)."""
+    sid = int(record.get("sample_id", -1))
+    images, videos = _media(record)
+    image_texts = []
+    for value, meta in zip(images, _aligned_meta(record, "images_meta", len(images), sid),
+                           strict=True):  # fmt: skip
+        size = _positive_meta(sid, "images", meta, 2) if meta is not None else None
+        hw = (int(size[0]), int(size[1])) if size else _image_size(value, sid)
+        if isinstance(hw, str):
+            raise EstimateError(
+                f"sample_id={sid}: no size for image {value!r:.60} ({hw}); give images_meta"
+            )
+        k = proc._get_num_multimodal_tokens(image_sizes=[hw]).num_image_tokens[0]
+        image_texts.append(str(proc.replace_image_token({"num_soft_tokens_per_image": [k]}, 0)))
+    video_texts = []
+    metadata = gemma4_video_metadata(record) or [{"fps": None}] * len(videos)
+    for v, vmeta in zip(videos, metadata, strict=True):
+        if isinstance(v, str) or not isinstance(v, Sequence) or not v:
+            raise EstimateError(
+                f"sample_id={sid}: video {v!r:.60} is not a frame list; the Gemma 4 estimate "
+                "needs the frames (their count and size)"
+            )
+        n, h, w = len(v), int(v[0].height), int(v[0].width)
+        total = proc._get_num_multimodal_tokens(video_sizes=[(n, h, w)]).num_video_tokens[0]
+        video_texts.append(_video_text(proc, n, total // n, vmeta["fps"]))
+    _, _, blocks = split_audio_blocks(record)
+    seconds = record.get("audios_meta") or [None] * len(blocks)
+    if len(seconds) != len(blocks):
+        raise EstimateError(
+            f"sample_id={sid}: audios_meta has {len(seconds)} entries for {len(blocks)} audio "
+            "blocks; give one duration in seconds per block"
+        )
+    rate = int(proc.feature_extractor.sampling_rate)
+    audio_texts = []
+    for b, sec in zip(blocks, seconds, strict=True):
+        try:
+            n = audio_num_samples(b.get("audio", b.get("path")), sec, rate, sid)
+        except ValueError as exc:
+            raise EstimateError(str(exc)) from exc
+        k = proc._get_num_multimodal_tokens(audio_lengths=[n]).num_audio_tokens[0]
+        audio_texts.append(f"{proc.boa_token}{proc.audio_token * k}{proc.eoa_token}")
+    return {
+        str(proc.image_token): image_texts,
+        str(proc.video_token): video_texts,
+        str(proc.audio_token): audio_texts,
+    }
+
+
+def gemma4_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Length after the shift of ``tokenize_gemma4(record)``.
+
+    ``exact``: the template with the thinking prefix, each ``<|image|>`` / ``<|video|>`` /
+    ``<|audio|>`` replaced by the processor's own expansion, tokenized once (== real).
+    ``estimate``: ``LengthEstimator`` text (chars / 3 + template overhead) plus the expansions'
+    and the prefixes' exact tokens."""
+    from neatpack.pipes._template_probe import probe_overhead
+    from neatpack.pipes.estimate import LengthEstimator
+
+    tok = processor.tokenizer
+    texts = _media_texts(record, processor)
+    if mode == "exact":
+        stand_in, _, _ = split_audio_blocks(record, str(processor.audio_token))
+        text = inject_thinking_prefix(
+            processor.apply_chat_template(stand_in["conversation"], tokenize=False)
+        )
+        pieces = re.split("(" + "|".join(re.escape(t) for t in texts) + ")", text)
+        queues = {k: iter(v) for k, v in texts.items()}
+        full = "".join(next(queues[p]) if p in queues else p for p in pieces)
+        return len(tok(full)["input_ids"]) - 1
+    stand_in, _, _ = split_audio_blocks(record, "")
+    est = LengthEstimator(
+        mode=mode,
+        processor=processor,
+        media_fallback=0,
+        on_missing_media="fallback",
+        overhead=probe_overhead(processor),
+    )
+    turns = int(sum(m.get("role") == "assistant" for m in record["conversation"]))
+    prefix = len(tok(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
+    media = sum(len(tok(t, add_special_tokens=False)["input_ids"]) - 1
+                for v in texts.values() for t in v)  # fmt: skip
+    return int(est.estimate(stand_in)[0]) + media + turns * prefix
+
+
+def gemma4_handler_estimate(
+    record: Mapping[str, Any], processor: Any, *, mode: str = "exact"
+) -> int:
+    """The graph's length estimate: ``chat_template.default_estimate`` plus the thinking prefix's
+    tokens once per model turn (``gemma4_estimate`` above also sizes videos and audio)."""
+    from .chat_template import default_estimate
+
+    tok = processor.tokenizer
+    per_turn = len(tok(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
+    turns = sum(m.get("role") == "assistant" for m in record["conversation"])
+    return int(default_estimate(record, processor, mode=mode) + per_turn * turns)
+
+
+GEMMA4_HANDLER = register_handler(
+    Handler(
+        "gemma4",
+        tokenize_gemma4,
+        modalities=GEMMA4_MODALITIES,
+        pack_media=gemma4_pack_media,
+        packed_mask=gemma4_packed_masks,
+        description="Gemma 4: thinking-channel prefix injected after each model turn and kept "
+        "out of the labels (pipes/families/gemma4.py); images, videos (frame lists), audio",
+        estimate=gemma4_handler_estimate,
+    ),
+    ("Gemma4Processor",),
+)

@@ -1,7 +1,7 @@
 """Qwen3-Omni (``Qwen3OmniMoeProcessor`` / ``Qwen3OmniMoeThinkerForConditionalGeneration``): the
-Qwen2.5-Omni path (``family_qwen_omni``) with Qwen3-Omni's audio rule. Only the differences live
+Qwen2.5-Omni path (``qwen_omni``) with Qwen3-Omni's audio rule. Only the differences live
 here; tokenization, labels, image checks, the estimate, media packing and positions are the
-shared ``family_qwen_omni`` code.
+shared ``qwen_omni`` code.
 
 What differs from Qwen2.5-Omni (transformers 5.23 sources):
 
@@ -45,13 +45,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .family_qwen_omni import OmniRule, omni_estimate, omni_tokenize
-from .labels import RoleMarkers
-from .media import SampleError
-from .tiny_family_models import WITH_AUDIO, init_tiny_model
+from neatpack.pipes.labels import RoleMarkers
+from neatpack.pipes.media import SampleError
+from neatpack.pipes.tiny_family_models import WITH_AUDIO, init_tiny_model
+
+from . import Handler, register_handler
+from .qwen_omni import (
+    OMNI_MODALITIES,
+    OmniRule,
+    omni_estimate,
+    omni_tokenize,
+    qwen_omni_mrope,
+    qwen_omni_pack_media,
+)
 
 __all__ = [
     "QWEN3_OMNI",
+    "QWEN3_OMNI_HANDLER",
     "load_tiny_qwen3_omni_processor",
     "qwen3_omni_audio_tokens",
     "qwen3_omni_estimate",
@@ -59,7 +69,7 @@ __all__ = [
     "tokenize_qwen3_omni",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "qwen3_omni"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "qwen3_omni"
 _CHUNK_TOKENS: Final = 13  # tokens of one full 2 * n_window-frame chunk (conv3(100))
 
 
@@ -108,7 +118,7 @@ def tokenize_qwen3_omni(
     markers: RoleMarkers | None = None,
     max_image_pixels: int | str | None = "pil",
 ) -> dict[str, Any]:
-    """One Record with text, image, video and audio blocks -> one Sample (``family_qwen_omni``'s
+    """One Record with text, image, video and audio blocks -> one Sample (``qwen_omni``'s
     path with Qwen3-Omni's audio rule).
 
     A video whose time step ``video_second_per_grid * position_id_per_seconds`` (``2 / fps *
@@ -140,7 +150,7 @@ def tokenize_qwen3_omni(
 
 def qwen3_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
     """Length after the shift without the feature extractor or the image processor
-    (``family_qwen_omni.omni_estimate`` with Qwen3-Omni's audio rule)."""
+    (``qwen_omni.omni_estimate`` with Qwen3-Omni's audio rule)."""
     return omni_estimate(record, processor, QWEN3_OMNI, mode=mode)
 
 
@@ -200,3 +210,19 @@ def tiny_qwen3_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager")
         attn=attn,
         subconfigs=WITH_AUDIO,
     )
+
+
+QWEN3_OMNI_HANDLER = register_handler(
+    Handler(
+        "qwen3_omni",
+        tokenize_qwen3_omni,
+        modalities=OMNI_MODALITIES,
+        pack_media=qwen_omni_pack_media,
+        mrope=True,
+        description="Qwen3-Omni: the Qwen2.5-Omni path with 13 audio tokens per 100-frame chunk "
+        "and no 30 s window; features padded per pack (pipes/families/qwen3_omni.py)",
+        estimate=qwen3_omni_estimate,
+        positions=qwen_omni_mrope,
+    ),
+    ("Qwen3OmniMoeProcessor",),
+)

@@ -4,7 +4,7 @@ tokens and fixed-length rows for pipeline parallelism.
 What differs from the default path, and what does not:
 
 * tokenization IS the processor-agnostic default (``registry`` handler ``kimi_k25`` =
-  ``family_default.tokenize_default``): labels from the derived
+  ``chat_template.tokenize_default``): labels from the derived
   ``<|im_assistant|>assistant<|im_middle|>`` ... ``<|im_end|>`` markers, images only (a video or
   audio block is a ``SampleError`` naming the sample; the video path is not done);
 * pre-expanded image tokens: the chat template writes ONE ``<|media_pad|>`` per image and the
@@ -34,9 +34,13 @@ from typing import Any
 
 import torch
 
-from .tiny_family_models import init_tiny_model
+from neatpack.pipes.tiny_family_models import init_tiny_model
+
+from . import Handler, register_handler
+from .chat_template import default_estimate, tokenize_default
 
 __all__ = [
+    "KIMI_K25_HANDLER",
     "kimi_k25_fixed_length_batch",
     "kimi_k25_image_tokens",
     "kimi_k25_pack_media",
@@ -44,7 +48,7 @@ __all__ = [
     "tiny_kimi_k25_model",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "kimi_k25"
+_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "kimi_k25"
 
 
 def load_tiny_kimi_k25_processor() -> Any:
@@ -97,8 +101,8 @@ def kimi_k25_fixed_length_batch(
     keys: ``pixel_values`` / ``image_grid_thw`` concatenated over the rows and
     ``n_images_per_sample`` (per row), ready for ``pp_media.prepare_vlm_media_for_pp``.
     """
-    from .collate import neat_packed_vlm_collater
-    from .pack import build_pack
+    from neatpack.pipes.collate import neat_packed_vlm_collater
+    from neatpack.pipes.pack import build_pack
 
     pad = getattr(processor.tokenizer, "pad_token_id", None)
     pad_id = 0 if pad is None else int(pad)
@@ -141,3 +145,18 @@ def tiny_kimi_k25_model(processor: Any, *, seed: int = 0, attn: str = "eager") -
         vision_end_token_id=int(tok.convert_tokens_to_ids("<|media_end|>")),
     )  # fmt: skip
     return init_tiny_model(Kimi_K25ForConditionalGeneration, cfg, seed=seed, attn=attn)
+
+
+KIMI_K25_HANDLER = register_handler(
+    Handler(
+        "kimi_k25",
+        tokenize_default,
+        modalities=frozenset({"image"}),
+        pack_media=kimi_k25_pack_media,
+        description="Kimi K2.5: the default path, images pre-expanded by the processor to "
+        "(h // 2) * (w // 2) tokens from image_grid_thw; packs need "
+        "kimi.kimi_k25_pack_media (pixels + grids)",
+        estimate=default_estimate,
+    ),
+    ("Kimi_K25Processor",),
+)
