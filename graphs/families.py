@@ -36,6 +36,8 @@ from neatpack.pipes.mrope import _FAMILY_BY_PROCESSOR
 __all__ = ["QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
 
 QWEN_VL_HANDLER = "qwen_vl"
+
+
 @dataclass(frozen=True)
 class FamilyPlan:
     """The non-Qwen-VL family of a graph: its handler and the options of each stage."""

@@ -32,6 +32,8 @@ __all__ = ["HANDLER_ESTIMATE_MODES", "HandlerEstimator", "handler_estimator"]
 
 #: The estimate modes a family estimator takes ("calibrated" is Qwen-VL's LengthEstimator only).
 HANDLER_ESTIMATE_MODES: tuple[str, ...] = ("estimate", "exact")
+
+
 @dataclass
 class HandlerEstimator:
     """A ``LengthEstimator``-shaped estimator (``estimate``, ``estimate_sample``,

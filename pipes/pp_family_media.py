@@ -37,6 +37,7 @@ __all__ = [
     "wrap_family_collate_for_pp",
 ]
 
+
 def _sample_media(h: Handler, sample: Mapping[str, Any]) -> dict[str, Any]:
     if h.pack_media is not None:
         return dict(h.pack_media([sample]))
@@ -134,9 +135,7 @@ def prepare_family_media_for_pp(
     missing = sorted(set(counts) - set(media))
     if missing:
         raise ValueError(f"the rows' samples have media {missing} that the batch lacks")
-    chunks = chunk_family_media(
-        media, counts, n_microbatches, axis=h.media_axis
-    )
+    chunks = chunk_family_media(media, counts, n_microbatches, axis=h.media_axis)
     if media:
         batch[VLM_PP_MEDIA_KEY] = {k: [c.get(k) for c in chunks] for k in media}
     return batch

@@ -177,14 +177,11 @@ def test_an_audio_processor_counts_as_audio_like_a_feature_extractor() -> None:
     generic check sees it, so the plain registry Handler (its modality check first) takes
     Phi-4 audio exactly as the ``phi4`` handler does. Qwen-Omni's ``feature_extractor`` and
     Qwen2-VL (neither) keep their answers."""
+    from support.tiny import load_tiny_phi4_processor, load_tiny_qwen_omni_processor
+
     from neatpack.pipes.families import HANDLERS, Handler
     from neatpack.pipes.families._shared import processor_modalities
-    from neatpack.pipes.families.phi4 import (
-        PHI4_MODALITIES,
-        load_tiny_phi4_processor,
-        tokenize_phi4,
-    )
-    from neatpack.pipes.families.qwen_omni import load_tiny_qwen_omni_processor
+    from neatpack.pipes.families.phi4 import PHI4_MODALITIES, tokenize_phi4
     from neatpack.pipes.tiny import load_tiny_processor
 
     phi4 = load_tiny_phi4_processor()

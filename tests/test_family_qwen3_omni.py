@@ -33,15 +33,14 @@ from _omni_records import (
     video_records,
     write_wav,
 )
+from support.tiny import ASSETS, load_tiny_qwen3_omni_processor
+from support.tiny_family_models import tiny_qwen3_omni_model
 
 from neatpack.pipes.families import get_handler, tokenize_with_handler
 from neatpack.pipes.families.qwen3_omni import (
-    _FOLDER,
     QWEN3_OMNI,
-    load_tiny_qwen3_omni_processor,
     qwen3_omni_audio_tokens,
     qwen3_omni_estimate,
-    tiny_qwen3_omni_model,
     tokenize_qwen3_omni,
 )
 from neatpack.pipes.families.qwen_omni import (
@@ -51,6 +50,8 @@ from neatpack.pipes.families.qwen_omni import (
     qwen_omni_position_ids,
 )
 from neatpack.pipes.media import SampleError
+
+_FOLDER = ASSETS / "qwen3_omni"
 
 
 @pytest.fixture(scope="module")

@@ -34,20 +34,21 @@ from _omni_records import (
     video_records,
     write_wav,
 )
+from support.tiny import ASSETS, load_tiny_qwen_omni_processor
+from support.tiny_family_models import tiny_qwen_omni_model
 
 from neatpack.pipes.families import get_handler, tokenize_with_handler
 from neatpack.pipes.families.qwen_omni import (
-    _FOLDER,
-    load_tiny_qwen_omni_processor,
     qwen_omni_audio_tokens,
     qwen_omni_estimate,
     qwen_omni_mrope,
     qwen_omni_pack_media,
     qwen_omni_position_ids,
-    tiny_qwen_omni_model,
     tokenize_qwen_omni,
 )
 from neatpack.pipes.media import SampleError
+
+_FOLDER = ASSETS / "qwen2_5_omni"
 
 
 @pytest.fixture(scope="module")

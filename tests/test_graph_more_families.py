@@ -15,7 +15,6 @@ model's own batching behaviour, not the graph's; records here use whole-second c
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Callable
 from functools import cache
@@ -26,6 +25,7 @@ import pytest
 import torch
 from _graph_records import _wav, jsonl_source, omni_corpus
 from PIL import Image
+from support import tiny, tiny_family_models
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.families import tokenize_with_handler
@@ -48,18 +48,16 @@ PACK_SIZE = 640
 
 @cache
 def _processor(family: str) -> Any:
-    module = importlib.import_module(f"neatpack.pipes.{FAMILIES[family][0]}")
-    return getattr(module, f"load_tiny_{family}_processor")()
+    return getattr(tiny, f"load_tiny_{family}_processor")()
 
 
 @cache
 def _model(family: str) -> Any:
     if family == "nemotron_omni":  # attention-only by default (see the family module)
-        from neatpack.pipes.families.nemotron_omni import tiny_nemotron_omni_model
+        from support.tiny_family_models import tiny_nemotron_omni_model
 
         return tiny_nemotron_omni_model(_processor(family))
-    module = importlib.import_module(f"neatpack.pipes.{FAMILIES[family][0]}")
-    return getattr(module, f"tiny_{family}_model")(_processor(family))
+    return getattr(tiny_family_models, f"tiny_{family}_model")(_processor(family))
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +234,7 @@ def test_audio_family_planned_length_is_the_real_length(tmp_path: Path, family: 
 def test_phi4_is_refused_at_build(corpus: Path) -> None:
     """Phi-4-multimodal's forward cannot take a mixed batch exactly: refused naming the family,
     the reason and the fix, before any record is read."""
-    from neatpack.pipes.families.phi4 import load_tiny_phi4_processor
+    from support.tiny import load_tiny_phi4_processor
 
     with pytest.raises(ValueError, match=r"cannot serve handler 'phi4': .*audio projection"):
         neat_vlm_graph(corpus, load_tiny_phi4_processor(), config=_config())

@@ -8,7 +8,6 @@ model run on each micro-batch (its rows + its media) == the whole batch's rows (
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Callable
 from functools import cache, partial
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from support import tiny, tiny_family_models
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 
 from neatpack.pipes.families import (
@@ -27,6 +27,7 @@ from neatpack.pipes.families import (
     resolve_handler,
     tokenize_with_handler,
 )
+from neatpack.pipes.families.gemma3 import gemma3_pan_and_scan
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.pp_family_media import (
@@ -62,14 +63,13 @@ WHOLE_SECOND_AUDIO = frozenset({"qwen3_omni"})
 
 @cache
 def _load(family: str) -> tuple[Any, Callable[..., Any]]:
-    module_name, loader, builder = FAMILIES[family]
-    module = importlib.import_module(f"neatpack.pipes.{module_name}")
-    proc = getattr(module, loader)()
+    _module_name, loader, builder = FAMILIES[family]
+    proc = getattr(tiny, loader)()
     if family == "gemma3":  # crops too: each image's pixel rows = thumbnail + crops
-        proc = module.gemma3_pan_and_scan(proc, min_crop_size=14)
+        proc = gemma3_pan_and_scan(proc, min_crop_size=14)
     if family == "gemma4":  # an audio tower for the audio documents
-        return proc, partial(getattr(module, builder), audio=True)
-    return proc, getattr(module, builder)
+        return proc, partial(getattr(tiny_family_models, builder), audio=True)
+    return proc, getattr(tiny_family_models, builder)
 
 
 def _record(

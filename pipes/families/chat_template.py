@@ -1,5 +1,10 @@
 """The processor-agnostic tokenizer: any processor with a chat template, no per-model code.
 
+This is the ``chat_template`` family: every processor with a template and no registered class
+(InternVL is served by it as is: labels from the derived ``<|im_start|>assistant\n`` markers,
+``<IMG_CONTEXT>`` runs checked against ``_get_num_multimodal_tokens``, crops concatenated on
+dim 0, a block-causal packed mask), and the base the other families' tokenizers wrap.
+
 * text: ``processor.apply_chat_template(conversation, tokenize=False)`` then ``processor(text=...,
   images=..., videos=...)``;
 * labels: the assistant role markers derived from the template (``labels.resolve_role_markers``),

@@ -33,10 +33,8 @@ crop resized to the full image size and given its own soft-token run after the t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -68,25 +66,8 @@ __all__ = [
     "gemma3_pan_and_scan",
     "gemma3_pan_and_scan_settings",
     "gemma3_soft_tokens",
-    "load_tiny_gemma3_processor",
-    "tiny_gemma3_model",
     "tokenize_gemma3",
 ]
-
-_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "gemma3"
-
-
-def load_tiny_gemma3_processor() -> Any:
-    """The shipped tiny ``Gemma3Processor`` (``scripts/build_tiny_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Gemma 3 processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def gemma3_image_tokens(processor: Any) -> int:
@@ -295,51 +276,6 @@ def gemma3_packed_mask(
     same_img = (block[:, :, None] == block[:, None, :]) & (block[:, :, None] > 0)
     out = to_4d_additive_mask(doc_ids, dtype)  # block-causal; padding rows as mask.py sets them
     return out.masked_fill((same_doc & same_img).unsqueeze(1), 0.0)
-
-
-def tiny_gemma3_model(processor: Any, *, seed: int = 0, attn_implementation: str = "eager") -> Any:
-    """A tiny random fp32 ``Gemma3ForConditionalGeneration`` matching the tiny processor (28x28
-    images, patch 7 -> 4x4 patches pooled to ``image_seq_length`` = 4 soft tokens).
-
-    transformers initialises the image projection (``mm_input_projection_weight``) to zeros,
-    which makes every image embedding zero: the pixels would never reach the logits and a
-    parity test could not see a wrong image. It gets seeded random weights here (std 0.02,
-    ``initializer_range``), so changing the pixels changes the logits."""
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
-
-    tok = processor.tokenizer
-    side = int(processor.image_processor.size["height"])
-    text = {
-        "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "sliding_window": 2048, "max_position_embeddings": 4096,
-        "layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16,
-        "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.eos_token_id,
-    }  # fmt: skip
-    vision = {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "image_size": side, "patch_size": side // 4,
-    }  # fmt: skip
-    cfg = Gemma3Config(
-        text_config=text,
-        vision_config=vision,
-        mm_tokens_per_image=int(processor.image_seq_length),
-        boi_token_index=int(tok.boi_token_id),
-        eoi_token_index=int(tok.eoi_token_id),
-        image_token_index=int(tok.image_token_id),
-    )
-    cfg._attn_implementation = attn_implementation
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn_implementation  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = Gemma3ForConditionalGeneration(cfg)
-    proj = model.model.multi_modal_projector.mm_input_projection_weight
-    with torch.no_grad():
-        proj.normal_(0.0, cfg.text_config.initializer_range)  # type: ignore[union-attr]
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
 
 
 def gemma3_packed_masks(

@@ -40,10 +40,8 @@ are block-causal.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import torch
@@ -59,7 +57,6 @@ from neatpack.pipes._media_meta import (
 from neatpack.pipes.audio import audio_num_samples, load_audio_block, split_audio_blocks
 from neatpack.pipes.labels import RoleMarkers, _tail_alternatives
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.tiny_family_models import WITH_AUDIO, init_tiny_model
 
 from . import Handler, register_handler
 from .chat_template import tokenize_default
@@ -77,8 +74,6 @@ __all__ = [
     "gemma4_packed_masks",
     "gemma4_video_metadata",
     "inject_thinking_prefix",
-    "load_tiny_gemma4_processor",
-    "tiny_gemma4_model",
     "tokenize_gemma4",
 ]
 
@@ -87,20 +82,6 @@ GEMMA4_THINKING_PREFIX: Final = "<|channel>thought\n<channel|>"
 GEMMA4_END_OF_TURN: Final = "<turn|>"
 GEMMA4_MODALITIES: Final = frozenset({"image", "video", "audio"})
 _AUDIO_STAND_IN: Final = "\ue000audio\ue000"  # private use: no real text contains it
-_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "gemma4"
-
-
-def load_tiny_gemma4_processor() -> Any:
-    """The shipped tiny ``Gemma4Processor`` (``scripts/build_tiny_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Gemma 4 processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def inject_thinking_prefix(
@@ -317,55 +298,6 @@ def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
         if parts:
             out[key] = torch.cat(parts, dim=0)
     return out
-
-
-def tiny_gemma4_model(
-    processor: Any,
-    *,
-    bidirectional_vision: bool = False,
-    audio: bool = False,
-    seed: int = 0,
-    attn: str = "eager",
-) -> Any:
-    """A tiny random fp32 ``Gemma4ForConditionalGeneration`` for the tiny processor (patch 4,
-    pooling 2); ``bidirectional_vision`` sets ``use_bidirectional_attention="vision"``;
-    ``audio`` adds a one-layer audio tower (conv channels ``[128, 4]``: the model sizes its
-    projection as ``channels[0] // 4 * channels[1]``, so channels[0] must be the 128 mel bins)."""
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
-
-    tok = processor.tokenizer
-    ids = tok.convert_tokens_to_ids
-    vp = processor.image_processor
-    text = {
-        "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "global_head_dim": 16, "sliding_window": 4096,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "vocab_size_per_layer_input": len(tok), "hidden_size_per_layer_input": 8,
-        "max_position_embeddings": 4096, "pad_token_id": tok.pad_token_id,
-        "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
-        "use_bidirectional_attention": "vision" if bidirectional_vision else None,
-    }  # fmt: skip
-    vision = {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
-        "patch_size": int(vp.patch_size), "pooling_kernel_size": int(vp.pooling_kernel_size),
-        "position_embedding_size": 256,
-    }  # fmt: skip
-    sound = {
-        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "subsampling_conv_channels": [128, 4], "output_proj_dims": 32,
-    }  # fmt: skip
-    cfg = Gemma4Config(
-        text_config=text, vision_config=vision, audio_config=sound if audio else None,
-        boi_token_id=int(tok.boi_token_id), eoi_token_id=int(tok.eoi_token_id),
-        image_token_id=int(processor.image_token_id), video_token_id=int(processor.video_token_id),
-        boa_token_id=int(ids("<|audio>")), eoa_token_index=int(ids("<audio|>")),
-        audio_token_id=int(ids("<|audio|>")),
-    )  # fmt: skip
-    return init_tiny_model(
-        Gemma4ForConditionalGeneration, cfg, seed=seed, attn=attn, subconfigs=WITH_AUDIO
-    )
 
 
 # --- from family_gemma4_estimate.py ----------------------------------------

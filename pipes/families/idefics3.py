@@ -21,15 +21,12 @@ What differs from the default path:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from neatpack.pipes.labels import RoleMarkers, derive_role_markers
-from neatpack.pipes.tiny_family_models import init_tiny_model
 
 from . import Handler, register_handler
 from ._shared import images_meta_estimate
@@ -41,26 +38,10 @@ __all__ = [
     "idefics3_image_tokens",
     "idefics3_markers",
     "idefics3_pack_media",
-    "load_tiny_idefics3_processor",
-    "tiny_idefics3_model",
     "tokenize_idefics3",
 ]
 
-_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "idefics3"
 _MARKERS: dict[int, tuple[Any, RoleMarkers]] = {}
-
-
-def load_tiny_idefics3_processor() -> Any:
-    """The shipped tiny ``Idefics3Processor`` (``scripts/build_tiny_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Idefics3 processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def idefics3_image_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
@@ -118,36 +99,6 @@ def idefics3_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "pixel_values": torch.cat([s["pixel_values"] for s in have], dim=1),
         "pixel_attention_mask": torch.cat([s["pixel_attention_mask"] for s in have], dim=1),
     }
-
-
-def tiny_idefics3_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``Idefics3ForConditionalGeneration`` for the tiny processor (28 px
-    tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions)."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
-
-    return tiny_tile_model(
-        processor, Idefics3Config, Idefics3ForConditionalGeneration, seed=seed, attn=attn
-    )
-
-
-def tiny_tile_model(
-    processor: Any, config_cls: Any, model_cls: Any, *, seed: int = 0, attn: str = "eager"
-) -> Any:
-    """The tiny Idefics3-layout model as ``model_cls(config_cls(...))``: Idefics3 and SmolVLM
-    take the same config fields (SmolVLM is Idefics3's architecture under another name)."""
-    tok = processor.tokenizer
-    side = int(processor.image_processor.max_image_size["longest_edge"])
-    cfg = config_cls(
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                       "num_attention_heads": 2, "image_size": side, "patch_size": 7},
-        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64,
-                     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                     "num_key_value_heads": 2, "max_position_embeddings": 4096,
-                     "pad_token_id": tok.pad_token_id},
-        image_token_id=int(processor.image_token_id),
-        scale_factor=2,
-    )  # fmt: skip
-    return init_tiny_model(model_cls, cfg, seed=seed, attn=attn)
 
 
 IDEFICS3_HANDLER = register_handler(

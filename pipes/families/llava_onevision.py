@@ -19,14 +19,10 @@ What differs from the default path:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-
-from neatpack.pipes.tiny_family_models import init_tiny_model
 
 from . import Handler, register_handler
 from ._shared import images_meta_estimate
@@ -37,26 +33,8 @@ __all__ = [
     "llava_onevision_estimate",
     "llava_onevision_image_tokens",
     "llava_onevision_pack_media",
-    "load_tiny_llava_onevision_processor",
-    "tiny_llava_onevision_model",
     "tokenize_llava_onevision",
 ]
-
-_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "llava_onevision"
-
-
-def load_tiny_llava_onevision_processor() -> Any:
-    """The shipped tiny ``LlavaOnevisionProcessor`` (built by
-    ``scripts/build_tiny_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny LLaVA-OneVision processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def llava_onevision_image_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
@@ -104,35 +82,6 @@ def llava_onevision_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str
             [s["batch_num_images"] for s in samples if s.get("pixel_values") is not None]
         ).long(),
     }
-
-
-def tiny_llava_onevision_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``LlavaOnevisionForConditionalGeneration`` for the tiny processor
-    (SigLIP tower 28 px / patch 7 -> 16 features per tile, Qwen2 text, 1-D positions)."""
-    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
-
-    tok = processor.tokenizer
-    side = int(processor.image_processor.size["height"])
-    cfg = LlavaOnevisionConfig(
-        text_config={
-            "model_type": "qwen2", "vocab_size": len(tok), "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "max_position_embeddings": 4096,
-            "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
-        },
-        vision_config={
-            "model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": side,
-            "patch_size": 7,
-        },
-        image_token_index=int(processor.image_token_id),
-        video_token_index=int(processor.video_token_id),
-        image_grid_pinpoints=[list(p) for p in processor.image_processor.image_grid_pinpoints],
-        vision_feature_select_strategy=processor.vision_feature_select_strategy,
-        vision_feature_layer=-1,
-        vision_aspect_ratio=processor.vision_aspect_ratio,
-    )  # fmt: skip
-    return init_tiny_model(LlavaOnevisionForConditionalGeneration, cfg, seed=seed, attn=attn)
 
 
 LLAVA_ONEVISION_HANDLER = register_handler(

@@ -30,9 +30,7 @@ layers packs exactly.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import torch
@@ -47,32 +45,15 @@ from .audio import AudioFamily, estimate_audio_family, tokenize_audio_family
 __all__ = [
     "NEMOTRON_OMNI",
     "NEMOTRON_OMNI_HANDLER",
-    "load_tiny_nemotron_omni_processor",
     "nemotron_audio_tokens",
     "nemotron_image_tokens",
     "nemotron_omni_estimate",
     "nemotron_omni_pack_media",
     "nemotron_omni_packed_masks",
-    "tiny_nemotron_omni_model",
     "tokenize_nemotron_omni",
 ]
 
-_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "nemotron_h_omni"
 _KEYS: Final = ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")
-
-
-def load_tiny_nemotron_omni_processor() -> Any:
-    """The shipped tiny ``NemotronH_Omni_Reasoning_V3Processor``
-    (``scripts/build_tiny_audio_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Nemotron-H Omni processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_audio_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def _subsample(frames: int, factor: int = 8) -> int:
@@ -179,51 +160,6 @@ def nemotron_omni_packed_masks(doc_ids: Tensor, mm_token_type_ids: Tensor) -> di
     layers; the Mamba layers get None (no padding), which does NOT isolate documents (module
     docstring)."""
     return {"full_attention": to_4d_additive_mask(doc_ids), "linear_attention": None}
-
-
-def tiny_nemotron_omni_model(
-    processor: Any, layers: tuple[str, ...] = ("attention", "mlp", "attention", "mlp")
-) -> Any:
-    """Tiny random fp32 model: Nemotron-H text stack (hidden 64, ``layers`` of "attention",
-    "mlp", "mamba"), RADIO vision (hidden 32, 2 layers, patch 16), Parakeet encoder (hidden 32,
-    2 layers, 128 mel bins)."""
-    from transformers.models.nemotron_h_omni import (
-        NemotronH_Omni_Reasoning_V3,
-        NemotronH_Omni_Reasoning_V3_Config,
-    )
-
-    tok = processor.tokenizer
-    cfg = NemotronH_Omni_Reasoning_V3_Config(
-        text_config={
-            "model_type": "nemotron_h", "vocab_size": len(tok), "hidden_size": 64,
-            "layers_block_type": list(layers), "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-            "ssm_state_size": 16, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 1,
-            "chunk_size": 16, "pad_token_id": tok.pad_token_id, "bos_token_id": None,
-            "eos_token_id": tok.eos_token_id,
-        },
-        vision_config={
-            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "patch_size": 16, "image_size": 64, "max_img_size": 256, "num_cls_tokens": 1,
-            "num_registers": 1, "video_temporal_patch_size": 2,
-        },
-        audio_config={
-            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "intermediate_size": 64, "num_mel_bins": 128, "subsampling_conv_channels": 8,
-            "conv_kernel_size": 3, "projection_hidden_size": 64, "projection_bias": False,
-        },
-        vision_hidden_size=32, projector_hidden_size=64,
-        image_token_id=int(processor.image_token_id),
-        audio_token_id=int(processor.audio_token_id),
-        video_token_id=int(processor.video_token_id),
-    )  # fmt: skip
-    for c in (cfg, cfg.text_config, cfg.vision_config, cfg.audio_config):
-        c._attn_implementation = "eager"  # type: ignore[union-attr]
-    torch.manual_seed(0)  # init only: tests own the process
-    model = NemotronH_Omni_Reasoning_V3(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
 
 
 NEMOTRON_OMNI_HANDLER = register_handler(

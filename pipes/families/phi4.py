@@ -44,9 +44,7 @@ from its tokenizer.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import torch
@@ -67,7 +65,6 @@ __all__ = [
     "PHI4_GRAPH_REFUSED",
     "PHI4_HANDLER",
     "PHI4_MODALITIES",
-    "load_tiny_phi4_processor",
     "phi4_audio_tokens",
     "phi4_estimate",
     "phi4_image_tokens",
@@ -77,26 +74,8 @@ __all__ = [
 ]
 
 PHI4_MODALITIES: Final = AUDIO_FAMILY_MODALITIES
-_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "phi4_multimodal"
 _IMAGE_KEYS: Final = ("image_pixel_values", "image_sizes", "image_attention_mask")
 _AUDIO_KEYS: Final = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
-
-
-def load_tiny_phi4_processor() -> Any:
-    """The shipped tiny ``Phi4MultimodalProcessor``
-    (``scripts/build_tiny_audio_family_processors.py``), its chat template restored."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Phi-4-multimodal processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_audio_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    proc = AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
-    if proc.chat_template is None:
-        proc.chat_template = proc.tokenizer.chat_template
-    return proc
 
 
 def phi4_audio_tokens(

@@ -33,17 +33,14 @@ the video in time) is not supported: neatpack never asks for it, so a video's so
 and a record or video block asking for it (``use_audio_in_video``) is a ``SampleError``; give
 the track as a separate audio block instead.
 
->>> proc = load_tiny_qwen_omni_processor()
->>> qwen_omni_audio_tokens(proc, 16000)  # 1 s: 100 mel frames -> 50 -> 25 tokens
+>>> QWEN2_5_OMNI.tokens(None, 100)  # 1 s at hop 160: 100 mel frames -> 50 -> 25 tokens
 25
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import torch
@@ -53,7 +50,6 @@ from neatpack.pipes._conversation import parse_conversation
 from neatpack.pipes.audio import load_audio, load_audio_block, split_audio_blocks
 from neatpack.pipes.labels import RoleMarkers, conversation_labels, resolve_role_markers
 from neatpack.pipes.media import SampleError, load_image, load_video
-from neatpack.pipes.tiny_family_models import WITH_AUDIO, init_tiny_model
 
 from . import Handler, register_handler
 from ._shared import check_modalities
@@ -71,7 +67,6 @@ __all__ = [
     "QWEN_OMNI_HANDLER",
     "OmniRule",
     "load_audio",
-    "load_tiny_qwen_omni_processor",
     "omni_estimate",
     "omni_tokenize",
     "qwen_omni_audio_tokens",
@@ -79,12 +74,10 @@ __all__ = [
     "qwen_omni_mrope",
     "qwen_omni_pack_media",
     "qwen_omni_position_ids",
-    "tiny_qwen_omni_model",
     "tokenize_qwen_omni",
 ]
 
 OMNI_MODALITIES: Final = frozenset({"image", "video", "audio"})
-_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "qwen2_5_omni"
 _STRUCTURAL: Final = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 _MEDIA_KEYS: Final = (
     "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
@@ -93,19 +86,6 @@ _MEDIA_KEYS: Final = (
 _MEDIA_ATTRS: Final = (
     "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token",
 )  # fmt: skip
-
-
-def load_tiny_qwen_omni_processor() -> Any:
-    """The shipped tiny ``Qwen2_5OmniProcessor`` (``scripts/build_tiny_omni_processor.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Qwen2.5-Omni processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_omni_processor.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def _conv_out(frames: int) -> int:
@@ -352,47 +332,6 @@ def qwen_omni_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]
     return out
 
 
-def tiny_qwen_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``Qwen2_5OmniThinkerForConditionalGeneration`` for the tiny processor
-    (text: hidden 64, 2 layers, mrope_section [2, 3, 3]; vision: depth 2, width 32; audio:
-    2 layers, d_model 32, 128 mel bins); about 0.7 M parameters."""
-    from transformers import (
-        Qwen2_5OmniThinkerConfig,
-        Qwen2_5OmniThinkerForConditionalGeneration,
-    )
-
-    tok = processor.tokenizer
-    cfg = Qwen2_5OmniThinkerConfig(
-        text_config={
-            "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 4096, "bos_token_id": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
-                                "mrope_section": [2, 3, 3]},
-            "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
-        },
-        vision_config={
-            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-            "out_hidden_size": 64, "fullatt_block_indexes": [1], "window_size": 56,
-        },
-        audio_config={
-            "num_mel_bins": int(processor.feature_extractor.feature_size), "encoder_layers": 2,
-            "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
-            "output_dim": 64,
-        },
-        audio_token_index=int(processor.audio_token_id),
-        image_token_index=int(processor.image_token_id),
-        video_token_index=int(processor.video_token_id),
-        audio_start_token_id=int(tok.convert_tokens_to_ids(processor.audio_bos_token)),
-        audio_end_token_id=int(tok.convert_tokens_to_ids(processor.audio_eos_token)),
-        # not a declared field, but get_rope_index reads config.vision_start_token_id
-        vision_start_token_id=int(tok.convert_tokens_to_ids(processor.vision_bos_token)),  # type: ignore[call-arg]
-    )  # fmt: skip
-    return init_tiny_model(
-        Qwen2_5OmniThinkerForConditionalGeneration, cfg, seed=seed, attn=attn, subconfigs=WITH_AUDIO
-    )
-
-
 # --- from omni_estimate.py ----------------------------------------
 
 
@@ -509,8 +448,10 @@ def qwen_omni_mrope(sample: Mapping[str, Any], processor: Any) -> Tensor:
     >>> s = {"input_ids": ids, "mm_token_type_ids": torch.tensor([0, 2, 2, 2, 2, 0, 3, 0]),
     ...      "video_grid_thw": torch.tensor([[2, 2, 4]]),
     ...      "video_second_per_grid": torch.tensor([1.0])}  # 2 s per grid step at fps 2
-    >>> from neatpack.pipes.families.qwen_omni import load_tiny_qwen_omni_processor
-    >>> qwen_omni_mrope(s, load_tiny_qwen_omni_processor()).tolist()  # t step 25 ids per grid
+    >>> from types import SimpleNamespace  # the two processor fields the rule reads
+    >>> proc = SimpleNamespace(image_processor=SimpleNamespace(merge_size=2),
+    ...                        position_id_per_seconds=25)  # the tiny Qwen2.5-Omni's values
+    >>> qwen_omni_mrope(s, proc).tolist()  # t step 25 ids per grid
     [[0, 1, 1, 26, 26, 27, 28, 29], [0, 1, 1, 1, 1, 27, 28, 29], [0, 1, 2, 1, 2, 27, 28, 29]]
     """
     mm = torch.as_tensor(sample["mm_token_type_ids"]).reshape(-1)

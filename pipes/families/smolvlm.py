@@ -19,40 +19,20 @@ video frames: not done).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from . import Handler, register_handler
 from ._shared import images_meta_estimate
-from .idefics3 import idefics3_pack_media, tiny_tile_model, tokenize_idefics3
+from .idefics3 import idefics3_pack_media, tokenize_idefics3
 
 __all__ = [
     "SMOLVLM_HANDLER",
-    "load_tiny_smolvlm_processor",
     "smolvlm_estimate",
     "smolvlm_image_block_tokens",
     "smolvlm_image_tokens",
-    "tiny_smolvlm_model",
     "tokenize_smolvlm",
 ]
-
-_FOLDER = Path(__file__).resolve().parents[1] / "_assets" / "processors" / "smolvlm"
-
-
-def load_tiny_smolvlm_processor() -> Any:
-    """The shipped tiny ``SmolVLMProcessor`` (``scripts/build_tiny_crop_family_processors.py``);
-    needs ``num2words``."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny SmolVLM processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_crop_family_processors.py` (needs num2words)"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def _layouts(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
@@ -90,17 +70,6 @@ def smolvlm_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "
     """Length after the shift: the text (``LengthEstimator`` in ``mode``, the ``<image>``
     placeholder excluded) plus each image's whole block from ``record["images_meta"]``."""
     return images_meta_estimate(record, processor, smolvlm_image_block_tokens, mode=mode)
-
-
-def tiny_smolvlm_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``SmolVLMForConditionalGeneration`` for the tiny processor (28 px
-    tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions): the
-    Idefics3 tiny model's config (``idefics3.tiny_tile_model``)."""
-    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
-
-    return tiny_tile_model(
-        processor, SmolVLMConfig, SmolVLMForConditionalGeneration, seed=seed, attn=attn
-    )
 
 
 SMOLVLM_HANDLER = register_handler(
