@@ -40,8 +40,8 @@ from neatpack.pipes._conversation import forbidden_tokens, parse_conversation
 from neatpack.pipes.labels import RoleMarkers, conversation_labels, resolve_role_markers
 from neatpack.pipes.media import SampleError, load_image, load_video
 
-from . import Handler, register_handler
 from ._shared import check_modalities
+from .registry import Handler, register_handler
 
 __all__ = [
     "CHAT_TEMPLATE_HANDLER",

@@ -50,8 +50,8 @@ from neatpack.pipes._media_meta import (
 from neatpack.pipes.estimate import LengthEstimator, SampleEstimate
 from neatpack.pipes.mask import to_4d_additive_mask
 
-from . import Handler, register_handler
 from .chat_template import tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
     "GEMMA3_HANDLER",

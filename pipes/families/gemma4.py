@@ -58,9 +58,9 @@ from neatpack.pipes.audio import audio_num_samples, load_audio_block, split_audi
 from neatpack.pipes.labels import RoleMarkers, _tail_alternatives
 from neatpack.pipes.media import SampleError
 
-from . import Handler, register_handler
 from .chat_template import tokenize_default
 from .gemma3 import gemma3_packed_mask
+from .registry import Handler, register_handler
 
 __all__ = [
     "GEMMA4_HANDLER",

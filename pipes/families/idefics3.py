@@ -28,9 +28,9 @@ import torch
 
 from neatpack.pipes.labels import RoleMarkers, derive_role_markers
 
-from . import Handler, register_handler
 from ._shared import images_meta_estimate
 from .chat_template import tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
     "IDEFICS3_HANDLER",

@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from . import Handler, register_handler
 from .chat_template import default_estimate, tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
     "KIMI_K25_HANDLER",

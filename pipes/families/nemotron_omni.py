@@ -39,8 +39,8 @@ from torch import Tensor
 from neatpack.pipes.labels import resolve_role_markers
 from neatpack.pipes.mask import to_4d_additive_mask
 
-from . import Handler, register_handler
 from .audio import AudioFamily, estimate_audio_family, tokenize_audio_family
+from .registry import Handler, register_handler
 
 __all__ = [
     "NEMOTRON_OMNI",

@@ -52,7 +52,6 @@ from torch import Tensor
 
 from neatpack.pipes.labels import RoleMarkers
 
-from . import Handler, register_handler
 from .audio import (
     AUDIO_FAMILY_MODALITIES,
     AudioFamily,
@@ -60,6 +59,7 @@ from .audio import (
     estimate_audio_family,
     tokenize_audio_family,
 )
+from .registry import Handler, register_handler
 
 __all__ = [
     "PHI4_GRAPH_REFUSED",

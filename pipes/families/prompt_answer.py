@@ -29,8 +29,8 @@ import torch
 from neatpack.pipes.labels import IGNORE_INDEX
 from neatpack.pipes.media import SampleError, load_image
 
-from . import Handler, register_handler
 from ._shared import check_modalities
+from .registry import Handler, register_handler
 
 __all__ = [
     "PROMPT_ANSWER_HANDLER",

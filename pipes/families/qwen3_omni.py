@@ -48,7 +48,6 @@ from typing import Any, Final
 from neatpack.pipes.labels import RoleMarkers
 from neatpack.pipes.media import SampleError
 
-from . import Handler, register_handler
 from .qwen_omni import (
     OMNI_MODALITIES,
     OmniRule,
@@ -57,6 +56,7 @@ from .qwen_omni import (
     qwen_omni_mrope,
     qwen_omni_pack_media,
 )
+from .registry import Handler, register_handler
 
 __all__ = [
     "QWEN3_OMNI",

@@ -51,7 +51,6 @@ from neatpack.pipes.audio import load_audio, load_audio_block, split_audio_block
 from neatpack.pipes.labels import RoleMarkers, conversation_labels, resolve_role_markers
 from neatpack.pipes.media import SampleError, load_image, load_video
 
-from . import Handler, register_handler
 from ._shared import check_modalities
 from .audio import audio_conversation, audio_lengths, image_sizes, text_estimate
 from .chat_template import (
@@ -60,6 +59,7 @@ from .chat_template import (
     media_token_types,
     processor_failure,
 )
+from .registry import Handler, register_handler
 
 __all__ = [
     "OMNI_MODALITIES",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from neatpack.pipes.tokenize import tokenize_conversation
 
-from . import Handler, register_handler
+from .registry import Handler, register_handler
 
 __all__ = ["QWEN_VL_HANDLER", "QWEN_VL_PROCESSORS"]
 

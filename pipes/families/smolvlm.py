@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import Handler, register_handler
 from ._shared import images_meta_estimate
 from .idefics3 import idefics3_pack_media, tokenize_idefics3
+from .registry import Handler, register_handler
 
 __all__ = [
     "SMOLVLM_HANDLER",

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from . import Handler, register_handler
 from ._shared import images_meta_estimate
 from .chat_template import tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
     "STEP3_HANDLER",
