@@ -18,8 +18,8 @@ a handler needing mRoPE     without a model-free position rule (``Handler.positi
 ==========================  ================================================================
 
 Selection: ``config.handler`` when set; else the processor's class through
-``families.get_handler``, except the Qwen-VL processor classes (``mrope``'s and the registry's),
-which always keep the Qwen-VL path.
+``families.get_handler``, except the Qwen-VL processor classes
+(``families.qwen_vl.QWEN_VL_PROCESSORS``), which always keep the Qwen-VL path.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from neatpack.pipes.collate import resolve_mask_format
 from neatpack.pipes.collate_family import check_family_mask_format
 from neatpack.pipes.families import PROCESSOR_HANDLERS, Handler, get_handler
 from neatpack.pipes.handler_lengths import HANDLER_ESTIMATE_MODES, handler_estimator
-from neatpack.pipes.mrope import _FAMILY_BY_PROCESSOR
 
 __all__ = ["QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
 
@@ -53,7 +52,7 @@ class FamilyPlan:
 
 def _is_qwen_vl(processor: Any) -> bool:
     cls = type(processor).__name__
-    return cls in _FAMILY_BY_PROCESSOR or PROCESSOR_HANDLERS.get(cls) == QWEN_VL_HANDLER
+    return PROCESSOR_HANDLERS.get(cls) == QWEN_VL_HANDLER
 
 
 def plan_family(processor: Any, config: Any) -> FamilyPlan | None:

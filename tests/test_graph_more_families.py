@@ -205,7 +205,7 @@ def test_qwen3_omni_partial_chunks_depend_on_the_batch(tmp_path: Path) -> None:
                 assert float((logits[row, where] - ref).abs().max()) <= 1e-5, sid
 
 
-@pytest.mark.parametrize("family", ["kimi_k25", "smolvlm", "step3"])
+@pytest.mark.parametrize("family", ["kimi_k25", "smolvlm", "step3", "gemma4"])
 def test_the_planned_length_is_the_real_length(corpus: Path, family: str) -> None:
     """The graph's estimator for the family (``handler_estimator``, exact mode, image sizes from
     the file headers) == the real row length after the shift, for every record."""

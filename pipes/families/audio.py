@@ -183,7 +183,7 @@ def estimate_audio_family(
     return text_estimate(record, conv, where, processor) + media
 
 
-# --- from families/audio.py ----------------------------------------
+# -- the pieces of an audio family's length estimate that do not depend on the family -------------
 
 
 def audio_conversation(

@@ -19,7 +19,7 @@ timestamps at the block's ``fps`` (or ``videos_meta[k][3]``; without either, the
 default 24 fps, as it does for frames without metadata); ``k`` is checked
 against the processor's ``_get_num_multimodal_tokens(video_sizes=...)`` and against the real
 patches of ``video_position_ids`` (what the vision tower will return).
-``family_gemma4_estimate.gemma4_estimate`` gives the length (exact mode == real).
+``gemma4_estimate`` gives the length (exact mode == real); it is the handler's estimate.
 
 Audio (``neatpack.pipes.audio``: a .wav path or a float array at the extractor's 16 kHz, never
 resampled, at most ``audio_seq_length`` tokens = 30 s): each block becomes
@@ -68,7 +68,6 @@ __all__ = [
     "GEMMA4_MODEL_TURN",
     "GEMMA4_THINKING_PREFIX",
     "gemma4_estimate",
-    "gemma4_handler_estimate",
     "gemma4_markers",
     "gemma4_pack_media",
     "gemma4_packed_masks",
@@ -300,7 +299,7 @@ def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
     return out
 
 
-# --- from family_gemma4_estimate.py ----------------------------------------
+# -- the length estimate (Handler.estimate): exact mode == the real length ------------------------
 
 
 def _video_text(proc: Any, frames: int, tokens_per_frame: int, fps: float | None) -> str:
@@ -401,19 +400,6 @@ def gemma4_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "e
     return int(est.estimate(stand_in)[0]) + media + turns * prefix
 
 
-def gemma4_handler_estimate(
-    record: Mapping[str, Any], processor: Any, *, mode: str = "exact"
-) -> int:
-    """The graph's length estimate: ``chat_template.default_estimate`` plus the thinking prefix's
-    tokens once per model turn (``gemma4_estimate`` above also sizes videos and audio)."""
-    from .chat_template import default_estimate
-
-    tok = processor.tokenizer
-    per_turn = len(tok(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
-    turns = sum(m.get("role") == "assistant" for m in record["conversation"])
-    return int(default_estimate(record, processor, mode=mode) + per_turn * turns)
-
-
 GEMMA4_HANDLER = register_handler(
     Handler(
         "gemma4",
@@ -423,7 +409,7 @@ GEMMA4_HANDLER = register_handler(
         packed_mask=gemma4_packed_masks,
         description="Gemma 4: thinking-channel prefix injected after each model turn and kept "
         "out of the labels (pipes/families/gemma4.py); images, videos (frame lists), audio",
-        estimate=gemma4_handler_estimate,
+        estimate=gemma4_estimate,
     ),
     ("Gemma4Processor",),
 )

@@ -332,7 +332,7 @@ def qwen_omni_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]
     return out
 
 
-# --- from omni_estimate.py ----------------------------------------
+# -- the length estimate of both Omni generations (Handler.estimate) ------------------------------
 
 
 def _video_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
@@ -403,7 +403,7 @@ def omni_estimate(
     return int(n_text + sum(image) + sum(audio) + 2 * len(audio))
 
 
-# --- from qwen_omni.py ----------------------------------------
+# -- positions: from the model, and without it (Handler.positions) --------------------------------
 
 
 def qwen_omni_position_ids(sample: Mapping[str, Any], model: Any) -> Tensor:

@@ -25,6 +25,7 @@ QWEN_VL_PROCESSORS: tuple[str, ...] = (
     "Qwen2_5_VLProcessor",
     "Qwen3VLProcessor",
     "Qwen3VLMoeProcessor",
+    "Qwen3_5Processor",  # the Qwen3-VL vision path (mrope's qwen3_vl rule)
 )
 
 QWEN_VL_HANDLER = register_handler(
