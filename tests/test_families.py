@@ -544,16 +544,16 @@ def test_idefics3_packed_equals_separate(idefics3: Any) -> None:
 
 # -- one entry point for every 1-D-position family -------------------------------------------
 
-_FAMILIES: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
-    # family: (module, model builder, per-sample media keys, token-type kwarg of the model)
-    "gemma3": ("families.gemma3", "tiny_gemma3_model", ("pixel_values",), "token_type_ids"),
-    "gemma4": ("families.gemma4", "tiny_gemma4_model", ("pixel_values", "image_position_ids"),
+_FAMILIES: dict[str, tuple[str, tuple[str, ...], str | None]] = {
+    # family: (model builder in support.tiny_family_models, per-sample media keys, token-type kwarg)
+    "gemma3": ("tiny_gemma3_model", ("pixel_values",), "token_type_ids"),
+    "gemma4": ("tiny_gemma4_model", ("pixel_values", "image_position_ids"),
                "mm_token_type_ids"),
-    "llava_onevision": ("families.llava_onevision", "tiny_llava_onevision_model",
+    "llava_onevision": ("tiny_llava_onevision_model",
                         ("pixel_values", "image_sizes", "batch_num_images"), None),
-    "idefics3": ("families.idefics3", "tiny_idefics3_model",
+    "idefics3": ("tiny_idefics3_model",
                  ("pixel_values", "pixel_attention_mask"), None),
-    "internvl": ("families.internvl", "tiny_internvl_model", ("pixel_values",), None),
+    "internvl": ("tiny_internvl_model", ("pixel_values",), None),
 }  # fmt: skip
 
 
@@ -566,7 +566,7 @@ def test_packed_model_inputs_equal_separate_runs(family: str) -> None:
 
     from neatpack.pipes.families import packed_model_inputs
 
-    _module_name, builder, keys, types_kw = _FAMILIES[family]
+    builder, keys, types_kw = _FAMILIES[family]
     proc = getattr(tiny, f"load_tiny_{family}_processor")()
     model = getattr(tiny_family_models, builder)(proc)
     samples = [tokenize_with_handler(r, proc) for r in _records(3, seed=21, max_images=1)]

@@ -40,20 +40,20 @@ from neatpack.pipes.pp_media import VLM_PP_MEDIA_KEY, microbatch_bounds
 
 N_MICRO = 3
 WORDS = ["the", "a", "cat", "sat", "on", "mat", "dog", "ran", "quick", "fox", "over", "river"]
-# family -> (module, processor loader, model builder)
+# family -> (processor loader in support.tiny, model builder in support.tiny_family_models)
 FAMILIES = {
-    "gemma3": ("families.gemma3", "load_tiny_gemma3_processor", "tiny_gemma3_model"),
-    "gemma4": ("families.gemma4", "load_tiny_gemma4_processor", "tiny_gemma4_model"),
-    "llava_onevision": ("families.llava_onevision", "load_tiny_llava_onevision_processor",
+    "gemma3": ("load_tiny_gemma3_processor", "tiny_gemma3_model"),
+    "gemma4": ("load_tiny_gemma4_processor", "tiny_gemma4_model"),
+    "llava_onevision": ("load_tiny_llava_onevision_processor",
                         "tiny_llava_onevision_model"),
-    "idefics3": ("families.idefics3", "load_tiny_idefics3_processor", "tiny_idefics3_model"),
-    "internvl": ("families.internvl", "load_tiny_internvl_processor", "tiny_internvl_model"),
-    "qwen_omni": ("families.qwen_omni", "load_tiny_qwen_omni_processor", "tiny_qwen_omni_model"),
-    "qwen3_omni": ("families.qwen3_omni", "load_tiny_qwen3_omni_processor",
+    "idefics3": ("load_tiny_idefics3_processor", "tiny_idefics3_model"),
+    "internvl": ("load_tiny_internvl_processor", "tiny_internvl_model"),
+    "qwen_omni": ("load_tiny_qwen_omni_processor", "tiny_qwen_omni_model"),
+    "qwen3_omni": ("load_tiny_qwen3_omni_processor",
                    "tiny_qwen3_omni_model"),
-    "kimi_k25": ("families.kimi", "load_tiny_kimi_k25_processor", "tiny_kimi_k25_model"),
-    "step3": ("families.step3", "load_tiny_step3_processor", "tiny_step3_model"),
-    "smolvlm": ("families.smolvlm", "load_tiny_smolvlm_processor", "tiny_smolvlm_model"),
+    "kimi_k25": ("load_tiny_kimi_k25_processor", "tiny_kimi_k25_model"),
+    "step3": ("load_tiny_step3_processor", "tiny_step3_model"),
+    "smolvlm": ("load_tiny_smolvlm_processor", "tiny_smolvlm_model"),
 }  # fmt: skip
 #: Families whose audio tower pads each forward's partial 100-frame chunks to the longest one
 #: (Qwen3-Omni): a micro-batch's clips would then differ from the whole batch's, so their
@@ -63,7 +63,7 @@ WHOLE_SECOND_AUDIO = frozenset({"qwen3_omni"})
 
 @cache
 def _load(family: str) -> tuple[Any, Callable[..., Any]]:
-    _module_name, loader, builder = FAMILIES[family]
+    loader, builder = FAMILIES[family]
     proc = getattr(tiny, loader)()
     if family == "gemma3":  # crops too: each image's pixel rows = thumbnail + crops
         proc = gemma3_pan_and_scan(proc, min_crop_size=14)
