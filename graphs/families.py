@@ -47,7 +47,7 @@ class FamilyPlan:
 
     def estimator(self, processor: Any, mode: str) -> Any:
         """The family's length estimator (``pipes/handler_lengths.py``)."""
-        return handler_estimator(processor, self.handler, mode)
+        return handler_estimator(processor, self.handler.name, mode)
 
 
 def _is_qwen_vl(processor: Any) -> bool:

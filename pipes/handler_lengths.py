@@ -37,14 +37,15 @@ HANDLER_ESTIMATE_MODES: tuple[str, ...] = ("estimate", "exact")
 @dataclass
 class HandlerEstimator:
     """A ``LengthEstimator``-shaped estimator (``estimate``, ``estimate_sample``,
-    ``estimate_raw_batch``, ``config_key``, ``fallbacks``) over a family estimate function."""
+    ``estimate_raw_batch``, ``config_key``, ``fallbacks``) over a family's ``Handler.estimate``.
+
+    ``handler``: a registered name (what the graph passes: the estimator travels to the loader
+    workers by name, as the materializer's handler does) or a ``Handler``."""
 
     handler: str | Handler
     processor: Any
     mode: str = "exact"
     fallbacks: FallbackCounter = field(default_factory=FallbackCounter, repr=False)
-    _estimate: EstimateFn = field(init=False, repr=False)
-    _name: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         h = resolve_handler(self.handler)
@@ -55,15 +56,14 @@ class HandlerEstimator:
                 "(docs/families.md, 'Adding a family'), or pass lengths= (a LengthIndex) to "
                 "the graph"
             )
-        self._estimate = h.estimate
-        self._name = h.name
         if self.mode not in HANDLER_ESTIMATE_MODES:
             raise ValueError(f"{self.mode=} is not one of {HANDLER_ESTIMATE_MODES}")
 
     def config_key(self) -> str:
         from ._template_probe import tokenizer_id
 
-        return f"HandlerEstimator({self._name!r}, {self.mode!r}, {tokenizer_id(self.processor)})"
+        name = resolve_handler(self.handler).name
+        return f"HandlerEstimator({name!r}, {self.mode!r}, {tokenizer_id(self.processor)})"
 
     def estimate_raw_batch(
         self, raws: Sequence[Any]
@@ -81,7 +81,12 @@ class HandlerEstimator:
         if not record.get("conversation"):
             raise EstimateError(f"sample_id={sid}: empty conversation; nothing to estimate")
         record = _with_image_sizes(record, sid)
-        fn = self._estimate
+        fn: EstimateFn | None = resolve_handler(self.handler).estimate
+        if fn is None:
+            raise EstimateError(
+                f"sample_id={sid}: handler {self.handler!r} was registered again without an "
+                "estimate; give it Handler(..., estimate=...)"
+            )
         try:
             total = int(fn(record, self.processor, mode=self.mode))
             text = int(fn(_text_only(record), self.processor, mode=self.mode))
@@ -136,4 +141,4 @@ def handler_estimator(processor: Any, handler: str | Handler, mode: str) -> Any:
     h = resolve_handler(handler)
     if h.estimator is not None:
         return h.estimator(processor, mode)
-    return HandlerEstimator(h, processor, mode)
+    return HandlerEstimator(handler, processor, mode)
