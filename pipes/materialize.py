@@ -65,7 +65,7 @@ class MaterializeConfig:
     max_retries: int = 10
     seed: int = 0
     label_policy: str = "assistant"
-    handler: str | None = None  # None: tokenize_conversation (Qwen-VL); else a families handler name
+    handler: str | None = None  # None: tokenize_conversation (Qwen-VL); else a handler name
 
     def __post_init__(self) -> None:
         if self.pack_size < 1:
