@@ -107,3 +107,24 @@ def test_a_family_without_an_estimate_is_refused_naming_the_fix(toy: dict[str, A
             handler_estimator(_toy_processor(), "toy_no_estimate", "exact")
     finally:
         HANDLERS.pop("toy_no_estimate", None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"graph_refused": "toy forwards mix documents"}, r"'toy_misfit'.*toy forwards mix"),
+        ({"mrope": True}, r"'toy_misfit' needs mRoPE positions.*positions="),
+    ],
+)
+def test_the_graph_asks_the_handler_what_it_refuses(
+    corpus: Path, fields: dict[str, Any], error: str
+) -> None:
+    """``Handler.graph_refused`` and an mRoPE family without ``Handler.positions`` are refused
+    when the graph is built, naming the handler and the reason (no table to edit elsewhere)."""
+    register_handler(Handler("toy_misfit", tokenize_default, estimate=default_estimate, **fields))
+    try:
+        config = NeatVLMConfig(pack_size=PACK_SIZE, handler="toy_misfit", estimate_mode="exact")
+        with pytest.raises(ValueError, match=error):
+            neat_vlm_graph(str(corpus), _toy_processor(), config=config)
+    finally:
+        HANDLERS.pop("toy_misfit", None)
