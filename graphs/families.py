@@ -13,13 +13,13 @@ attn_implementation         a mask-free / doc-id / flex format for a family whos
                             block-causal (Gemma 3's image runs attend both ways): sdpa / eager
 estimate_mode="calibrated"  Qwen-VL's LengthEstimator only
 mask_options                only for a handler with a packed_mask (Gemma 3 / 4)
-a handler needing mRoPE     without a model-free position rule (``sample_media``)
-handler ``phi4``            ``GRAPH_REFUSED``: its forward cannot take a mixed batch exactly
+a handler needing mRoPE     without a model-free position rule (``Handler.positions``)
+``Handler.graph_refused``   set (Phi-4-multimodal: its forward cannot take a mixed batch)
 ==========================  ================================================================
 
 Selection: ``config.handler`` when set; else the processor's class through
-``registry.get_handler``, except the Qwen-VL processor classes (``mrope``'s and the registry's),
-which always keep the Qwen-VL path.
+``families.get_handler``, except the Qwen-VL processor classes
+(``families.qwen_vl.QWEN_VL_PROCESSORS``), which always keep the Qwen-VL path.
 """
 
 from __future__ import annotations
@@ -28,27 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neatpack.pipes.collate_family import check_family_mask_format
+from neatpack.pipes.families import PROCESSOR_HANDLERS, Handler, get_handler
 from neatpack.pipes.handler_lengths import HANDLER_ESTIMATE_MODES, handler_estimator
 from neatpack.pipes.mask_format import resolve_mask_format
-from neatpack.pipes.mrope import FAMILY_BY_PROCESSOR
-from neatpack.pipes.registry import PROCESSOR_HANDLERS, Handler, get_handler
-from neatpack.pipes.sample_media import HANDLER_POSITIONS
 
-__all__ = ["GRAPH_REFUSED", "QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
+__all__ = ["QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
 
 QWEN_VL_HANDLER = "qwen_vl"
-#: Handlers the graph refuses, and why. The graph merges a whole batch's media into ONE forward
-#: (``collate_family``) and plans packs by length only, so a family whose forward changes with
-#: the mix of documents it holds cannot be served exactly.
-GRAPH_REFUSED: dict[str, str] = {
-    "phi4": "Phi-4-multimodal picks its audio projection per forward ('vision' when any image "
-    "is in it, else 'speech'), so family_phi4.phi4_pack_media refuses image-less audio beside "
-    "images, a mix the planner does not keep apart (the loader would fail mid-epoch); and its "
-    "audio encoder adds its padding mask to the scores, so clips of unequal length in one "
-    "forward are not exact (tests/test_family_phi4.py measures 0.34 and 0.077). Fix: pack it "
-    "with materialize_pack + neat_packed_family_collater over groups that are image-only, or "
-    "audio-only with clips of equal length",
-}
 
 
 @dataclass(frozen=True)
@@ -66,7 +52,7 @@ class FamilyPlan:
 
 def _is_qwen_vl(processor: Any) -> bool:
     cls = type(processor).__name__
-    return cls in FAMILY_BY_PROCESSOR or PROCESSOR_HANDLERS.get(cls) == QWEN_VL_HANDLER
+    return PROCESSOR_HANDLERS.get(cls) == QWEN_VL_HANDLER
 
 
 def plan_family(processor: Any, config: Any) -> FamilyPlan | None:
@@ -85,8 +71,8 @@ def plan_family(processor: Any, config: Any) -> FamilyPlan | None:
             )
         return None
     h = handler.name
-    if h in GRAPH_REFUSED:
-        raise ValueError(f"neat_vlm_graph cannot serve handler {h!r}: {GRAPH_REFUSED[h]}")
+    if handler.graph_refused:
+        raise ValueError(f"neat_vlm_graph cannot serve handler {h!r}: {handler.graph_refused}")
     if config.fake_image:
         raise ValueError(
             f"fake_image=True needs the Qwen-VL path, but the processor "
@@ -110,10 +96,10 @@ def plan_family(processor: Any, config: Any) -> FamilyPlan | None:
         )
     fmt = resolve_mask_format(config.attn_implementation)
     check_family_mask_format(handler, fmt, config.mask_options)
-    if handler.mrope and h not in HANDLER_POSITIONS:
+    if handler.mrope and handler.positions is None:
         raise ValueError(
-            f"handler {h!r} needs mRoPE positions but has no model-free rule in "
-            f"sample_media.HANDLER_POSITIONS (known: {sorted(HANDLER_POSITIONS)})"
+            f"handler {h!r} needs mRoPE positions but has no model-free rule: register it with "
+            "Handler(..., positions=<fn(sample, processor) -> [3, L] ids>)"
         )
     return FamilyPlan(
         handler,

@@ -17,7 +17,7 @@
 (1, torch.bool)
 
 Other families (Gemma 3/4, LLaVA-OneVision, Idefics3, InternVL, Qwen2.5-Omni) go through their
-``registry`` handler, picked from the processor's class (or ``NeatVLMConfig.handler``): the same
+``families`` handler, picked from the processor's class (or ``NeatVLMConfig.handler``): the same
 planning, packing, workers and checkpoints, with the family's length estimate
 (``pipes/handler_lengths.py``), positions (1-D, or Omni's mRoPE with audio), media merged over
 the batch and attention mask (``pipes/collate_family.py``; ``graphs/families.py`` checks the
@@ -141,7 +141,7 @@ class NeatVLMConfig:
                 "the epoch from the seed; keep shuffle=True and fix the order with seed"
             )
         if self.handler is not None:
-            from neatpack.pipes.registry import HANDLERS
+            from neatpack.pipes.families import HANDLERS
 
             if self.handler not in HANDLERS:
                 raise ValueError(

@@ -33,9 +33,9 @@ from torch import Tensor
 
 from .collate import neat_packed_vlm_collater
 from .collate_media import merge_media
+from .families import Handler, resolve_handler
 from .mask import to_4d_additive_mask
 from .mask_format import resolve_mask_format
-from .registry import Handler, resolve_handler
 
 __all__ = [
     "FAMILY_4D_FORMATS",

@@ -38,7 +38,7 @@ from .contracts import Pack
 from .media import SampleError
 from .mrope import MRopeConfig
 from .pack import build_pack, sample_mrope, truncate_sample
-from .sample_media import HANDLER_POSITIONS, PositionsFn, media_after, split_media
+from .sample_media import PositionsFn, media_after, split_media
 from .tokenize import (
     Prepared,
     finish_conversations,
@@ -68,7 +68,7 @@ class MaterializeConfig:
     max_retries: int = 10
     seed: int = 0
     label_policy: str = "assistant"
-    handler: str | None = None  # None: tokenize_conversation (Qwen-VL); else a registry name
+    handler: str | None = None  # None: tokenize_conversation (Qwen-VL); else a handler name
 
     def __post_init__(self) -> None:
         if self.pack_size < 1:
@@ -122,10 +122,10 @@ def load_sample(
 ) -> dict[str, Any]:
     """One Sample (docs/data_contracts.md section 4) from a record source.
 
-    ``config.handler`` names a ``neatpack.pipes.registry`` handler (e.g. ``"chat_template"``,
+    ``config.handler`` names a ``neatpack.pipes.families`` handler (e.g. ``"chat_template"``,
     ``"gemma3"``); None keeps the Qwen-VL ``tokenize_conversation`` path."""
     if config.handler is not None:
-        from .registry import tokenize_with_handler
+        from .families import tokenize_with_handler
 
         options: dict[str, Any] = {"label_policy": config.label_policy}
         if config.fake_image:
@@ -149,16 +149,25 @@ def _positions_fn(processor: Any, config: MaterializeConfig) -> tuple[PositionsF
     """Per-sample ``[3, L]`` positions of an UNSHIFTED sample (None: 1-D positions) and the
     spatial merge ``truncate_sample`` reads the vision grids with.
 
-    ``mrope=True`` with a handler of ``sample_media.HANDLER_POSITIONS`` (Qwen2.5-Omni) takes
-    that family's model-free rule; otherwise the Qwen-VL ``MRopeConfig`` (from the processor)."""
-    if config.mrope is True and config.handler in HANDLER_POSITIONS:
-        rule = HANDLER_POSITIONS[config.handler]
+    ``mrope=True`` with a handler that has ``Handler.positions`` (Qwen2.5-Omni) takes that
+    family's model-free rule; otherwise the Qwen-VL ``MRopeConfig`` (from the processor)."""
+    rule = _handler_positions(config.handler) if config.mrope is True else None
+    if rule is not None:
         merge = int(getattr(processor.image_processor, "merge_size", 2))
         return (lambda s: rule(s, processor)), merge
     mrope = _resolve_mrope(processor, config.mrope)
     if mrope is None:
         return None, 2
     return (lambda s: sample_mrope(s, mrope)), mrope.spatial_merge_size
+
+
+def _handler_positions(handler: str | None) -> Any:
+    """The handler's model-free positions rule (None: no handler, or it has none)."""
+    if handler is None:
+        return None
+    from .families import resolve_handler
+
+    return resolve_handler(handler).positions
 
 
 class _Loaded(NamedTuple):

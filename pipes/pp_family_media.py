@@ -9,7 +9,7 @@ batch's samples, row after row (``collate_family.merge_family_media``), so per r
 item count is what ``pack_media`` gives for that row's samples (``family_media_counts``): the
 counts come from the samples the packs carry (``pack["media_samples"]``), never from a shape
 heuristic. Items lie on dim 0, except Idefics3's and SmolVLM's tiles (``[1, tiles, 3, H, W]``,
-dim 1)::
+dim 1: ``Handler.media_axis``)::
 
     rows (B=4, n=2)        row 0: [a(2 crops+1), b(0)]  row 1: [c(1)]  row 2: []  row 3: [d(1)]
     Gemma 3 pixel rows     counts [3, 1, 0, 1]    -> micro-batch 0 rows [0:4], 1 rows [4:5]
@@ -23,23 +23,19 @@ The Qwen-VL path (``pp_media.prepare_vlm_media_for_pp``, grids) is unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from torch import Tensor
 
+from .families import Handler, resolve_handler
 from .pp_media import VLM_PP_MEDIA_KEY, microbatch_bounds
-from .registry import Handler, resolve_handler
 
 __all__ = [
-    "FAMILY_MEDIA_AXIS",
     "chunk_family_media",
     "family_media_counts",
     "prepare_family_media_for_pp",
     "wrap_family_collate_for_pp",
 ]
-
-FAMILY_MEDIA_AXIS: Final[dict[str, int]] = {"idefics3": 1, "smolvlm": 1}
-"""Handler name -> the dim its media items lie on (default 0)."""
 
 
 def _sample_media(h: Handler, sample: Mapping[str, Any]) -> dict[str, Any]:
@@ -52,11 +48,11 @@ def family_media_counts(
     rows: Sequence[Sequence[Mapping[str, Any] | None]], handler: str | Handler
 ) -> dict[str, list[int]]:
     """Per media key, the items each row contributes to the batch's media: the size along
-    ``FAMILY_MEDIA_AXIS`` of ``pack_media([sample])[key]`` summed over the row's samples
+    the handler's ``media_axis`` of ``pack_media([sample])[key]`` summed over the row's samples
     (``rows[r]``: the samples of row ``r``, e.g. ``pack["media_samples"]``; None entries are
     samples without media). A handler without ``pack_media`` contributes ``pixel_values``."""
     h = resolve_handler(handler)
-    axis = FAMILY_MEDIA_AXIS.get(h.name, 0)
+    axis = h.media_axis
     counts: dict[str, list[int]] = {}
     for r, row in enumerate(rows):
         for sample in row:
@@ -139,9 +135,7 @@ def prepare_family_media_for_pp(
     missing = sorted(set(counts) - set(media))
     if missing:
         raise ValueError(f"the rows' samples have media {missing} that the batch lacks")
-    chunks = chunk_family_media(
-        media, counts, n_microbatches, axis=FAMILY_MEDIA_AXIS.get(h.name, 0)
-    )
+    chunks = chunk_family_media(media, counts, n_microbatches, axis=h.media_axis)
     if media:
         batch[VLM_PP_MEDIA_KEY] = {k: [c.get(k) for c in chunks] for k in media}
     return batch

@@ -1,6 +1,6 @@
 """What a family Sample carries besides its tokens, and the glue the pack step needs per family.
 
-A Sample of a non-Qwen-VL family (``registry`` handlers ``gemma3``, ``llava_onevision``,
+A Sample of a non-Qwen-VL family (``families`` handlers ``gemma3``, ``llava_onevision``,
 ``idefics3``, ``chat_template`` for InternVL, ``qwen_omni``, ``qwen3_omni`` ...) holds its media
 in the processor's own layout: Gemma 3 ``pixel_values [n, 3, H, W]``, LLaVA-OneVision
 ``[n, tiles, 3, H, W]`` + ``image_sizes`` + ``batch_num_images``, Idefics3 ``[1, tiles, 3, H, W]`` +
@@ -31,18 +31,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .family_qwen_omni import qwen_omni_mrope
+__all__ = ["TOKEN_KEYS", "PositionsFn", "media_after", "split_media"]
 
-__all__ = ["HANDLER_POSITIONS", "TOKEN_KEYS", "PositionsFn", "media_after", "split_media"]
-
+#: ``[3, L]`` positions of one unshifted sample (a family's ``Handler.positions`` bound to the
+#: processor, or the Qwen-VL ``MRopeConfig`` rule)
 PositionsFn = Callable[[Mapping[str, Any]], Tensor]
-#: Handler name -> model-free ``[3, L]`` positions of one unshifted sample (``rule(sample,
-#: processor)``), for the handlers registered with ``mrope=True`` other than Qwen-VL (whose
-#: positions come from ``mrope.MRopeConfig``). Asked for as a ``Handler`` field in issue #7.
-HANDLER_POSITIONS: dict[str, Callable[[Mapping[str, Any], Any], Tensor]] = {
-    "qwen_omni": qwen_omni_mrope,
-    "qwen3_omni": qwen_omni_mrope,  # the thinker's get_rope_index: the same rule (family doc)
-}
+
 #: Sample keys that are per token (or bookkeeping), never media.
 TOKEN_KEYS: frozenset[str] = frozenset(
     {

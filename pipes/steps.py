@@ -121,7 +121,7 @@ class Collater:
     """A list of materialized packs -> one batch, each pack's ``"meta"`` under ``batch["packs"]``.
 
     Wraps ``neat_packed_vlm_collater`` (``handler=None``: Qwen-VL and text packs) or
-    ``neat_packed_family_collater`` (a registry handler name); keyword arguments go to it
+    ``neat_packed_family_collater`` (a families handler name); keyword arguments go to it
     (``padding_idx``, ``attn_implementation``, ``pad_to_multiple_of``, ``max_length``...).
     In a worker process the pixels are concatenated straight into shared memory.
 

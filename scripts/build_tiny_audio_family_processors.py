@@ -5,7 +5,7 @@ Usage::
 
     python scripts/build_tiny_audio_family_processors.py [OUT_DIR]
 
-(default ``OUT_DIR``: ``pipes/_assets/processors``).
+(default ``OUT_DIR``: ``tests/support/assets/processors``).
 
 Writes ``phi4_multimodal/``, every part a real transformers class:
 
@@ -37,7 +37,7 @@ And ``nemotron_h_omni/``:
 
 Note: ``Phi4MultimodalProcessor.__init__`` does not name ``chat_template``, so
 ``from_pretrained`` drops the processor's copy in transformers 5.23; the tokenizer keeps it and
-``family_phi4.load_tiny_phi4_processor`` restores it.
+``tests/support/tiny.load_tiny_phi4_processor`` restores it.
 
 Saved with ``save_pretrained``; reloads with ``AutoProcessor.from_pretrained(folder)`` and no
 network. Deterministic (no training: the vocabulary is read from ``qwen2_vl/``).
@@ -55,7 +55,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_tiny_processors import ASSETS, save_processors
+from build_tiny_processors import ASSETS, TEST_ASSETS, save_processors
 
 PHI4_TURNS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 PHI4_MEDIA = {"image_token": "<|image|>", "audio_token": "<|audio|>"}
@@ -197,7 +197,7 @@ BUILDERS = {"phi4_multimodal": build_phi4, "nemotron_h_omni": build_nemotron}
 
 
 def main(argv: list[str]) -> int:
-    save_processors(Path(argv[1]) if len(argv) > 1 else ASSETS, BUILDERS)
+    save_processors(Path(argv[1]) if len(argv) > 1 else TEST_ASSETS, BUILDERS)
     return 0
 
 

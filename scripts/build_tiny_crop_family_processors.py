@@ -4,7 +4,7 @@ Usage::
 
     python scripts/build_tiny_crop_family_processors.py [OUT_DIR]
 
-``OUT_DIR`` defaults to ``pipes/_assets/processors``.
+``OUT_DIR`` defaults to ``tests/support/assets/processors``.
 
 Each reuses the Qwen2 byte-level BPE already shipped in ``qwen2_vl/`` (4110 tokens) plus the
 family's named special tokens, a chat template in the family's turn format, and the REAL
@@ -35,7 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_tiny_processors import ASSETS, save_processors
+from build_tiny_processors import ASSETS, TEST_ASSETS, save_processors
 
 
 def qwen_bpe(**kwargs: Any) -> Any:
@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
     if importlib.util.find_spec("num2words") is None:
         print("smolvlm: skipped (SmolVLMProcessor needs `pip install num2words`)")
         del builders["smolvlm"]
-    save_processors(Path(argv[1]) if len(argv) > 1 else ASSETS, builders)
+    save_processors(Path(argv[1]) if len(argv) > 1 else TEST_ASSETS, builders)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/build_tiny_family_processors.py [OUT_DIR]   # default: pipes/_assets/processors
+    python scripts/build_tiny_family_processors.py [OUT_DIR]  # default: tests/support/assets/...
 
 Writes ``gemma3/``: a byte-fallback BPE (vocab 2048) trained with ``tokenizers`` on this Python's
 stdlib sources, with Gemma's normalizer (space -> "▁"), wrapped in the real ``GemmaTokenizer``
@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_tiny_processors import ASSETS, save_processors
+from build_tiny_processors import TEST_ASSETS, save_processors
 
 GEMMA_VOCAB = 2048
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
@@ -288,7 +288,7 @@ BUILDERS = {
 
 
 def main(argv: list[str]) -> int:
-    save_processors(Path(argv[1]) if len(argv) > 1 else ASSETS, BUILDERS)
+    save_processors(Path(argv[1]) if len(argv) > 1 else TEST_ASSETS, BUILDERS)
     return 0
 
 

@@ -3,7 +3,7 @@ neatpack's Omni tests use.
 
 Usage::
 
-    python scripts/build_tiny_omni_processor.py [OUT_DIR]   # default: pipes/_assets/processors
+    python scripts/build_tiny_omni_processor.py [OUT_DIR]  # default: tests/support/assets/...
 
 Writes ``qwen2_5_omni/``, every part a real transformers class:
 
@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_tiny_processors import ASSETS, MAX_PIXELS, MIN_PIXELS, save_processors
+from build_tiny_processors import MAX_PIXELS, MIN_PIXELS, TEST_ASSETS, save_processors
 
 OMNI_TOKENS = {
     "image_token": "<|IMAGE|>",
@@ -188,7 +188,7 @@ def build_qwen3_omni() -> Any:
 
 def main(argv: list[str]) -> int:
     builders = {"qwen2_5_omni": build_omni, "qwen3_omni": build_qwen3_omni}
-    save_processors(Path(argv[1]) if len(argv) > 1 else ASSETS, builders)
+    save_processors(Path(argv[1]) if len(argv) > 1 else TEST_ASSETS, builders)
     return 0
 
 

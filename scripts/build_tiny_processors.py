@@ -176,6 +176,9 @@ def build(family: str, tokenizer: Any) -> Any:
 
 
 ASSETS = Path(__file__).resolve().parents[1] / "pipes" / "_assets" / "processors"
+"""The Qwen-VL processors shipped in the package (the demo and the quickstart use them)."""
+TEST_ASSETS = Path(__file__).resolve().parents[1] / "tests" / "support" / "assets" / "processors"
+"""The other families' processors: test scaffolding, not shipped (``tests/support/tiny.py``)."""
 
 
 def save_processors(out: Path, builders: Mapping[str, Callable[[], Any]]) -> None:

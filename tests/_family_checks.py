@@ -1,5 +1,5 @@
 """Checks shared by the family tests: decoded label spans, packed-vs-separate parity through
-``registry.packed_model_inputs`` and the byte-for-byte rebuild of a build script's assets.
+``families.packed_model_inputs`` and the byte-for-byte rebuild of a build script's assets.
 
 Each check is the same for every family once the family's media keys (what a sample gives the
 model besides ``input_ids``) are named, so the tests call it with those instead of repeating it.
@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from neatpack.pipes.families import packed_model_inputs, tokenize_with_handler
 from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.registry import packed_model_inputs, tokenize_with_handler
 
 ROOT = Path(__file__).resolve().parents[1]
-PROCESSORS = ROOT / "pipes" / "_assets" / "processors"
+PROCESSORS = ROOT / "tests" / "support" / "assets" / "processors"
 
 
 def label_spans(tok: Any, s: dict[str, Any]) -> list[str]:
@@ -95,7 +95,7 @@ def worst_vs_alone(
 def check_packed_equals_separate(
     model: Any, processor: Any, samples: list[dict[str, Any]], media_keys: Sequence[str]
 ) -> float:
-    """One packed row from ``registry.packed_model_inputs`` == each sample alone, max abs diff
+    """One packed row from ``families.packed_model_inputs`` == each sample alone, max abs diff
     <= 1e-5 fp32 (returned); a one-document mask over the same row must differ by > 1e-3 (the
     block-causal mask is really used)."""
     inputs = packed_model_inputs(samples, processor)
@@ -112,7 +112,7 @@ def check_packed_equals_separate(
 
 def assert_script_rebuilds(script: str, tmp_path: Path, families: Sequence[str]) -> None:
     """``scripts/<script> tmp_path`` writes, for each of ``families``, the same files as the
-    committed ``pipes/_assets/processors/<family>/``, byte for byte."""
+    committed ``tests/support/assets/processors/<family>/``, byte for byte."""
     run = [sys.executable, str(ROOT / "scripts" / script), str(tmp_path)]
     subprocess.run(run, check=True, capture_output=True)
     for family in families:

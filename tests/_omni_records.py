@@ -17,11 +17,11 @@ import torch
 from _family_checks import label_spans, runs
 from PIL import Image
 
-from neatpack.pipes.family_qwen_omni import qwen_omni_pack_media
+from neatpack.pipes.families import tokenize_with_handler
+from neatpack.pipes.families.qwen_omni import qwen_omni_pack_media
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
-from neatpack.pipes.registry import tokenize_with_handler
 
 WORDS = (
     "the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "every",

@@ -169,7 +169,7 @@ def test_audio_num_samples_without_decoding(tmp_path: Path) -> None:
         audio_num_samples(str(tmp_path / "missing.wav"), None, RATE, 4)
 
 
-# -- which processors take audio (family_default.processor_modalities) -------------------------
+# -- which processors take audio (families._shared.processor_modalities) -------------------------
 
 
 def test_an_audio_processor_counts_as_audio_like_a_feature_extractor() -> None:
@@ -177,14 +177,11 @@ def test_an_audio_processor_counts_as_audio_like_a_feature_extractor() -> None:
     generic check sees it, so the plain registry Handler (its modality check first) takes
     Phi-4 audio exactly as the ``phi4`` handler does. Qwen-Omni's ``feature_extractor`` and
     Qwen2-VL (neither) keep their answers."""
-    from neatpack.pipes.family_default import processor_modalities
-    from neatpack.pipes.family_phi4 import (
-        PHI4_MODALITIES,
-        load_tiny_phi4_processor,
-        tokenize_phi4,
-    )
-    from neatpack.pipes.family_qwen_omni import load_tiny_qwen_omni_processor
-    from neatpack.pipes.registry import HANDLERS, Handler
+    from support.tiny import load_tiny_phi4_processor, load_tiny_qwen_omni_processor
+
+    from neatpack.pipes.families import HANDLERS, Handler
+    from neatpack.pipes.families._shared import processor_modalities
+    from neatpack.pipes.families.phi4 import PHI4_MODALITIES, tokenize_phi4
     from neatpack.pipes.tiny import load_tiny_processor
 
     phi4 = load_tiny_phi4_processor()

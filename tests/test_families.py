@@ -15,18 +15,14 @@ import pytest
 import torch
 from _family_checks import label_spans
 from PIL import Image
+from support.tiny import load_tiny_gemma3_processor
+from support.tiny_family_models import tiny_gemma3_model
 
-from neatpack.pipes.family_gemma3 import (
-    gemma3_estimator,
-    gemma3_image_tokens,
-    gemma3_packed_mask,
-    load_tiny_gemma3_processor,
-    tiny_gemma3_model,
-)
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.gemma3 import gemma3_estimator, gemma3_image_tokens, gemma3_packed_mask
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
 
 WORDS = (
     "the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "every",
@@ -190,13 +186,13 @@ def test_gemma3_packed_equals_separate(gemma3: Any, bidirectional: bool) -> None
 
 @pytest.fixture(scope="module")
 def gemma4() -> Any:
-    from neatpack.pipes.family_gemma4 import load_tiny_gemma4_processor
+    from support.tiny import load_tiny_gemma4_processor
 
     return load_tiny_gemma4_processor()
 
 
 def test_gemma4_prefix_after_every_model_turn_and_never_labelled(gemma4: Any) -> None:
-    from neatpack.pipes.family_gemma4 import GEMMA4_THINKING_PREFIX
+    from neatpack.pipes.families.gemma4 import GEMMA4_THINKING_PREFIX
 
     tok = gemma4.tokenizer
     assert get_handler(gemma4).name == "gemma4"
@@ -219,8 +215,8 @@ def test_gemma4_prefix_after_every_model_turn_and_never_labelled(gemma4: Any) ->
 def test_gemma4_seed_style_markers_would_label_the_prefix(gemma4: Any) -> None:
     """Peer note B9: with the template's own header as the marker, the injected prefix is
     labelled. The gemma4 handler's markers include the prefix, so it is not."""
-    from neatpack.pipes.family_default import tokenize_default
-    from neatpack.pipes.family_gemma4 import inject_thinking_prefix
+    from neatpack.pipes.families.chat_template import tokenize_default
+    from neatpack.pipes.families.gemma4 import inject_thinking_prefix
 
     rec = _records(1, seed=7, max_images=0)[0]
     seed_like = tokenize_default(rec, gemma4, text_hook=inject_thinking_prefix)
@@ -236,7 +232,7 @@ def test_gemma4_text_length_estimate_bounds(gemma4: Any) -> None:
     exactly the prefix's tokens per model turn (the estimator does not know the hook); adding them
     makes it exact."""
     from neatpack.pipes.estimate import LengthEstimator
-    from neatpack.pipes.family_gemma4 import GEMMA4_THINKING_PREFIX
+    from neatpack.pipes.families.gemma4 import GEMMA4_THINKING_PREFIX
 
     per_turn = len(gemma4.tokenizer(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
     est = LengthEstimator(mode="exact", processor=gemma4)
@@ -278,7 +274,7 @@ def test_audio_to_llava_onevision_is_refused_naming_the_sample(llava_ov: Any) ->
 
 @pytest.fixture(scope="module")
 def llava_ov() -> Any:
-    from neatpack.pipes.family_llava_onevision import load_tiny_llava_onevision_processor
+    from support.tiny import load_tiny_llava_onevision_processor
 
     return load_tiny_llava_onevision_processor()
 
@@ -294,7 +290,7 @@ def test_llava_onevision_labels_tokens_and_estimate(llava_ov: Any) -> None:
     """Labels = the assistant turns; image tokens == the AnyRes rule per image (processor's
     ``_get_num_multimodal_tokens``); estimate: exact mode == real length, chars/3 mode within
     25 % (this Python-trained vocabulary)."""
-    from neatpack.pipes.family_llava_onevision import (
+    from neatpack.pipes.families.llava_onevision import (
         llava_onevision_estimate,
         llava_onevision_image_tokens,
     )
@@ -325,10 +321,9 @@ def test_llava_onevision_packed_equals_separate(llava_ov: Any) -> None:
     """Packed row (4D additive block-causal mask, reset positions, ``llava_onevision_pack_media``)
     == each sample alone, max abs diff <= 1e-5 fp32; a one-document mask over the same row must
     differ (the mask is really used)."""
-    from neatpack.pipes.family_llava_onevision import (
-        llava_onevision_pack_media,
-        tiny_llava_onevision_model,
-    )
+    from support.tiny_family_models import tiny_llava_onevision_model
+
+    from neatpack.pipes.families.llava_onevision import llava_onevision_pack_media
 
     model = tiny_llava_onevision_model(llava_ov)
     small = {"sample_id": 99, "conversation": [
@@ -409,7 +404,9 @@ def test_gemma4_packed_equals_separate(gemma4: Any, bidirectional_vision: bool) 
     ``Gemma4ForConditionalGeneration``: max abs diff <= 1e-5 fp32, for the default causal text
     model and for ``use_bidirectional_attention="vision"`` (sliding layers see each image run
     both ways); with "vision", a block-causal sliding mask must NOT match."""
-    from neatpack.pipes.family_gemma4 import gemma4_packed_masks, tiny_gemma4_model
+    from support.tiny_family_models import tiny_gemma4_model
+
+    from neatpack.pipes.families.gemma4 import gemma4_packed_masks
 
     model = tiny_gemma4_model(gemma4, bidirectional_vision=bidirectional_vision)
     samples = [tokenize_with_handler(r, gemma4) for r in _records(3, seed=11, max_images=1)]
@@ -448,10 +445,10 @@ FAMILY_DIRS = ("gemma3", "gemma4", "idefics3", "internvl", "llava_onevision")
 
 
 def test_family_processor_assets_are_small() -> None:
-    from neatpack.pipes.family_gemma3 import _FOLDER
+    from support.tiny import ASSETS
 
     for family in FAMILY_DIRS:
-        folder = _FOLDER.parent / family
+        folder = ASSETS / family
         size = sum(p.stat().st_size for p in folder.iterdir())
         assert 0 < size < 400 * 1024, (family, size)
 
@@ -463,12 +460,12 @@ def test_family_processors_rebuild_byte_for_byte(tmp_path: Any) -> None:
     import sys
     from pathlib import Path
 
-    from neatpack.pipes.family_gemma3 import _FOLDER
+    from support.tiny import ASSETS
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "build_tiny_family_processors.py"
     subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
     for family in FAMILY_DIRS:
-        shipped = _FOLDER.parent / family
+        shipped = ASSETS / family
         names = sorted(p.name for p in shipped.iterdir())
         assert names == sorted(p.name for p in (tmp_path / family).iterdir())
         for name in names:
@@ -480,7 +477,7 @@ def test_family_processors_rebuild_byte_for_byte(tmp_path: Any) -> None:
 
 @pytest.fixture(scope="module")
 def idefics3() -> Any:
-    from neatpack.pipes.family_idefics3 import load_tiny_idefics3_processor
+    from support.tiny import load_tiny_idefics3_processor
 
     return load_tiny_idefics3_processor()
 
@@ -489,7 +486,7 @@ def test_idefics3_labels_tokens_and_estimate(idefics3: Any) -> None:
     """Labels = the assistant turns (the space after "Assistant:" rides in the first labelled
     token); ``<image>`` tokens == image_seq_len x tiles; estimate exact mode == real length,
     chars/3 mode within 25 %."""
-    from neatpack.pipes.family_idefics3 import idefics3_estimate, idefics3_image_tokens
+    from neatpack.pipes.families.idefics3 import idefics3_estimate, idefics3_image_tokens
 
     tok = idefics3.tokenizer
     assert get_handler(idefics3).name == "idefics3"
@@ -517,7 +514,9 @@ def test_idefics3_labels_tokens_and_estimate(idefics3: Any) -> None:
 def test_idefics3_packed_equals_separate(idefics3: Any) -> None:
     """Packed row (block-causal 4D additive mask, reset positions, tiles concatenated) == each
     sample alone (max abs diff <= 1e-5 fp32); a one-document mask over the same row differs."""
-    from neatpack.pipes.family_idefics3 import idefics3_pack_media, tiny_idefics3_model
+    from support.tiny_family_models import tiny_idefics3_model
+
+    from neatpack.pipes.families.idefics3 import idefics3_pack_media
 
     model = tiny_idefics3_model(idefics3)
     samples = [tokenize_with_handler(r, idefics3) for r in _records(4, seed=13)]
@@ -545,16 +544,16 @@ def test_idefics3_packed_equals_separate(idefics3: Any) -> None:
 
 # -- one entry point for every 1-D-position family -------------------------------------------
 
-_FAMILIES: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
-    # family: (module, model builder, per-sample media keys, token-type kwarg of the model)
-    "gemma3": ("family_gemma3", "tiny_gemma3_model", ("pixel_values",), "token_type_ids"),
-    "gemma4": ("family_gemma4", "tiny_gemma4_model", ("pixel_values", "image_position_ids"),
+_FAMILIES: dict[str, tuple[str, tuple[str, ...], str | None]] = {
+    # family: (model builder in support.tiny_family_models, per-sample media keys, token-type kwarg)
+    "gemma3": ("tiny_gemma3_model", ("pixel_values",), "token_type_ids"),
+    "gemma4": ("tiny_gemma4_model", ("pixel_values", "image_position_ids"),
                "mm_token_type_ids"),
-    "llava_onevision": ("family_llava_onevision", "tiny_llava_onevision_model",
+    "llava_onevision": ("tiny_llava_onevision_model",
                         ("pixel_values", "image_sizes", "batch_num_images"), None),
-    "idefics3": ("family_idefics3", "tiny_idefics3_model",
+    "idefics3": ("tiny_idefics3_model",
                  ("pixel_values", "pixel_attention_mask"), None),
-    "internvl": ("family_internvl", "tiny_internvl_model", ("pixel_values",), None),
+    "internvl": ("tiny_internvl_model", ("pixel_values",), None),
 }  # fmt: skip
 
 
@@ -563,14 +562,13 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
 def test_packed_model_inputs_equal_separate_runs(family: str) -> None:
     """``registry.packed_model_inputs`` (the handler's pack media and packed mask) gives each
     family's tiny real model the same logits as the samples run alone (<= 1e-5 fp32)."""
-    import importlib
+    from support import tiny, tiny_family_models
 
-    from neatpack.pipes.registry import packed_model_inputs
+    from neatpack.pipes.families import packed_model_inputs
 
-    module_name, builder, keys, types_kw = _FAMILIES[family]
-    module = importlib.import_module(f"neatpack.pipes.{module_name}")
-    proc = getattr(module, f"load_tiny_{family}_processor")()
-    model = getattr(module, builder)(proc)
+    builder, keys, types_kw = _FAMILIES[family]
+    proc = getattr(tiny, f"load_tiny_{family}_processor")()
+    model = getattr(tiny_family_models, builder)(proc)
     samples = [tokenize_with_handler(r, proc) for r in _records(3, seed=21, max_images=1)]
     assert sum("pixel_values" in s for s in samples) >= 1
     inputs = packed_model_inputs(samples, proc)
@@ -591,7 +589,7 @@ def test_packed_model_inputs_equal_separate_runs(family: str) -> None:
 
 @pytest.mark.badinput
 def test_packed_model_inputs_refuses_mrope_families() -> None:
-    from neatpack.pipes.registry import packed_model_inputs
+    from neatpack.pipes.families import packed_model_inputs
     from neatpack.pipes.tiny import load_tiny_processor
 
     with pytest.raises(ValueError, match="'qwen_vl' needs mRoPE positions"):
@@ -605,8 +603,9 @@ def test_internvl_through_the_default_handler() -> None:
     """No InternVL code in neatpack: labels decoded = the assistant turns, image tokens (with
     ``<img>``/``</img>``) == the processor's count, ``default_estimate`` exact == real length and
     chars/3 within 25 %."""
-    from neatpack.pipes.family_default import default_estimate
-    from neatpack.pipes.family_internvl import load_tiny_internvl_processor
+    from support.tiny import load_tiny_internvl_processor
+
+    from neatpack.pipes.families.chat_template import default_estimate
 
     proc = load_tiny_internvl_processor()
     assert get_handler(proc).name == "chat_template"
@@ -638,14 +637,13 @@ def test_a_placeholder_missing_from_the_vocabulary_is_reported_not_looked_up() -
     is still left out of the count, and the video's text pieces are counted as text."""
     pytest.importorskip("num2words", reason="SmolVLMProcessor imports num2words (test extra)")
     import transformers as tf
+    from support.tiny import load_tiny_idefics3_processor, load_tiny_smolvlm_processor
 
     from neatpack.pipes._template_probe import (
         placeholder_tokens,
         probe_overhead,
         templated_text_tokens,
     )
-    from neatpack.pipes.family_idefics3 import load_tiny_idefics3_processor
-    from neatpack.pipes.family_smolvlm import load_tiny_smolvlm_processor
 
     small, tok = load_tiny_smolvlm_processor(), load_tiny_idefics3_processor().tokenizer
     assert tok.convert_tokens_to_ids("<video>") is None

@@ -17,8 +17,11 @@ import pytest
 import torch
 from _family_checks import label_spans, worst_vs_alone
 from PIL import Image
+from support.tiny import load_tiny_gemma3_processor
+from support.tiny_family_models import tiny_gemma3_model
 
-from neatpack.pipes.family_gemma3 import (
+from neatpack.pipes.families import tokenize_with_handler
+from neatpack.pipes.families.gemma3 import (
     PanAndScan,
     gemma3_estimator,
     gemma3_num_crops,
@@ -26,11 +29,8 @@ from neatpack.pipes.family_gemma3 import (
     gemma3_packed_mask,
     gemma3_pan_and_scan,
     gemma3_pan_and_scan_settings,
-    load_tiny_gemma3_processor,
-    tiny_gemma3_model,
 )
 from neatpack.pipes.pack import build_pack
-from neatpack.pipes.registry import tokenize_with_handler
 
 WORDS = "the a cat sat on mat dog ran far quick brown fox jumps over lazy river".split()  # noqa: SIM905
 # (width, height): square, wide and tall (crops), just under / at the 1.2 ratio, very wide
@@ -181,7 +181,7 @@ G4_KEYS = ("pixel_values", "image_position_ids", "pixel_values_videos", "video_p
 
 @pytest.fixture(scope="module")
 def gemma4() -> Any:
-    from neatpack.pipes.family_gemma4 import load_tiny_gemma4_processor
+    from support.tiny import load_tiny_gemma4_processor
 
     return load_tiny_gemma4_processor()
 
@@ -214,7 +214,7 @@ def test_gemma4_video_tokens_labels_and_estimate(gemma4: Any) -> None:
     one "mm:ss <|image>...<image|>" run per frame, mm:ss at the blocks' fps; labels are exactly
     the answer; the exact estimate == the real length; the estimate mode within -35 % .. +5 %
     (chars / 3 text)."""
-    from neatpack.pipes.family_gemma4_estimate import gemma4_estimate
+    from neatpack.pipes.families.gemma4 import gemma4_estimate
 
     tok, rng, videos, timed = gemma4.tokenizer, random.Random(5), 0, 0
     for rec in (_g4_record(i, rng) for i in range(20)):
@@ -250,11 +250,9 @@ def test_gemma4_video_packed_equals_separate(gemma4: Any, bidirectional_vision: 
     """Documents with videos and images in one packed row (``gemma4_pack_media``: frames,
     positions and frame counts in document order; ``gemma4_packed_masks``: with "vision" each
     frame's run sees itself both ways on the sliding layers) == each alone, <= 1e-5 fp32."""
-    from neatpack.pipes.family_gemma4 import (
-        gemma4_pack_media,
-        gemma4_packed_masks,
-        tiny_gemma4_model,
-    )
+    from support.tiny_family_models import tiny_gemma4_model
+
+    from neatpack.pipes.families.gemma4 import gemma4_pack_media, gemma4_packed_masks
 
     model = tiny_gemma4_model(gemma4, bidirectional_vision=bidirectional_vision)
     rng = random.Random(13)  # 3 documents with videos (2 with an fps), 2 with images
@@ -316,7 +314,7 @@ def test_gemma4_audio_tokens_labels_and_estimate(gemma4: Any, tmp_path: Path) ->
     """Each audio's run == the processor's duration rule (``_get_num_multimodal_tokens``, 25 per
     second), inside <|audio> ... <audio|>; labels are the answer only; the exact estimate ==
     the real length (also from audios_meta seconds alone); estimate mode -35 % .. +5 %."""
-    from neatpack.pipes.family_gemma4_estimate import gemma4_estimate
+    from neatpack.pipes.families.gemma4 import gemma4_estimate
 
     tok, rng, clips = gemma4.tokenizer, random.Random(6), 0
     for rec in (_audio_record(i, rng, tmp_path) for i in range(12)):
@@ -345,11 +343,9 @@ def test_gemma4_audio_tokens_labels_and_estimate(gemma4: Any, tmp_path: Path) ->
 def test_gemma4_audio_packed_equals_separate(gemma4: Any, tmp_path: Path) -> None:
     """Documents with audio (and images) in one packed row on a tiny Gemma 4 WITH an audio
     tower: features padded in time to the longest clip (mask False) == each alone, <= 1e-5."""
-    from neatpack.pipes.family_gemma4 import (
-        gemma4_pack_media,
-        gemma4_packed_masks,
-        tiny_gemma4_model,
-    )
+    from support.tiny_family_models import tiny_gemma4_model
+
+    from neatpack.pipes.families.gemma4 import gemma4_pack_media, gemma4_packed_masks
 
     model = tiny_gemma4_model(gemma4, audio=True)
     rng = random.Random(9)

@@ -22,18 +22,16 @@ from _family_checks import (
     runs,
 )
 from PIL import Image
+from support.tiny import ASSETS, load_tiny_kimi_k25_processor
+from support.tiny_family_models import tiny_kimi_k25_model
 from test_families import _records, _with_meta
 
-from neatpack.pipes.family_default import default_estimate
-from neatpack.pipes.family_kimi import (
-    _FOLDER,
-    kimi_k25_fixed_length_batch,
-    kimi_k25_image_tokens,
-    load_tiny_kimi_k25_processor,
-    tiny_kimi_k25_model,
-)
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.chat_template import default_estimate
+from neatpack.pipes.families.kimi import kimi_k25_fixed_length_batch, kimi_k25_image_tokens
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
+
+_FOLDER = ASSETS / "kimi_k25"
 
 
 @pytest.fixture(scope="module")

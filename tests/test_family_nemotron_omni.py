@@ -21,16 +21,16 @@ import torch
 from _audio_family_records import RATE, _audio_rec, _tone, audio_family_records, write_wav
 from _family_checks import estimate_error
 from PIL import Image
+from support.tiny import load_tiny_nemotron_omni_processor
+from support.tiny_family_models import tiny_nemotron_omni_model
 
-from neatpack.pipes.family_nemotron_omni import (
-    load_tiny_nemotron_omni_processor,
+from neatpack.pipes.families import get_handler, packed_model_inputs, tokenize_with_handler
+from neatpack.pipes.families.nemotron_omni import (
     nemotron_audio_tokens,
     nemotron_image_tokens,
     nemotron_omni_estimate,
-    tiny_nemotron_omni_model,
 )
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
 
 MEDIA_KEYS = ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")
 

@@ -19,9 +19,10 @@ import torch
 from _audio_family_records import RATE, _audio_rec, _tone, audio_family_records, write_wav
 from _family_checks import assert_script_rebuilds, estimate_error
 from PIL import Image
+from support.tiny import load_tiny_phi4_processor
 
-from neatpack.pipes.family_phi4 import (
-    load_tiny_phi4_processor,
+from neatpack.pipes.families import get_handler, packed_model_inputs, tokenize_with_handler
+from neatpack.pipes.families.phi4 import (
     phi4_audio_tokens,
     phi4_estimate,
     phi4_image_tokens,
@@ -30,7 +31,6 @@ from neatpack.pipes.family_phi4 import (
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
-from neatpack.pipes.registry import get_handler, packed_model_inputs, tokenize_with_handler
 
 MEDIA_KEYS = (
     "image_pixel_values", "image_sizes", "image_attention_mask",
@@ -248,9 +248,9 @@ def test_packing_limits_are_real(phi4: Any) -> None:
 
 def test_the_audio_family_assets_are_small() -> None:
     """Both folders written by ``scripts/build_tiny_audio_family_processors.py`` stay small."""
-    from neatpack.pipes.family_phi4 import _FOLDER
+    from support.tiny import ASSETS
 
-    for folder in (_FOLDER, _FOLDER.parent / "nemotron_h_omni"):
+    for folder in (ASSETS / "phi4_multimodal", ASSETS / "nemotron_h_omni"):
         assert sum(p.stat().st_size for p in folder.iterdir()) < 300 * 1024, folder
 
 

@@ -33,24 +33,25 @@ from _omni_records import (
     video_records,
     write_wav,
 )
+from support.tiny import ASSETS, load_tiny_qwen3_omni_processor
+from support.tiny_family_models import tiny_qwen3_omni_model
 
-from neatpack.pipes.family_qwen3_omni import (
-    _FOLDER,
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.qwen3_omni import (
     QWEN3_OMNI,
-    load_tiny_qwen3_omni_processor,
     qwen3_omni_audio_tokens,
     qwen3_omni_estimate,
-    tiny_qwen3_omni_model,
     tokenize_qwen3_omni,
 )
-from neatpack.pipes.family_qwen_omni import (
+from neatpack.pipes.families.qwen_omni import (
     omni_tokenize,
     qwen_omni_mrope,
     qwen_omni_pack_media,
     qwen_omni_position_ids,
 )
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
+
+_FOLDER = ASSETS / "qwen3_omni"
 
 
 @pytest.fixture(scope="module")

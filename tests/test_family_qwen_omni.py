@@ -34,20 +34,21 @@ from _omni_records import (
     video_records,
     write_wav,
 )
+from support.tiny import ASSETS, load_tiny_qwen_omni_processor
+from support.tiny_family_models import tiny_qwen_omni_model
 
-from neatpack.pipes.family_qwen_omni import (
-    _FOLDER,
-    load_tiny_qwen_omni_processor,
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.qwen_omni import (
     qwen_omni_audio_tokens,
     qwen_omni_estimate,
     qwen_omni_mrope,
     qwen_omni_pack_media,
     qwen_omni_position_ids,
-    tiny_qwen_omni_model,
     tokenize_qwen_omni,
 )
 from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
+
+_FOLDER = ASSETS / "qwen2_5_omni"
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +146,7 @@ def test_a_wav_file_and_its_array_give_the_same_sample(omni: Any, tmp_path: Path
 def test_wav_reader_scales_every_pcm_width(
     tmp_path: Path, width: int, dtype: str, offset: int
 ) -> None:
-    from neatpack.pipes.family_qwen_omni import load_audio
+    from neatpack.pipes.families.qwen_omni import load_audio
 
     full = 2 ** (8 * width - 1)
     ints = np.array([-full, -full // 2, 0, 1, full // 2, full - 1], dtype=np.int64)

@@ -19,20 +19,21 @@ from test_families import _records, _with_meta
 
 pytest.importorskip("num2words", reason="SmolVLMProcessor imports num2words (test extra)")
 
-from neatpack.pipes.family_idefics3 import load_tiny_idefics3_processor
-from neatpack.pipes.family_smolvlm import (
-    _FOLDER,
-    load_tiny_smolvlm_processor,
-    smolvlm_estimate,
-    smolvlm_image_block_tokens,
-    smolvlm_image_tokens,
-    tiny_smolvlm_model,
-)
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import (
+from support.tiny import ASSETS, load_tiny_idefics3_processor, load_tiny_smolvlm_processor
+from support.tiny_family_models import tiny_smolvlm_model
+
+from neatpack.pipes.families import (
     get_handler,
     tokenize_with_handler,
 )
+from neatpack.pipes.families.smolvlm import (
+    smolvlm_estimate,
+    smolvlm_image_block_tokens,
+    smolvlm_image_tokens,
+)
+from neatpack.pipes.media import SampleError
+
+_FOLDER = ASSETS / "smolvlm"
 
 
 @pytest.fixture(scope="module")

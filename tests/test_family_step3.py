@@ -18,23 +18,24 @@ import pytest
 import torch
 from _family_checks import check_packed_equals_separate, label_spans
 from PIL import Image
+from support.tiny import ASSETS, load_tiny_step3_processor
+from support.tiny_family_models import tiny_step3_model
 from test_families import _records, _text, _with_meta
 
 from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.family_step3 import (
-    _FOLDER,
-    load_tiny_step3_processor,
+from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.step3 import (
     step3_batch_media,
     step3_estimate,
     step3_image_block_tokens,
     step3_image_tokens,
     step3_pp_media,
-    tiny_step3_model,
 )
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.pp_media import microbatch_bounds
-from neatpack.pipes.registry import get_handler, tokenize_with_handler
+
+_FOLDER = ASSETS / "step3"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ family refused at build time, and checkpoint / resume through the graph with a w
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,13 @@ import pytest
 import torch
 from _graph_records import omni_corpus
 from PIL import Image
+from support import tiny, tiny_family_models
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.families import tokenize_with_handler
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.mrope import MRopeConfig, mrope_position_ids
 from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.registry import tokenize_with_handler
 from neatpack.pipes.synth import write_corpus
 from neatpack.pipes.testing import assert_exactly_once, same_item
 
@@ -39,13 +39,11 @@ PACK_SIZE = 640
 
 
 def _processor(family: str) -> Any:
-    module = importlib.import_module(f"neatpack.pipes.family_{family}")
-    return getattr(module, f"load_tiny_{family}_processor")()
+    return getattr(tiny, f"load_tiny_{family}_processor")()
 
 
 def _model(family: str, processor: Any) -> Any:
-    module = importlib.import_module(f"neatpack.pipes.family_{family}")
-    model = getattr(module, FAMILIES[family][0])(processor)
+    model = getattr(tiny_family_models, FAMILIES[family][0])(processor)
     if family == "gemma3":
         # Gemma 3 initialises its image projection to zeros: every image would feed zero
         # features and a media mix-up could not show. Random weights make the pixels count.
@@ -147,11 +145,10 @@ def test_qwen_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
     (shifted; also == ``mrope_position_ids`` given the audio token type 3 as it is),
     ``input_features`` / ``feature_attention_mask`` one row per clip in document order, and a
     2-row batch on the tiny Thinker == each document alone (<= 1e-5 fp32)."""
-    from neatpack.pipes.family_qwen_omni import (
-        load_tiny_qwen_omni_processor,
-        qwen_omni_mrope,
-        tiny_qwen_omni_model,
-    )
+    from support.tiny import load_tiny_qwen_omni_processor
+    from support.tiny_family_models import tiny_qwen_omni_model
+
+    from neatpack.pipes.families.qwen_omni import qwen_omni_mrope
 
     proc = load_tiny_qwen_omni_processor()
     qwen2_vl = MRopeConfig(family="qwen2_vl", spatial_merge_size=proc.image_processor.merge_size)

@@ -1,6 +1,6 @@
 """``neat_vlm_graph`` for the families registered after the first graph families: Kimi K2.5,
 Step3, SmolVLM, Qwen3-Omni, Nemotron-H Omni (attention-only stack) and Phi-4-multimodal
-(refused at build time: ``graphs.families.GRAPH_REFUSED``).
+(refused at build time: ``Handler.graph_refused``).
 
 As ``test_graph_families``: a batch of 2 packed rows from the graph is fed to the family's tiny
 real model and each document's logits must equal the document run alone (max abs diff <= 1e-5
@@ -15,7 +15,6 @@ model's own batching behaviour, not the graph's; records here use whole-second c
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Callable
 from functools import cache
@@ -26,21 +25,22 @@ import pytest
 import torch
 from _graph_records import _wav, jsonl_source, omni_corpus
 from PIL import Image
+from support import tiny, tiny_family_models
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.families import tokenize_with_handler
 from neatpack.pipes.handler_lengths import HandlerEstimator
 from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.registry import tokenize_with_handler
 from neatpack.pipes.synth import write_corpus
 
 #: family: (module, media keys the model takes)
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "kimi_k25": ("family_kimi", ("pixel_values", "image_grid_thw")),
-    "step3": ("family_step3", ("pixel_values", "pixel_values_local", "num_local_patches")),
-    "smolvlm": ("family_smolvlm", ("pixel_values", "pixel_attention_mask")),
-    "qwen3_omni": ("family_qwen3_omni",
+    "kimi_k25": ("families.kimi", ("pixel_values", "image_grid_thw")),
+    "step3": ("families.step3", ("pixel_values", "pixel_values_local", "num_local_patches")),
+    "smolvlm": ("families.smolvlm", ("pixel_values", "pixel_attention_mask")),
+    "qwen3_omni": ("families.qwen3_omni",
                    ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask")),
-    "nemotron_omni": ("family_nemotron_omni",
+    "nemotron_omni": ("families.nemotron_omni",
                       ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")),
 }  # fmt: skip
 PACK_SIZE = 640
@@ -48,18 +48,16 @@ PACK_SIZE = 640
 
 @cache
 def _processor(family: str) -> Any:
-    module = importlib.import_module(f"neatpack.pipes.{FAMILIES[family][0]}")
-    return getattr(module, f"load_tiny_{family}_processor")()
+    return getattr(tiny, f"load_tiny_{family}_processor")()
 
 
 @cache
 def _model(family: str) -> Any:
     if family == "nemotron_omni":  # attention-only by default (see the family module)
-        from neatpack.pipes.family_nemotron_omni import tiny_nemotron_omni_model
+        from support.tiny_family_models import tiny_nemotron_omni_model
 
         return tiny_nemotron_omni_model(_processor(family))
-    module = importlib.import_module(f"neatpack.pipes.{FAMILIES[family][0]}")
-    return getattr(module, f"tiny_{family}_model")(_processor(family))
+    return getattr(tiny_family_models, f"tiny_{family}_model")(_processor(family))
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +164,7 @@ def test_qwen3_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
     """Qwen3-Omni through the graph (images + whole-second audio): positions ``[3, B, S]`` ==
     ``qwen_omni_mrope`` per document (== the thinker's ``get_rope_index``), one feature row per
     clip in document order, and the 2 rows == each document alone (<= 1e-5 fp32)."""
-    from neatpack.pipes.family_qwen_omni import qwen_omni_mrope
+    from neatpack.pipes.families.qwen_omni import qwen_omni_mrope
 
     proc = _processor("qwen3_omni")
     batch, samples = _omni_batch(_whole_second_corpus(tmp_path))
@@ -207,7 +205,7 @@ def test_qwen3_omni_partial_chunks_depend_on_the_batch(tmp_path: Path) -> None:
                 assert float((logits[row, where] - ref).abs().max()) <= 1e-5, sid
 
 
-@pytest.mark.parametrize("family", ["kimi_k25", "smolvlm", "step3"])
+@pytest.mark.parametrize("family", ["kimi_k25", "smolvlm", "step3", "gemma4"])
 def test_the_planned_length_is_the_real_length(corpus: Path, family: str) -> None:
     """The graph's estimator for the family (``handler_estimator``, exact mode, image sizes from
     the file headers) == the real row length after the shift, for every record."""
@@ -236,7 +234,7 @@ def test_audio_family_planned_length_is_the_real_length(tmp_path: Path, family: 
 def test_phi4_is_refused_at_build(corpus: Path) -> None:
     """Phi-4-multimodal's forward cannot take a mixed batch exactly: refused naming the family,
     the reason and the fix, before any record is read."""
-    from neatpack.pipes.family_phi4 import load_tiny_phi4_processor
+    from support.tiny import load_tiny_phi4_processor
 
     with pytest.raises(ValueError, match=r"cannot serve handler 'phi4': .*audio projection"):
         neat_vlm_graph(corpus, load_tiny_phi4_processor(), config=_config())

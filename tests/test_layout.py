@@ -22,10 +22,6 @@ ROOTS = {
     "neatpack.graphs": Path(next(iter(neatpack.graphs.__path__))),
 }
 
-#: Private helpers of the default family that other family modules import; issue #15 item 1
-#: (the families subpackage, another branch) owns those modules. Remove once they are public.
-FAMILY_OWNED = frozenset({"_check_counts", "_forbidden", "_mm_types"})
-
 
 def package_modules(roots: dict[str, Path]) -> dict[str, Path]:
     """Dotted module name -> file, for every ``.py`` under each package root."""
@@ -85,7 +81,7 @@ def scan(modules: dict[str, Path]) -> tuple[dict[str, set[str]], list[str]]:
                         continue
                     if tgt in modules and tgt != mod:
                         edges[mod].add(tgt)
-                        if _private(a.name) and a.name not in FAMILY_OWNED:
+                        if _private(a.name):
                             private.append(f"{mod}:{node.lineno} from {tgt} import {a.name}")
             elif isinstance(node, ast.Import):
                 for a in node.names:

@@ -33,7 +33,10 @@ def test_layering_pipes_never_import_graphs() -> None:
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             for name in names:
-                assert not name.startswith(("neatpack.graphs", "graphs", "pipes")), (path, name)
+                assert not name.startswith(("neatpack.graphs", "graphs", "pipes", "support")), (
+                    path,
+                    name,
+                )
 
 
 def test_every_pipes_export_resolves() -> None:
@@ -50,3 +53,14 @@ def test_embedded_processors_are_package_data() -> None:
     from neatpack.pipes.tiny import tiny_processor_dir
 
     assert (tiny_processor_dir("qwen2_vl") / "tokenizer.json").is_file()
+
+
+def test_only_the_demo_processors_ship() -> None:
+    """The package ships the Qwen-VL processors the demo and the quickstart load; the other
+    families' tiny processors (and every tiny model builder but Qwen's) are test scaffolding
+    under tests/support/."""
+    from neatpack.pipes.tiny import FAMILIES
+
+    shipped = sorted(p.name for p in (ROOT / "pipes" / "_assets" / "processors").iterdir())
+    assert shipped == sorted(FAMILIES)
+    assert not list((ROOT / "pipes").rglob("tiny_family_models.py"))

@@ -8,7 +8,6 @@ model run on each micro-batch (its rows + its media) == the whole batch's rows (
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Callable
 from functools import cache, partial
@@ -18,36 +17,43 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from support import tiny, tiny_family_models
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 
+from neatpack.pipes.families import (
+    HANDLERS,
+    Handler,
+    get_handler,
+    resolve_handler,
+    tokenize_with_handler,
+)
+from neatpack.pipes.families.gemma3 import gemma3_pan_and_scan
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.pp_family_media import (
-    FAMILY_MEDIA_AXIS,
     chunk_family_media,
     family_media_counts,
     prepare_family_media_for_pp,
     wrap_family_collate_for_pp,
 )
 from neatpack.pipes.pp_media import VLM_PP_MEDIA_KEY, microbatch_bounds
-from neatpack.pipes.registry import HANDLERS, Handler, get_handler, tokenize_with_handler
 
 N_MICRO = 3
 WORDS = ["the", "a", "cat", "sat", "on", "mat", "dog", "ran", "quick", "fox", "over", "river"]
-# family -> (module, processor loader, model builder)
+# family -> (processor loader in support.tiny, model builder in support.tiny_family_models)
 FAMILIES = {
-    "gemma3": ("family_gemma3", "load_tiny_gemma3_processor", "tiny_gemma3_model"),
-    "gemma4": ("family_gemma4", "load_tiny_gemma4_processor", "tiny_gemma4_model"),
-    "llava_onevision": ("family_llava_onevision", "load_tiny_llava_onevision_processor",
+    "gemma3": ("load_tiny_gemma3_processor", "tiny_gemma3_model"),
+    "gemma4": ("load_tiny_gemma4_processor", "tiny_gemma4_model"),
+    "llava_onevision": ("load_tiny_llava_onevision_processor",
                         "tiny_llava_onevision_model"),
-    "idefics3": ("family_idefics3", "load_tiny_idefics3_processor", "tiny_idefics3_model"),
-    "internvl": ("family_internvl", "load_tiny_internvl_processor", "tiny_internvl_model"),
-    "qwen_omni": ("family_qwen_omni", "load_tiny_qwen_omni_processor", "tiny_qwen_omni_model"),
-    "qwen3_omni": ("family_qwen3_omni", "load_tiny_qwen3_omni_processor",
+    "idefics3": ("load_tiny_idefics3_processor", "tiny_idefics3_model"),
+    "internvl": ("load_tiny_internvl_processor", "tiny_internvl_model"),
+    "qwen_omni": ("load_tiny_qwen_omni_processor", "tiny_qwen_omni_model"),
+    "qwen3_omni": ("load_tiny_qwen3_omni_processor",
                    "tiny_qwen3_omni_model"),
-    "kimi_k25": ("family_kimi", "load_tiny_kimi_k25_processor", "tiny_kimi_k25_model"),
-    "step3": ("family_step3", "load_tiny_step3_processor", "tiny_step3_model"),
-    "smolvlm": ("family_smolvlm", "load_tiny_smolvlm_processor", "tiny_smolvlm_model"),
+    "kimi_k25": ("load_tiny_kimi_k25_processor", "tiny_kimi_k25_model"),
+    "step3": ("load_tiny_step3_processor", "tiny_step3_model"),
+    "smolvlm": ("load_tiny_smolvlm_processor", "tiny_smolvlm_model"),
 }  # fmt: skip
 #: Families whose audio tower pads each forward's partial 100-frame chunks to the longest one
 #: (Qwen3-Omni): a micro-batch's clips would then differ from the whole batch's, so their
@@ -57,14 +63,13 @@ WHOLE_SECOND_AUDIO = frozenset({"qwen3_omni"})
 
 @cache
 def _load(family: str) -> tuple[Any, Callable[..., Any]]:
-    module_name, loader, builder = FAMILIES[family]
-    module = importlib.import_module(f"neatpack.pipes.{module_name}")
-    proc = getattr(module, loader)()
+    loader, builder = FAMILIES[family]
+    proc = getattr(tiny, loader)()
     if family == "gemma3":  # crops too: each image's pixel rows = thumbnail + crops
-        proc = module.gemma3_pan_and_scan(proc, min_crop_size=14)
+        proc = gemma3_pan_and_scan(proc, min_crop_size=14)
     if family == "gemma4":  # an audio tower for the audio documents
-        return proc, partial(getattr(module, builder), audio=True)
-    return proc, getattr(module, builder)
+        return proc, partial(getattr(tiny_family_models, builder), audio=True)
+    return proc, getattr(tiny_family_models, builder)
 
 
 def _record(
@@ -147,9 +152,8 @@ def _batch(rows: list[list[dict[str, Any]]], h: Handler, proc: Any) -> dict[str,
     ids, pos, doc, mm, seq = [], [], [], [], _seq(rows)
     for row in rows:
         if h.mrope:
-            from neatpack.pipes.sample_media import HANDLER_POSITIONS
-
-            rule = HANDLER_POSITIONS[h.name]
+            rule = h.positions
+            assert rule is not None
             row = [dict(s, position_ids=rule(s, proc)) for s in row]
         pack = build_pack(row, mrope=h.mrope)
         pad = seq - int(pack["input_ids"].shape[0])
@@ -245,7 +249,7 @@ def test_counts_come_from_pack_media_on_the_item_axis() -> None:
     tiles = [sum(int(s["pixel_values"].shape[1]) for s in row if "pixel_values" in s)
              for row in rows]  # fmt: skip
     assert counts["pixel_values"] == tiles == counts["pixel_attention_mask"]
-    assert FAMILY_MEDIA_AXIS["idefics3"] == 1
+    assert resolve_handler("idefics3").media_axis == 1
     assert tiles[2] == 0  # the text-only row
 
 

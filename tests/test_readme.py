@@ -101,7 +101,7 @@ def test_training_example_reduces_the_loss() -> None:
 
 def test_families_table_covers_every_handler_and_names_real_tests() -> None:
     """Issue #7's table: one row per registered handler, and every test it cites exists."""
-    from neatpack.pipes.registry import HANDLERS
+    from neatpack.pipes.families import HANDLERS
 
     section = README.split("## Model families", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 from _omni_records import RATE, _wave_form, write_wav
+from support.tiny import load_tiny_qwen_omni_processor
 
 from neatpack.pipes._record import raw_text_stats
-from neatpack.pipes.family_qwen_omni import load_tiny_qwen_omni_processor, qwen_omni_estimate
+from neatpack.pipes.families import tokenize_with_handler
+from neatpack.pipes.families.qwen_omni import qwen_omni_estimate
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.read import JsonListSource, JsonlSource, RecordError, SequenceSource, to_record
-from neatpack.pipes.registry import tokenize_with_handler
 
 MESSAGES = {
     "messages": [

@@ -9,8 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.registry import (
+from neatpack.pipes.families import (
     HANDLERS,
     PROCESSOR_HANDLERS,
     Handler,
@@ -18,6 +17,7 @@ from neatpack.pipes.registry import (
     register_handler,
     tokenize_with_handler,
 )
+from neatpack.pipes.media import SampleError
 from neatpack.pipes.tiny import load_tiny_processor
 from neatpack.pipes.tokenize import tokenize_conversation
 
@@ -99,7 +99,7 @@ def test_template_less_processor_error_names_the_registry(bare_tokenizer: Any) -
         tokenize_with_handler(_record(), bare_tokenizer)
     msg = str(err.value)
     assert "Qwen2Tokenizer has no chat template" in msg
-    assert "neatpack.pipes.registry" in msg
+    assert "neatpack.pipes.families" in msg
     assert "register_handler(Handler(" in msg
     assert "processor_classes=('Qwen2Tokenizer',)" in msg
 
@@ -206,7 +206,7 @@ def test_prompt_answer_length_exact_and_estimated(proc: Any) -> None:
     (observed 43 % on the shortest rows: the tiny vocabulary is trained on Python sources)."""
     import random
 
-    from neatpack.pipes.family_prompt import prompt_answer_length
+    from neatpack.pipes.families.prompt_answer import prompt_answer_length
 
     rng = random.Random(0)
     words = [

@@ -31,44 +31,27 @@ What differs from the default path:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .family_default import tokenize_default
-from .family_image_estimate import images_meta_estimate
-from .tiny_family_models import init_tiny_model
+from ._shared import images_meta_estimate
+from .chat_template import tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
-    "load_tiny_step3_processor",
+    "STEP3_HANDLER",
     "step3_batch_media",
     "step3_estimate",
     "step3_image_block_tokens",
     "step3_image_tokens",
     "step3_pack_media",
     "step3_pp_media",
-    "tiny_step3_model",
     "tokenize_step3",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "step3"
 STEP3_MEDIA_KEYS = ("pixel_values", "pixel_values_local", "num_local_patches")
-
-
-def load_tiny_step3_processor() -> Any:
-    """The shipped tiny ``Step3p7Processor`` (``scripts/build_tiny_crop_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Step3 processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_crop_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def _layout(processor: Any, height: int, width: int) -> tuple[int, int]:
@@ -163,7 +146,7 @@ def step3_pp_media(
         images_per_row [2, 0, 1], crops_per_row [9, 0, 3], 2 micro-batches (rows [0, 1] [2])
         pixel_values [3 views] -> [views 0..1] [view 2];  pixel_values_local -> [0:9] [9:12]
     """
-    from .pp_media import chunk_step3_media
+    from neatpack.pipes.pp_media import chunk_step3_media
 
     rows = torch.arange(batch_size)
     empty = torch.zeros(0, dtype=torch.long)
@@ -188,24 +171,16 @@ def step3_pp_media(
     return out
 
 
-def tiny_step3_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``Step3p7ForConditionalGeneration`` for the tiny processor: a 2-layer
-    32-wide ViT (patch 14, two stride-2 downsamplers: 112 px -> 4 features, 56 px -> 1) and a
-    2-layer dense text model with full attention, 1-D positions; about 0.76 M parameters."""
-    from transformers import Step3p7Config, Step3p7ForConditionalGeneration
-
-    tok = processor.tokenizer
-    side = int(processor.image_processor.size["height"])
-    cfg = Step3p7Config(
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                       "num_attention_heads": 2, "image_size": side, "patch_size": 14,
-                       "max_position_embeddings": (side // 14) ** 2},
-        text_config={"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                     "head_dim": 16, "max_position_embeddings": 4096,
-                     "mlp_layer_types": ["dense", "dense"],
-                     "layer_types": ["full_attention", "full_attention"], "sliding_window": 4096,
-                     "pad_token_id": tok.pad_token_id},
-        image_token_id=int(processor.image_token_id),
-    )  # fmt: skip
-    return init_tiny_model(Step3p7ForConditionalGeneration, cfg, seed=seed, attn=attn)
+STEP3_HANDLER = register_handler(
+    Handler(
+        "step3",
+        tokenize_step3,
+        modalities=frozenset({"image"}),
+        pack_media=step3_pack_media,
+        description="Step3 (Step-3.7) crops: global view + sliding-window crops per image, "
+        "<im_patch> count checked (pipes/families/step3.py); packs need "
+        "step3.step3_pack_media (pixel_values, pixel_values_local, num_local_patches)",
+        estimate=step3_estimate,
+    ),
+    ("Step3p7Processor",),
+)

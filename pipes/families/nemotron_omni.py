@@ -1,7 +1,7 @@
 """Nemotron-H Omni (``NemotronH_Omni_Reasoning_V3Processor`` / ``NemotronH_Omni_Reasoning_V3``):
 text, images and audio in one ChatML conversation (the seed's ``nemotron_omni_collate_fn``).
 
-The shared flow is ``family_audio.tokenize_audio_family``; what is Nemotron's:
+The shared flow is ``audio.tokenize_audio_family``; what is Nemotron's:
 
 * an ``<image>`` placeholder becomes ``<img>`` + ``<image>`` x ``h * w / 4`` + ``</img>``, where
   ``(h, w)`` is the 16-pixel patch grid the image processor picks (``get_patch_grid_size``, the
@@ -30,46 +30,30 @@ layers packs exactly.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import torch
 from torch import Tensor
 
-from .family_audio import AudioFamily, estimate_audio_family, tokenize_audio_family
-from .labels import resolve_role_markers
-from .mask import to_4d_additive_mask
+from neatpack.pipes.labels import resolve_role_markers
+from neatpack.pipes.mask import to_4d_additive_mask
+
+from .audio import AudioFamily, estimate_audio_family, tokenize_audio_family
+from .registry import Handler, register_handler
 
 __all__ = [
     "NEMOTRON_OMNI",
-    "load_tiny_nemotron_omni_processor",
+    "NEMOTRON_OMNI_HANDLER",
     "nemotron_audio_tokens",
     "nemotron_image_tokens",
     "nemotron_omni_estimate",
     "nemotron_omni_pack_media",
     "nemotron_omni_packed_masks",
-    "tiny_nemotron_omni_model",
     "tokenize_nemotron_omni",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "nemotron_h_omni"
 _KEYS: Final = ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")
-
-
-def load_tiny_nemotron_omni_processor() -> Any:
-    """The shipped tiny ``NemotronH_Omni_Reasoning_V3Processor``
-    (``scripts/build_tiny_audio_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Nemotron-H Omni processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_audio_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def _subsample(frames: int, factor: int = 8) -> int:
@@ -143,7 +127,7 @@ def tokenize_nemotron_omni(
 def nemotron_omni_estimate(
     record: Mapping[str, Any], processor: Any, *, mode: str = "exact"
 ) -> int:
-    """``family_audio.estimate_audio_family`` with Nemotron's rules; exact mode == the real
+    """``audio.estimate_audio_family`` with Nemotron's rules; exact mode == the real
     length (a test checks it)."""
     return estimate_audio_family(record, processor, NEMOTRON_OMNI, mode=mode)
 
@@ -178,46 +162,17 @@ def nemotron_omni_packed_masks(doc_ids: Tensor, mm_token_type_ids: Tensor) -> di
     return {"full_attention": to_4d_additive_mask(doc_ids), "linear_attention": None}
 
 
-def tiny_nemotron_omni_model(
-    processor: Any, layers: tuple[str, ...] = ("attention", "mlp", "attention", "mlp")
-) -> Any:
-    """Tiny random fp32 model: Nemotron-H text stack (hidden 64, ``layers`` of "attention",
-    "mlp", "mamba"), RADIO vision (hidden 32, 2 layers, patch 16), Parakeet encoder (hidden 32,
-    2 layers, 128 mel bins)."""
-    from transformers.models.nemotron_h_omni import (
-        NemotronH_Omni_Reasoning_V3,
-        NemotronH_Omni_Reasoning_V3_Config,
-    )
-
-    tok = processor.tokenizer
-    cfg = NemotronH_Omni_Reasoning_V3_Config(
-        text_config={
-            "model_type": "nemotron_h", "vocab_size": len(tok), "hidden_size": 64,
-            "layers_block_type": list(layers), "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-            "ssm_state_size": 16, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 1,
-            "chunk_size": 16, "pad_token_id": tok.pad_token_id, "bos_token_id": None,
-            "eos_token_id": tok.eos_token_id,
-        },
-        vision_config={
-            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "patch_size": 16, "image_size": 64, "max_img_size": 256, "num_cls_tokens": 1,
-            "num_registers": 1, "video_temporal_patch_size": 2,
-        },
-        audio_config={
-            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "intermediate_size": 64, "num_mel_bins": 128, "subsampling_conv_channels": 8,
-            "conv_kernel_size": 3, "projection_hidden_size": 64, "projection_bias": False,
-        },
-        vision_hidden_size=32, projector_hidden_size=64,
-        image_token_id=int(processor.image_token_id),
-        audio_token_id=int(processor.audio_token_id),
-        video_token_id=int(processor.video_token_id),
-    )  # fmt: skip
-    for c in (cfg, cfg.text_config, cfg.vision_config, cfg.audio_config):
-        c._attn_implementation = "eager"  # type: ignore[union-attr]
-    torch.manual_seed(0)  # init only: tests own the process
-    model = NemotronH_Omni_Reasoning_V3(cfg)
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
+NEMOTRON_OMNI_HANDLER = register_handler(
+    Handler(
+        "nemotron_omni",
+        tokenize_nemotron_omni,
+        modalities=frozenset({"image", "audio"}),
+        pack_media=nemotron_omni_pack_media,
+        packed_mask=nemotron_omni_packed_masks,
+        description="Nemotron-H Omni: images (<img> runs from image_grid_hw) + audio (Parakeet "
+        "features, 16 kHz checked); packs need nemotron_omni.nemotron_omni_pack_media; "
+        "Mamba layers are not isolated per document (pipes/families/nemotron_omni.py)",
+        estimate=nemotron_omni_estimate,
+    ),
+    ("NemotronH_Omni_Reasoning_V3Processor",),
+)

@@ -44,26 +44,27 @@ from its tokenizer.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import torch
 from torch import Tensor
 
-from .family_audio import (
+from neatpack.pipes.labels import RoleMarkers
+
+from .audio import (
     AUDIO_FAMILY_MODALITIES,
     AudioFamily,
     audio_processor,
     estimate_audio_family,
     tokenize_audio_family,
 )
-from .labels import RoleMarkers
+from .registry import Handler, register_handler
 
 __all__ = [
+    "PHI4_GRAPH_REFUSED",
+    "PHI4_HANDLER",
     "PHI4_MODALITIES",
-    "load_tiny_phi4_processor",
     "phi4_audio_tokens",
     "phi4_estimate",
     "phi4_image_tokens",
@@ -73,26 +74,8 @@ __all__ = [
 ]
 
 PHI4_MODALITIES: Final = AUDIO_FAMILY_MODALITIES
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "phi4_multimodal"
 _IMAGE_KEYS: Final = ("image_pixel_values", "image_sizes", "image_attention_mask")
 _AUDIO_KEYS: Final = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
-
-
-def load_tiny_phi4_processor() -> Any:
-    """The shipped tiny ``Phi4MultimodalProcessor``
-    (``scripts/build_tiny_audio_family_processors.py``), its chat template restored."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Phi-4-multimodal processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_audio_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    proc = AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
-    if proc.chat_template is None:
-        proc.chat_template = proc.tokenizer.chat_template
-    return proc
 
 
 def phi4_audio_tokens(
@@ -228,3 +211,32 @@ def phi4_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out["audio_attention_mask"] = _pad_dim1([s["audio_attention_mask"] for s in auds], False)
         out["audio_embed_sizes"] = torch.cat([s["audio_embed_sizes"] for s in auds], dim=0)
     return out
+
+
+#: Why ``neat_vlm_graph`` refuses Phi-4-multimodal (``Handler.graph_refused``): the graph merges
+#: a whole batch's media into ONE forward and plans packs by length only.
+PHI4_GRAPH_REFUSED: Final = (
+    "Phi-4-multimodal picks its audio projection per forward ('vision' when any image "
+    "is in it, else 'speech'), so phi4.phi4_pack_media refuses image-less audio beside "
+    "images, a mix the planner does not keep apart (the loader would fail mid-epoch); and its "
+    "audio encoder adds its padding mask to the scores, so clips of unequal length in one "
+    "forward are not exact (tests/test_family_phi4.py measures 0.34 and 0.077). Fix: pack it "
+    "with materialize_pack + neat_packed_family_collater over groups that are image-only, or "
+    "audio-only with clips of equal length"
+)
+
+
+PHI4_HANDLER = register_handler(
+    Handler(
+        "phi4",
+        tokenize_phi4,
+        modalities=PHI4_MODALITIES,
+        pack_media=phi4_pack_media,
+        description="Phi-4-multimodal: images (448 HD crops) + audio "
+        "(Phi4MultimodalFeatureExtractor, 16 kHz checked); packs need "
+        "phi4.phi4_pack_media (pipes/families/phi4.py)",
+        estimate=phi4_estimate,
+        graph_refused=PHI4_GRAPH_REFUSED,
+    ),
+    ("Phi4MultimodalProcessor",),
+)

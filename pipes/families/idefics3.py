@@ -21,43 +21,27 @@ What differs from the default path:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .family_default import tokenize_default
-from .family_image_estimate import images_meta_estimate
-from .labels import RoleMarkers, derive_role_markers
-from .tiny_family_models import init_tiny_model
+from neatpack.pipes.labels import RoleMarkers, derive_role_markers
+
+from ._shared import images_meta_estimate
+from .chat_template import tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
+    "IDEFICS3_HANDLER",
     "idefics3_estimate",
     "idefics3_image_tokens",
     "idefics3_markers",
     "idefics3_pack_media",
-    "load_tiny_idefics3_processor",
-    "tiny_idefics3_model",
     "tokenize_idefics3",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "idefics3"
 _MARKERS: dict[int, tuple[Any, RoleMarkers]] = {}
-
-
-def load_tiny_idefics3_processor() -> Any:
-    """The shipped tiny ``Idefics3Processor`` (``scripts/build_tiny_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Idefics3 processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def idefics3_image_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
@@ -117,31 +101,16 @@ def idefics3_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def tiny_idefics3_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``Idefics3ForConditionalGeneration`` for the tiny processor (28 px
-    tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions)."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
-
-    return tiny_tile_model(
-        processor, Idefics3Config, Idefics3ForConditionalGeneration, seed=seed, attn=attn
-    )
-
-
-def tiny_tile_model(
-    processor: Any, config_cls: Any, model_cls: Any, *, seed: int = 0, attn: str = "eager"
-) -> Any:
-    """The tiny Idefics3-layout model as ``model_cls(config_cls(...))``: Idefics3 and SmolVLM
-    take the same config fields (SmolVLM is Idefics3's architecture under another name)."""
-    tok = processor.tokenizer
-    side = int(processor.image_processor.max_image_size["longest_edge"])
-    cfg = config_cls(
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                       "num_attention_heads": 2, "image_size": side, "patch_size": 7},
-        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64,
-                     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                     "num_key_value_heads": 2, "max_position_embeddings": 4096,
-                     "pad_token_id": tok.pad_token_id},
-        image_token_id=int(processor.image_token_id),
-        scale_factor=2,
-    )  # fmt: skip
-    return init_tiny_model(model_cls, cfg, seed=seed, attn=attn)
+IDEFICS3_HANDLER = register_handler(
+    Handler(
+        "idefics3",
+        tokenize_idefics3,
+        modalities=frozenset({"image"}),
+        pack_media=idefics3_pack_media,
+        description="Idefics3 / SmolVLM-style tiles: image_seq_len per tile; packs need "
+        "idefics3.idefics3_pack_media (tiles on axis 1)",
+        estimate=idefics3_estimate,
+        media_axis=1,
+    ),
+    ("Idefics3Processor",),
+)

@@ -4,7 +4,7 @@ tokens and fixed-length rows for pipeline parallelism.
 What differs from the default path, and what does not:
 
 * tokenization IS the processor-agnostic default (``registry`` handler ``kimi_k25`` =
-  ``family_default.tokenize_default``): labels from the derived
+  ``chat_template.tokenize_default``): labels from the derived
   ``<|im_assistant|>assistant<|im_middle|>`` ... ``<|im_end|>`` markers, images only (a video or
   audio block is a ``SampleError`` naming the sample; the video path is not done);
 * pre-expanded image tokens: the chat template writes ONE ``<|media_pad|>`` per image and the
@@ -27,37 +27,20 @@ What differs from the default path, and what does not:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .tiny_family_models import init_tiny_model
+from .chat_template import default_estimate, tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
+    "KIMI_K25_HANDLER",
     "kimi_k25_fixed_length_batch",
     "kimi_k25_image_tokens",
     "kimi_k25_pack_media",
-    "load_tiny_kimi_k25_processor",
-    "tiny_kimi_k25_model",
 ]
-
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "kimi_k25"
-
-
-def load_tiny_kimi_k25_processor() -> Any:
-    """The shipped tiny ``Kimi_K25Processor`` (``scripts/build_tiny_crop_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Kimi K2.5 processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_crop_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def kimi_k25_image_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
@@ -97,8 +80,8 @@ def kimi_k25_fixed_length_batch(
     keys: ``pixel_values`` / ``image_grid_thw`` concatenated over the rows and
     ``n_images_per_sample`` (per row), ready for ``pp_media.prepare_vlm_media_for_pp``.
     """
-    from .collate import neat_packed_vlm_collater
-    from .pack import build_pack
+    from neatpack.pipes.collate import neat_packed_vlm_collater
+    from neatpack.pipes.pack import build_pack
 
     pad = getattr(processor.tokenizer, "pad_token_id", None)
     pad_id = 0 if pad is None else int(pad)
@@ -113,31 +96,16 @@ def kimi_k25_fixed_length_batch(
     )
 
 
-def tiny_kimi_k25_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``Kimi_K25ForConditionalGeneration`` for the tiny processor: a 2-layer
-    32-wide MoonViT (patch 14, merge 2x2) and a 2-layer DeepSeek-V3 text model (MLA attention,
-    one dense layer then 4 routed experts, top-2); about 0.4 M parameters, 1-D positions."""
-    from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration
-
-    tok = processor.tokenizer
-    cfg = Kimi_K25Config(
-        text_config={"model_type": "deepseek_v3", "vocab_size": len(tok), "hidden_size": 64,
-                     "intermediate_size": 128, "moe_intermediate_size": 32,
-                     "num_hidden_layers": 2, "first_k_dense_replace": 1, "n_routed_experts": 4,
-                     "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1,
-                     "topk_group": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
-                     "q_lora_rank": None, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
-                     "qk_nope_head_dim": 8, "v_head_dim": 16, "max_position_embeddings": 4096,
-                     "pad_token_id": tok.pad_token_id, "bos_token_id": None,
-                     "eos_token_id": tok.eos_token_id},
-        vision_config={"patch_size": int(processor.image_processor.patch_size),
-                       "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                       "num_attention_heads": 2, "pos_emb_height": 8, "pos_emb_width": 8,
-                       "pos_emb_time": 4},
-        projection_hidden_size=32,
-        image_token_id=int(processor.image_token_id),
-        video_token_id=int(processor.video_token_id),
-        vision_start_token_id=int(tok.convert_tokens_to_ids("<|media_begin|>")),
-        vision_end_token_id=int(tok.convert_tokens_to_ids("<|media_end|>")),
-    )  # fmt: skip
-    return init_tiny_model(Kimi_K25ForConditionalGeneration, cfg, seed=seed, attn=attn)
+KIMI_K25_HANDLER = register_handler(
+    Handler(
+        "kimi_k25",
+        tokenize_default,
+        modalities=frozenset({"image"}),
+        pack_media=kimi_k25_pack_media,
+        description="Kimi K2.5: the default path, images pre-expanded by the processor to "
+        "(h // 2) * (w // 2) tokens from image_grid_thw; packs need "
+        "kimi.kimi_k25_pack_media (pixels + grids)",
+        estimate=default_estimate,
+    ),
+    ("Kimi_K25Processor",),
+)

@@ -19,41 +19,22 @@ What differs from the default path:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .family_default import tokenize_default
-from .family_image_estimate import images_meta_estimate
-from .tiny_family_models import init_tiny_model
+from ._shared import images_meta_estimate
+from .chat_template import tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
+    "LLAVA_ONEVISION_HANDLER",
     "llava_onevision_estimate",
     "llava_onevision_image_tokens",
     "llava_onevision_pack_media",
-    "load_tiny_llava_onevision_processor",
-    "tiny_llava_onevision_model",
     "tokenize_llava_onevision",
 ]
-
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "llava_onevision"
-
-
-def load_tiny_llava_onevision_processor() -> Any:
-    """The shipped tiny ``LlavaOnevisionProcessor`` (built by
-    ``scripts/build_tiny_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny LLaVA-OneVision processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def llava_onevision_image_tokens(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int]:
@@ -103,30 +84,15 @@ def llava_onevision_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str
     }
 
 
-def tiny_llava_onevision_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``LlavaOnevisionForConditionalGeneration`` for the tiny processor
-    (SigLIP tower 28 px / patch 7 -> 16 features per tile, Qwen2 text, 1-D positions)."""
-    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
-
-    tok = processor.tokenizer
-    side = int(processor.image_processor.size["height"])
-    cfg = LlavaOnevisionConfig(
-        text_config={
-            "model_type": "qwen2", "vocab_size": len(tok), "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "max_position_embeddings": 4096,
-            "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
-        },
-        vision_config={
-            "model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": side,
-            "patch_size": 7,
-        },
-        image_token_index=int(processor.image_token_id),
-        video_token_index=int(processor.video_token_id),
-        image_grid_pinpoints=[list(p) for p in processor.image_processor.image_grid_pinpoints],
-        vision_feature_select_strategy=processor.vision_feature_select_strategy,
-        vision_feature_layer=-1,
-        vision_aspect_ratio=processor.vision_aspect_ratio,
-    )  # fmt: skip
-    return init_tiny_model(LlavaOnevisionForConditionalGeneration, cfg, seed=seed, attn=attn)
+LLAVA_ONEVISION_HANDLER = register_handler(
+    Handler(
+        "llava_onevision",
+        tokenize_llava_onevision,
+        modalities=frozenset({"image"}),
+        pack_media=llava_onevision_pack_media,
+        description="LLaVA-OneVision: AnyRes image-token rule; packs need "
+        "llava_onevision.llava_onevision_pack_media (image_sizes, batch_num_images)",
+        estimate=llava_onevision_estimate,
+    ),
+    ("LlavaOnevisionProcessor",),
+)

@@ -26,11 +26,18 @@ from typing import Any
 
 import torch
 
-from .family_default import check_modalities
-from .labels import IGNORE_INDEX
-from .media import SampleError, load_image
+from neatpack.pipes.labels import IGNORE_INDEX
+from neatpack.pipes.media import SampleError, load_image
 
-__all__ = ["prompt_answer_length", "tokenize_prompt_answer"]
+from ._shared import check_modalities
+from .registry import Handler, register_handler
+
+__all__ = [
+    "PROMPT_ANSWER_HANDLER",
+    "prompt_answer_estimate",
+    "prompt_answer_length",
+    "tokenize_prompt_answer",
+]
 
 
 def _text(content: Any) -> str:
@@ -134,3 +141,23 @@ def tokenize_prompt_answer(
         sample.update({k: v for k, v in out.items() if isinstance(v, torch.Tensor)})
         sample["n_images"] = len(images)
     return sample
+
+
+def prompt_answer_estimate(
+    record: Mapping[str, Any], processor: Any, *, mode: str = "exact"
+) -> int:
+    """``prompt_answer_length`` for the graph: tokenized in ``mode="exact"``, else chars / 3."""
+    return prompt_answer_length(record, processor, chars_per_token=None if mode == "exact" else 3.0)
+
+
+PROMPT_ANSWER_HANDLER = register_handler(
+    Handler(
+        "prompt_answer",
+        tokenize_prompt_answer,
+        modalities=frozenset({"image"}),
+        needs_chat_template=False,
+        description="no chat template: prompt masked, answer + eos labelled "
+        "(Nemotron-Parse style, pipes/families/prompt_answer.py)",
+        estimate=prompt_answer_estimate,
+    )
+)

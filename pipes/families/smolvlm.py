@@ -3,7 +3,7 @@
 SmolVLM writes exactly Idefics3's image blocks (tiles of ``image_seq_len`` ``<image>`` tokens in
 ``<fake_token_around_image>`` + ``<row_r_col_c>`` / ``<global-img>`` tags), takes the same media
 keys (``pixel_values`` / ``pixel_attention_mask`` ``[1, tiles, ...]``) and the same template, so
-labels (derived ``Assistant:`` markers), packs (``family_idefics3.idefics3_pack_media``) and the
+labels (derived ``Assistant:`` markers), packs (``idefics3.idefics3_pack_media``) and the
 block-causal packed mask are Idefics3's. What differs: ``SmolVLMProcessor`` has no
 ``_get_num_multimodal_tokens``, which the ``idefics3`` handler counts with (it fails with an
 ``AttributeError``). Here the tile layout comes from the image processor's own
@@ -19,38 +19,20 @@ video frames: not done).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from .family_idefics3 import tiny_tile_model, tokenize_idefics3
-from .family_image_estimate import images_meta_estimate
+from ._shared import images_meta_estimate
+from .idefics3 import idefics3_pack_media, tokenize_idefics3
+from .registry import Handler, register_handler
 
 __all__ = [
-    "load_tiny_smolvlm_processor",
+    "SMOLVLM_HANDLER",
     "smolvlm_estimate",
     "smolvlm_image_block_tokens",
     "smolvlm_image_tokens",
-    "tiny_smolvlm_model",
     "tokenize_smolvlm",
 ]
-
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "smolvlm"
-
-
-def load_tiny_smolvlm_processor() -> Any:
-    """The shipped tiny ``SmolVLMProcessor`` (``scripts/build_tiny_crop_family_processors.py``);
-    needs ``num2words``."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny SmolVLM processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_crop_family_processors.py` (needs num2words)"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def _layouts(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
@@ -79,7 +61,7 @@ def _count(processor: Any, images: list[Any]) -> int:
 
 
 def tokenize_smolvlm(record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
-    """``family_idefics3.tokenize_idefics3`` with the count from ``smolvlm_image_tokens``."""
+    """``idefics3.tokenize_idefics3`` with the count from ``smolvlm_image_tokens``."""
     options.setdefault("image_token_count", _count)
     return tokenize_idefics3(record, processor, **options)
 
@@ -90,12 +72,16 @@ def smolvlm_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "
     return images_meta_estimate(record, processor, smolvlm_image_block_tokens, mode=mode)
 
 
-def tiny_smolvlm_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``SmolVLMForConditionalGeneration`` for the tiny processor (28 px
-    tiles, patch 7, pixel shuffle 2 -> ``image_seq_len`` 4; Llama text, 1-D positions): the
-    Idefics3 tiny model's config (``family_idefics3.tiny_tile_model``)."""
-    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
-
-    return tiny_tile_model(
-        processor, SmolVLMConfig, SmolVLMForConditionalGeneration, seed=seed, attn=attn
-    )
+SMOLVLM_HANDLER = register_handler(
+    Handler(
+        "smolvlm",
+        tokenize_smolvlm,
+        modalities=frozenset({"image"}),
+        pack_media=idefics3_pack_media,
+        description="SmolVLM: Idefics3's tiles and markers, token count from the image "
+        "processor's layout (no _get_num_multimodal_tokens; pipes/families/smolvlm.py)",
+        estimate=smolvlm_estimate,
+        media_axis=1,
+    ),
+    ("SmolVLMProcessor",),
+)

@@ -8,8 +8,8 @@ empty, missing file, non-finite), counted with the family's pure rule, and given
 processor as ``audio=[...]`` beside ``images``; the tokens each placeholder expanded to are
 checked against the rule (text runs and the processor's own per-clip figures), labels come from
 the family's role markers, and the processor's media tensors are kept under their own names.
-What differs per family is an ``AudioFamily`` value (``family_phi4.PHI4``,
-``family_nemotron_omni.NEMOTRON_OMNI``).
+What differs per family is an ``AudioFamily`` value (``phi4.PHI4``,
+``nemotron_omni.NEMOTRON_OMNI``).
 """
 
 from __future__ import annotations
@@ -20,25 +20,30 @@ from typing import Any, Final
 
 import torch
 
-from ._conversation import parse_conversation
-from .audio import load_audio_block, split_audio_blocks
-from .audio_estimate import audio_conversation, audio_lengths, image_sizes, text_estimate
-from .family_default import (
-    _check_counts,
-    _forbidden,
-    _mm_types,
-    check_modalities,
+from neatpack.pipes._conversation import parse_conversation
+from neatpack.pipes._media_meta import image_hw
+from neatpack.pipes.audio import audio_num_samples, load_audio_block, split_audio_blocks
+from neatpack.pipes.labels import RoleMarkers, conversation_labels, template_text
+from neatpack.pipes.media import SampleError, load_image
+
+from ._shared import check_modalities
+from .chat_template import (
+    check_media_counts,
+    forbidden_names,
+    media_token_types,
     processor_failure,
 )
-from .labels import RoleMarkers, conversation_labels, template_text
-from .media import SampleError, load_image
 
 __all__ = [
     "AUDIO_FAMILY_MODALITIES",
     "AudioFamily",
+    "audio_conversation",
+    "audio_lengths",
     "audio_processor",
     "estimate_audio_family",
+    "image_sizes",
     "render_template",
+    "text_estimate",
     "tokenize_audio_family",
 ]
 
@@ -57,7 +62,7 @@ def render_template(processor: Any, conv: list[dict[str, Any]]) -> str:
 @dataclass(frozen=True)
 class AudioFamily:
     """What one audio family's tokenizer needs beyond the shared flow of
-    ``tokenize_audio_family`` (``family_phi4``, ``family_nemotron_omni``).
+    ``tokenize_audio_family`` (``phi4``, ``nemotron_omni``).
 
     ``audio_tokens(processor, n_samples)``: tokens of one clip (< 1: too short, refused);
     ``clip_tokens(processor, out)``: tokens per clip as the processor's own outputs say;
@@ -99,7 +104,7 @@ def tokenize_audio_family(
     check_modalities(stand_in, processor, family.modalities)
     markers = markers or family.markers(processor)
     sid, conv, image_src, _videos, _fps = parse_conversation(
-        stand_in, _forbidden(processor, processor.tokenizer, markers)
+        stand_in, forbidden_names(processor, processor.tokenizer, markers)
     )
     for k, j in where:
         conv[k]["content"][j] = {"type": "audio"}
@@ -126,8 +131,8 @@ def tokenize_audio_family(
     except Exception as exc:
         raise processor_failure(sid, exc) from exc
     ids = out["input_ids"][0].long()
-    mm = _mm_types(ids, processor)
-    _check_counts(sid, processor, out, mm, images, family.image_tokens)
+    mm = media_token_types(ids, processor)
+    check_media_counts(sid, processor, out, mm, images, family.image_tokens)
     got = int((mm == 3).sum())
     clips = family.clip_tokens(processor, out) if audio else []
     if got != sum(want_audio) or clips != want_audio:
@@ -176,3 +181,84 @@ def estimate_audio_family(
         # each media placeholder is one token of n_text and expands to its whole run
         return int(n_text - len(image) - len(audio) + media - 1)
     return text_estimate(record, conv, where, processor) + media
+
+
+# -- the pieces of an audio family's length estimate that do not depend on the family -------------
+
+
+def audio_conversation(
+    record: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], list[tuple[int, int]], list[Mapping[str, Any]]]:
+    """``(conversation with block-list contents and each audio block as {"type": "audio"},
+    where the audio blocks were as (message, block), the audio blocks in order)``."""
+    stand_in, where, blocks = split_audio_blocks(record)
+    conv = [
+        dict(m, content=[{"type": "text", "text": c}] if isinstance(c, str) else list(c))
+        for m in stand_in["conversation"]
+        for c in (m["content"],)
+    ]
+    for k, j in where:
+        conv[k]["content"][j] = {"type": "audio"}
+    return conv, where, blocks
+
+
+def audio_lengths(
+    record: Mapping[str, Any], blocks: list[Mapping[str, Any]], rate: int
+) -> list[int]:
+    """Samples at ``rate`` per audio block: ``record["audios_meta"]`` seconds, else the WAV
+    header or the array length (``audio.audio_num_samples``); a count mismatch is a
+    ValueError naming the sample."""
+    sid = record.get("sample_id")
+    meta = record.get("audios_meta") or [None] * len(blocks)
+    if len(meta) != len(blocks):
+        raise ValueError(
+            f"sample_id={sid}: audios_meta has {len(meta)} entries for {len(blocks)} audio blocks"
+        )
+    return [
+        audio_num_samples(b.get("audio", b.get("path")), m, rate, sid)
+        for b, m in zip(blocks, meta, strict=True)
+    ]
+
+
+def image_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
+    """``[height, width]`` per image block: ``images_meta`` entries, else the PIL image or the
+    file header (``_media_meta._image_size``); an unreadable image is a ValueError."""
+    values = [b.get("image", b.get("path")) for m in conv for b in m["content"]
+              if b.get("type") == "image" or (b.get("type") is None and "image" in b)]  # fmt: skip
+    meta = list(meta) if meta else [None] * len(values)
+    if len(meta) != len(values):
+        raise ValueError(
+            f"sample_id={sid}: images_meta has {len(meta)} entries for {len(values)} image blocks"
+        )
+    sizes = []
+    for value, m in zip(values, meta, strict=True):
+        size = (int(m[0]), int(m[1])) if m is not None else image_hw(value, sid)
+        if isinstance(size, str):
+            raise ValueError(f"sample_id={sid}: {size.replace('_', ' ')}: {value!r:.80}")
+        sizes.append([size[0], size[1]])
+    return sizes
+
+
+def text_estimate(
+    record: Mapping[str, Any],
+    conv: list[dict[str, Any]],
+    where: list[tuple[int, int]],
+    processor: Any,
+) -> int:
+    """``LengthEstimator``'s ``mode="estimate"`` count of the record's text, the audio blocks
+    (at ``where`` in ``conv``) left out and the template overhead probed from the processor."""
+    from neatpack.pipes._template_probe import probe_overhead
+    from neatpack.pipes.estimate import LengthEstimator
+
+    text_only = {**record, "conversation": [
+        {**m, "content": [b for j, b in enumerate(m["content"]) if (k, j) not in where]}
+        for k, m in enumerate(conv)
+    ]}  # fmt: skip
+    est = LengthEstimator(
+        mode="estimate",
+        processor=processor,
+        media_fallback=0,
+        on_missing_media="fallback",
+        overhead=probe_overhead(processor),
+    )
+    return int(est.estimate(text_only)[0])

@@ -1,5 +1,10 @@
 """The processor-agnostic tokenizer: any processor with a chat template, no per-model code.
 
+This is the ``chat_template`` family: every processor with a template and no registered class
+(InternVL is served by it as is: labels from the derived ``<|im_start|>assistant\n`` markers,
+``<IMG_CONTEXT>`` runs checked against ``_get_num_multimodal_tokens``, crops concatenated on
+dim 0, a block-causal packed mask), and the base the other families' tokenizers wrap.
+
 * text: ``processor.apply_chat_template(conversation, tokenize=False)`` then ``processor(text=...,
   images=..., videos=...)``;
 * labels: the assistant role markers derived from the template (``labels.resolve_role_markers``),
@@ -26,72 +31,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ._conversation import forbidden_tokens, parse_conversation
-from .labels import (
-    RoleMarkers,
-    conversation_labels,
-    resolve_role_markers,
-    template_text,
-)
-from .media import SampleError, load_image, load_video
+from neatpack.pipes._conversation import forbidden_tokens, parse_conversation
+from neatpack.pipes.labels import RoleMarkers, conversation_labels, resolve_role_markers
+from neatpack.pipes.media import SampleError, load_image, load_video
+
+from ._shared import check_modalities
+from .registry import Handler, register_handler
 
 __all__ = [
-    "check_modalities",
+    "CHAT_TEMPLATE_HANDLER",
+    "check_media_counts",
     "default_estimate",
-    "has_chat_template",
+    "forbidden_names",
     "media_token_ids",
+    "media_token_types",
+    "processor_failure",
     "tokenize_default",
 ]
-
-MEDIA_KINDS: Final = ("image", "video", "audio")
-
-
-def has_chat_template(processor: Any) -> bool:
-    """True when the processor or its tokenizer carries a chat template string."""
-    return bool(template_text(processor))
-
-
-_AUDIO_SUBPROCESSORS: Final = ("feature_extractor", "audio_processor")
-
-
-def processor_modalities(processor: Any) -> frozenset[str]:
-    """Media kinds the processor can take: from its ``image_processor`` / ``video_processor`` /
-    ``feature_extractor`` or ``audio_processor`` (audio) sub-processors. Both audio names are
-    in use: Qwen-Omni / Gemma 4 say ``feature_extractor``, Phi-4-multimodal ``audio_processor``
-    (a ``Phi4MultimodalFeatureExtractor``), so a check on one name alone refuses Phi-4's audio."""
-    kinds = {"image"} if getattr(processor, "image_processor", None) is not None else set()
-    if getattr(processor, "video_processor", None) is not None:
-        kinds.add("video")
-    if any(getattr(processor, a, None) is not None for a in _AUDIO_SUBPROCESSORS):
-        kinds.add("audio")
-    return frozenset(kinds)
-
-
-def check_modalities(record: Mapping[str, Any], processor: Any, allowed: frozenset[str]) -> None:
-    """SampleError naming the sample when a block's media kind is one the family cannot take
-    (the handler's ``allowed`` kinds intersected with the processor's sub-processors)."""
-    conv = record.get("conversation") if isinstance(record, Mapping) else None
-    if not isinstance(conv, list):
-        return  # parse_conversation reports it
-    can = allowed & processor_modalities(processor)
-    for k, msg in enumerate(conv):
-        content = msg.get("content") if isinstance(msg, Mapping) else None
-        for j, block in enumerate(content if isinstance(content, list) else []):
-            if not isinstance(block, Mapping):
-                continue
-            kind = block.get("type") or next((m for m in MEDIA_KINDS if m in block), None)
-            if kind in MEDIA_KINDS and kind not in can:
-                raise SampleError(
-                    record.get("sample_id"),
-                    "bad_media",
-                    f"message {k} block {j} is {kind!r} but {type(processor).__name__} takes "
-                    f"only {sorted(can) or 'text'}; drop the {kind} or use a family with {kind}",
-                )
 
 
 def media_token_ids(processor: Any) -> dict[int, list[int]]:
@@ -113,7 +74,8 @@ def processor_failure(sid: Any, exc: Exception, kind: str = "processor_error") -
     return SampleError(sid, kind, f"the processor failed: {type(exc).__name__}: {exc}")
 
 
-def _mm_types(ids: Tensor, processor: Any) -> Tensor:
+def media_token_types(ids: Tensor, processor: Any) -> Tensor:
+    """``mm_token_type_ids`` of ``ids``: 0 text, 1 image, 2 video, 3 audio (``media_token_ids``)."""
     mm = torch.zeros_like(ids)
     for code, tids in media_token_ids(processor).items():
         if tids:
@@ -121,7 +83,9 @@ def _mm_types(ids: Tensor, processor: Any) -> Tensor:
     return mm
 
 
-def _forbidden(processor: Any, tok: Any, markers: RoleMarkers) -> tuple[str, ...]:
+def forbidden_names(processor: Any, tok: Any, markers: RoleMarkers) -> tuple[str, ...]:
+    """Special-token strings a record's text must not contain: the role markers, structural
+    tokens and the processor's media tokens (``image_token``, ``boi_token`` ...)."""
     names = set(forbidden_tokens(processor, tok, markers))
     for attr in ("image_token", "video_token", "audio_token", "boi_token", "eoi_token"):
         for obj in (processor, tok):
@@ -146,7 +110,7 @@ def _expected_image_tokens(processor: Any, images: list[Any]) -> int | None:
 ImageTokenCount = Callable[[Any, list[Any]], "int | None"]
 
 
-def _check_counts(
+def check_media_counts(
     sid: Any,
     processor: Any,
     out: Mapping[str, Any],
@@ -154,6 +118,9 @@ def _check_counts(
     images: list[Any],
     count: ImageTokenCount | None = None,
 ) -> None:
+    """SampleError naming sample ``sid`` when the media tokens of ``mm`` disagree with the
+    expected image-token total (``count``, default the processor's
+    ``_get_num_multimodal_tokens``) or with the ``*_grid_thw`` grids the processor returned."""
     found = int((mm == 1).sum())
     want = (count or _expected_image_tokens)(processor, images) if images else None
     if want is not None and found != want:
@@ -203,7 +170,7 @@ def tokenize_default(
     tok = getattr(processor, "tokenizer", processor)
     markers = markers or resolve_role_markers(processor)
     sid, conv, image_src, video_src, _fps = parse_conversation(
-        record, _forbidden(processor, tok, markers)
+        record, forbidden_names(processor, tok, markers)
     )
     images = [load_image(s, sample_id=sid, max_image_pixels=max_image_pixels) for s in image_src]
     videos = [load_video(v, sample_id=sid) for v in video_src]
@@ -220,7 +187,7 @@ def tokenize_default(
     except Exception as exc:
         raise processor_failure(sid, exc) from exc
     ids = out["input_ids"][0].long()
-    mm = _mm_types(ids, processor)
+    mm = media_token_types(ids, processor)
     theirs = out.get("mm_token_type_ids", out.get("token_type_ids"))
     if theirs is not None and not torch.equal((theirs[0].long() != 0), (mm != 0)):
         raise SampleError(
@@ -231,7 +198,7 @@ def tokenize_default(
             raise SampleError(
                 sid, "media_token_mismatch", f"{kind} tokens in the text but no {kind}s"
             )
-    _check_counts(sid, processor, out, mm, images, image_token_count)
+    check_media_counts(sid, processor, out, mm, images, image_token_count)
     labels = conversation_labels(
         ids, conv, markers, sample_id=sid, mm_token_type_ids=mm, label_policy=label_policy
     )
@@ -253,9 +220,9 @@ def default_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "
     the media placeholder tokens excluded) plus, per image of ``record["images_meta"]``
     (``[height, width]``), the processor's own ``_get_num_multimodal_tokens`` count. Exact when
     that count is the placeholder's whole expansion (InternVL, LLaVA-OneVision, Idefics3);
-    Gemma 3 adds newlines around each image: use ``family_gemma3.gemma3_estimator``."""
-    from ._template_probe import probe_overhead
-    from .estimate import LengthEstimator
+    Gemma 3 adds newlines around each image: use ``gemma3.gemma3_estimator``."""
+    from neatpack.pipes._template_probe import probe_overhead
+    from neatpack.pipes.estimate import LengthEstimator
 
     kw: dict[str, Any] = {} if mode == "exact" else {"overhead": probe_overhead(processor)}
     est = LengthEstimator(
@@ -266,3 +233,13 @@ def default_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "
         processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
     )
     return int(est.estimate(record)[0]) + sum(int(b) for b in blocks)
+
+
+CHAT_TEMPLATE_HANDLER = register_handler(
+    Handler(
+        "chat_template",
+        tokenize_default,
+        estimate=default_estimate,
+        description="any processor with a chat template (pipes/families/chat_template.py)",
+    )
+)

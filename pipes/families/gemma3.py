@@ -1,6 +1,6 @@
 """Gemma 3 (``Gemma3Processor`` / ``Gemma3ForConditionalGeneration``): what really differs.
 
-* Tokenization is the processor-agnostic default (``family_default.tokenize_default``): labels
+* Tokenization is the processor-agnostic default (``chat_template.tokenize_default``): labels
   from the ``<start_of_turn>model\\n`` ... ``<end_of_turn>`` markers derived from the template,
   ``<image_soft_token>`` as the image token (``processor.image_token_ids``), ``image_seq_length``
   tokens per image, or per crop with pan-and-scan (``gemma3_pan_and_scan`` below). Images only: a
@@ -33,21 +33,28 @@ crop resized to the full image size and given its own soft-token run after the t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from ._media_meta import EstimateError, aligned_meta, image_hw, positive_meta, record_media
-from .estimate import LengthEstimator, SampleEstimate
-from .family_default import tokenize_default
-from .mask import to_4d_additive_mask
+from neatpack.pipes._media_meta import (
+    EstimateError,
+    aligned_meta,
+    image_hw,
+    positive_meta,
+    record_media,
+)
+from neatpack.pipes.estimate import LengthEstimator, SampleEstimate
+from neatpack.pipes.mask import to_4d_additive_mask
+
+from .chat_template import tokenize_default
+from .registry import Handler, register_handler
 
 __all__ = [
+    "GEMMA3_HANDLER",
     "Gemma3LengthEstimator",
     "PanAndScan",
     "gemma3_estimator",
@@ -59,25 +66,8 @@ __all__ = [
     "gemma3_pan_and_scan",
     "gemma3_pan_and_scan_settings",
     "gemma3_soft_tokens",
-    "load_tiny_gemma3_processor",
-    "tiny_gemma3_model",
     "tokenize_gemma3",
 ]
-
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "gemma3"
-
-
-def load_tiny_gemma3_processor() -> Any:
-    """The shipped tiny ``Gemma3Processor`` (``scripts/build_tiny_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Gemma 3 processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def gemma3_image_tokens(processor: Any) -> int:
@@ -243,7 +233,7 @@ class Gemma3LengthEstimator(LengthEstimator):
 def gemma3_estimator(processor: Any, **kw: Any) -> Gemma3LengthEstimator:
     """``Gemma3LengthEstimator`` for ``processor``: template overhead probed from it, an uncropped
     image ``gemma3_image_tokens``, its pan-and-scan settings (None when off)."""
-    from ._template_probe import probe_overhead, tokenizer_id
+    from neatpack.pipes._template_probe import probe_overhead, tokenizer_id
 
     kw.setdefault("overhead", probe_overhead(processor))
     kw.setdefault("on_missing_media", "fallback")
@@ -288,51 +278,6 @@ def gemma3_packed_mask(
     return out.masked_fill((same_doc & same_img).unsqueeze(1), 0.0)
 
 
-def tiny_gemma3_model(processor: Any, *, seed: int = 0, attn_implementation: str = "eager") -> Any:
-    """A tiny random fp32 ``Gemma3ForConditionalGeneration`` matching the tiny processor (28x28
-    images, patch 7 -> 4x4 patches pooled to ``image_seq_length`` = 4 soft tokens).
-
-    transformers initialises the image projection (``mm_input_projection_weight``) to zeros,
-    which makes every image embedding zero: the pixels would never reach the logits and a
-    parity test could not see a wrong image. It gets seeded random weights here (std 0.02,
-    ``initializer_range``), so changing the pixels changes the logits."""
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
-
-    tok = processor.tokenizer
-    side = int(processor.image_processor.size["height"])
-    text = {
-        "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "sliding_window": 2048, "max_position_embeddings": 4096,
-        "layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16,
-        "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.eos_token_id,
-    }  # fmt: skip
-    vision = {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "image_size": side, "patch_size": side // 4,
-    }  # fmt: skip
-    cfg = Gemma3Config(
-        text_config=text,
-        vision_config=vision,
-        mm_tokens_per_image=int(processor.image_seq_length),
-        boi_token_index=int(tok.boi_token_id),
-        eoi_token_index=int(tok.eoi_token_id),
-        image_token_index=int(tok.image_token_id),
-    )
-    cfg._attn_implementation = attn_implementation
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn_implementation  # type: ignore[union-attr]
-    torch.manual_seed(seed)  # init only: tests own the process
-    model = Gemma3ForConditionalGeneration(cfg)
-    proj = model.model.multi_modal_projector.mm_input_projection_weight
-    with torch.no_grad():
-        proj.normal_(0.0, cfg.text_config.initializer_range)  # type: ignore[union-attr]
-    model.config.use_cache = False
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
-
-
 def gemma3_packed_masks(
     doc_ids: Tensor, token_type_ids: Tensor, *, sliding_window: int | None = None
 ) -> dict[str, Tensor]:
@@ -347,3 +292,22 @@ def gemma3_pack_media(samples: Any) -> dict[str, Tensor]:
     needs no ``token_type_ids``)."""
     pvs = [s["pixel_values"] for s in samples if s.get("pixel_values") is not None]
     return {"pixel_values": torch.cat(pvs, dim=0)} if pvs else {}
+
+
+def _gemma3_estimator(processor: Any, mode: str) -> Gemma3LengthEstimator:
+    return gemma3_estimator(processor, mode=mode)
+
+
+GEMMA3_HANDLER = register_handler(
+    Handler(
+        "gemma3",
+        tokenize_gemma3,
+        modalities=frozenset({"image"}),
+        pack_media=gemma3_pack_media,
+        packed_mask=gemma3_packed_masks,
+        description="Gemma 3: the default path, images only, pan-and-scan crops counted; packed "
+        "rows need gemma3.gemma3_packed_mask (bidirectional image tokens)",
+        estimator=_gemma3_estimator,
+    ),
+    ("Gemma3Processor",),
+)

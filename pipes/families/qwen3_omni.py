@@ -1,7 +1,7 @@
 """Qwen3-Omni (``Qwen3OmniMoeProcessor`` / ``Qwen3OmniMoeThinkerForConditionalGeneration``): the
-Qwen2.5-Omni path (``family_qwen_omni``) with Qwen3-Omni's audio rule. Only the differences live
+Qwen2.5-Omni path (``qwen_omni``) with Qwen3-Omni's audio rule. Only the differences live
 here; tokenization, labels, image checks, the estimate, media packing and positions are the
-shared ``family_qwen_omni`` code.
+shared ``qwen_omni`` code.
 
 What differs from Qwen2.5-Omni (transformers 5.23 sources):
 
@@ -31,7 +31,9 @@ What differs from Qwen2.5-Omni (transformers 5.23 sources):
 * the thinker is a mixture of experts with deepstack visual features: per-token routing and
   per-token feature injection, so a block-causal packed row is still exact.
 
->>> proc = load_tiny_qwen3_omni_processor()
+>>> from types import SimpleNamespace  # the extractor fields the rule reads (Whisper's)
+>>> proc = SimpleNamespace(feature_extractor=SimpleNamespace(hop_length=160, n_samples=480000,
+...                                                          n_fft=400))
 >>> qwen3_omni_audio_tokens(proc, [16000])  # 1 s: 100 frames = one full chunk -> 13 tokens
 [13]
 >>> qwen3_omni_audio_tokens(proc, [12345, 16000])  # ceil(77.2) = 78 frames -> 39 -> 20 -> 10
@@ -40,40 +42,31 @@ What differs from Qwen2.5-Omni (transformers 5.23 sources):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
-from .family_qwen_omni import OmniRule, omni_estimate, omni_tokenize
-from .labels import RoleMarkers
-from .media import SampleError
-from .tiny_family_models import WITH_AUDIO, init_tiny_model
+from neatpack.pipes.labels import RoleMarkers
+from neatpack.pipes.media import SampleError
+
+from .qwen_omni import (
+    OMNI_MODALITIES,
+    OmniRule,
+    omni_estimate,
+    omni_tokenize,
+    qwen_omni_mrope,
+    qwen_omni_pack_media,
+)
+from .registry import Handler, register_handler
 
 __all__ = [
     "QWEN3_OMNI",
-    "load_tiny_qwen3_omni_processor",
+    "QWEN3_OMNI_HANDLER",
     "qwen3_omni_audio_tokens",
     "qwen3_omni_estimate",
-    "tiny_qwen3_omni_model",
     "tokenize_qwen3_omni",
 ]
 
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "qwen3_omni"
 _CHUNK_TOKENS: Final = 13  # tokens of one full 2 * n_window-frame chunk (conv3(100))
-
-
-def load_tiny_qwen3_omni_processor() -> Any:
-    """The shipped tiny ``Qwen3OmniMoeProcessor`` (``scripts/build_tiny_omni_processor.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Qwen3-Omni processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_omni_processor.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def _tokens(processor: Any, frames: int) -> int:
@@ -108,7 +101,7 @@ def tokenize_qwen3_omni(
     markers: RoleMarkers | None = None,
     max_image_pixels: int | str | None = "pil",
 ) -> dict[str, Any]:
-    """One Record with text, image, video and audio blocks -> one Sample (``family_qwen_omni``'s
+    """One Record with text, image, video and audio blocks -> one Sample (``qwen_omni``'s
     path with Qwen3-Omni's audio rule).
 
     A video whose time step ``video_second_per_grid * position_id_per_seconds`` (``2 / fps *
@@ -140,63 +133,21 @@ def tokenize_qwen3_omni(
 
 def qwen3_omni_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
     """Length after the shift without the feature extractor or the image processor
-    (``family_qwen_omni.omni_estimate`` with Qwen3-Omni's audio rule)."""
+    (``qwen_omni.omni_estimate`` with Qwen3-Omni's audio rule)."""
     return omni_estimate(record, processor, QWEN3_OMNI, mode=mode)
 
 
-def tiny_qwen3_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``Qwen3OmniMoeThinkerForConditionalGeneration`` for the tiny processor.
-
-    Text: a real mixture of experts (4 experts, top 2, every layer sparse), hidden 64, 2 layers,
-    interleaved mRoPE sections [2, 3, 3]; vision: depth 2, width 32, patch 16, deepstack from
-    layer 0 into text layer 0; audio: 2 layers, d_model 32, 128 mel bins, ``n_window`` 50 (as
-    the processor), initialised with std 0.2 so that its output depends on the audio.
-    ``position_id_per_seconds`` 13, as the processor (videos' temporal scale).
-    """
-    from transformers import (
-        Qwen3OmniMoeThinkerConfig,
-        Qwen3OmniMoeThinkerForConditionalGeneration,
-    )
-
-    tok = processor.tokenizer
-    cfg = Qwen3OmniMoeThinkerConfig(
-        text_config={
-            "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 16, "max_position_embeddings": 4096, "bos_token_id": None,
-            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-            "decoder_sparse_step": 1,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
-                                "mrope_section": [2, 3, 3], "interleaved": True},
-            "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
-        },
-        vision_config={
-            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-            "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2,
-            "temporal_patch_size": 2, "num_position_embeddings": 256,
-            "deepstack_visual_indexes": [0],
-        },
-        audio_config={
-            "num_mel_bins": int(processor.feature_extractor.feature_size), "encoder_layers": 2,
-            "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
-            "output_dim": 64, "n_window": int(getattr(processor, "n_window", 50)),
-            "downsample_hidden_size": 16,
-            # at 0.02 this tiny tower's output has std 0.006 and barely depends on its input
-            # (zeroed features move the logits by 1e-4); at 0.2 the audio really counts
-            "initializer_range": 0.2,
-        },
-        audio_token_id=int(processor.audio_token_id),
-        image_token_id=int(processor.image_token_id),
-        video_token_id=int(processor.video_token_id),
-        audio_start_token_id=int(tok.convert_tokens_to_ids(processor.audio_bos_token)),
-        position_id_per_seconds=int(processor.position_id_per_seconds),
-        # not a declared field, but get_rope_index reads config.vision_start_token_id
-        vision_start_token_id=int(tok.convert_tokens_to_ids(processor.vision_bos_token)),  # type: ignore[call-arg]
-    )  # fmt: skip
-    return init_tiny_model(
-        Qwen3OmniMoeThinkerForConditionalGeneration,
-        cfg,
-        seed=seed,
-        attn=attn,
-        subconfigs=WITH_AUDIO,
-    )
+QWEN3_OMNI_HANDLER = register_handler(
+    Handler(
+        "qwen3_omni",
+        tokenize_qwen3_omni,
+        modalities=OMNI_MODALITIES,
+        pack_media=qwen_omni_pack_media,
+        mrope=True,
+        description="Qwen3-Omni: the Qwen2.5-Omni path with 13 audio tokens per 100-frame chunk "
+        "and no 30 s window; features padded per pack (pipes/families/qwen3_omni.py)",
+        estimate=qwen3_omni_estimate,
+        positions=qwen_omni_mrope,
+    ),
+    ("Qwen3OmniMoeProcessor",),
+)

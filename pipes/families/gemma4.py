@@ -19,7 +19,7 @@ timestamps at the block's ``fps`` (or ``videos_meta[k][3]``; without either, the
 default 24 fps, as it does for frames without metadata); ``k`` is checked
 against the processor's ``_get_num_multimodal_tokens(video_sizes=...)`` and against the real
 patches of ``video_position_ids`` (what the vision tower will return).
-``family_gemma4_estimate.gemma4_estimate`` gives the length (exact mode == real).
+``gemma4_estimate`` gives the length (exact mode == real); it is the handler's estimate.
 
 Audio (``neatpack.pipes.audio``: a .wav path or a float array at the extractor's 16 kHz, never
 resampled, at most ``audio_seq_length`` tokens = 30 s): each block becomes
@@ -40,33 +40,39 @@ are block-causal.
 
 from __future__ import annotations
 
-import os
+import re
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import torch
 from torch import Tensor
 
-from ._media_meta import record_media
-from .audio import load_audio_block, split_audio_blocks
-from .family_default import tokenize_default
-from .family_gemma3 import gemma3_packed_mask
-from .labels import RoleMarkers, tail_alternatives
-from .media import SampleError
-from .tiny_family_models import WITH_AUDIO, init_tiny_model
+from neatpack.pipes._media_meta import (
+    EstimateError,
+    aligned_meta,
+    image_hw,
+    positive_meta,
+    record_media,
+)
+from neatpack.pipes.audio import audio_num_samples, load_audio_block, split_audio_blocks
+from neatpack.pipes.labels import RoleMarkers, tail_alternatives
+from neatpack.pipes.media import SampleError
+
+from .chat_template import tokenize_default
+from .gemma3 import gemma3_packed_mask
+from .registry import Handler, register_handler
 
 __all__ = [
+    "GEMMA4_HANDLER",
     "GEMMA4_MODALITIES",
     "GEMMA4_MODEL_TURN",
     "GEMMA4_THINKING_PREFIX",
+    "gemma4_estimate",
     "gemma4_markers",
     "gemma4_pack_media",
     "gemma4_packed_masks",
     "gemma4_video_metadata",
     "inject_thinking_prefix",
-    "load_tiny_gemma4_processor",
-    "tiny_gemma4_model",
     "tokenize_gemma4",
 ]
 
@@ -75,20 +81,6 @@ GEMMA4_THINKING_PREFIX: Final = "<|channel>thought\n<channel|>"
 GEMMA4_END_OF_TURN: Final = "<turn|>"
 GEMMA4_MODALITIES: Final = frozenset({"image", "video", "audio"})
 _AUDIO_STAND_IN: Final = "\ue000audio\ue000"  # private use: no real text contains it
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "gemma4"
-
-
-def load_tiny_gemma4_processor() -> Any:
-    """The shipped tiny ``Gemma4Processor`` (``scripts/build_tiny_family_processors.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Gemma 4 processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_family_processors.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def inject_thinking_prefix(
@@ -172,9 +164,9 @@ class _ExtraCall:
 
 def gemma4_video_metadata(record: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """``video_metadata`` for the record's frame-list videos when every one has a frame rate
-    (block ``fps`` or ``videos_meta[k][3]``: ``tokenize.video_metadata_of``, the Qwen-VL rule),
+    (block ``fps`` or ``videos_meta[k][3]``: ``tokenize._video_metadata``, the Qwen-VL rule),
     else None (the processor's default 24 fps)."""
-    from .tokenize import video_metadata_of
+    from neatpack.pipes.tokenize import video_metadata_of
 
     blocks: list[Mapping[str, Any]] = []
     for msg in record.get("conversation") or []:
@@ -275,7 +267,7 @@ def gemma4_packed_masks(
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Tensor]:
     """``{"full_attention", "sliding_attention"}`` additive masks for a packed Gemma 4 row."""
-    from .mask import to_4d_additive_mask
+    from neatpack.pipes.mask import to_4d_additive_mask
 
     full = to_4d_additive_mask(doc_ids, dtype)
     if not bidirectional_vision:
@@ -308,50 +300,117 @@ def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
     return out
 
 
-def tiny_gemma4_model(
-    processor: Any,
-    *,
-    bidirectional_vision: bool = False,
-    audio: bool = False,
-    seed: int = 0,
-    attn: str = "eager",
-) -> Any:
-    """A tiny random fp32 ``Gemma4ForConditionalGeneration`` for the tiny processor (patch 4,
-    pooling 2); ``bidirectional_vision`` sets ``use_bidirectional_attention="vision"``;
-    ``audio`` adds a one-layer audio tower (conv channels ``[128, 4]``: the model sizes its
-    projection as ``channels[0] // 4 * channels[1]``, so channels[0] must be the 128 mel bins)."""
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+# -- the length estimate (Handler.estimate): exact mode == the real length ------------------------
+
+
+def _video_text(proc: Any, frames: int, tokens_per_frame: int, fps: float | None) -> str:
+    from transformers.video_utils import VideoMetadata
+
+    meta = VideoMetadata(total_num_frames=frames, fps=fps, frames_indices=list(range(frames)))
+    return str(
+        proc.replace_video_token(
+            {"num_soft_tokens_per_video": [tokens_per_frame], "video_metadata": [meta]}, 0
+        )
+    )
+
+
+def _media_texts(record: Mapping[str, Any], proc: Any) -> dict[str, list[str]]:
+    """The text each image / video / audio of ``record`` expands to, per placeholder token, in
+    order (images: ``images_meta`` ``[h, w]`` or the image; videos: frame lists; audio:
+    ``audios_meta`` seconds or the array / WAV header)."""
+    sid = int(record.get("sample_id", -1))
+    images, videos = record_media(record)
+    image_texts = []
+    for value, meta in zip(images, aligned_meta(record, "images_meta", len(images), sid),
+                           strict=True):  # fmt: skip
+        size = positive_meta(sid, "images", meta, 2) if meta is not None else None
+        hw = (int(size[0]), int(size[1])) if size else image_hw(value, sid)
+        if isinstance(hw, str):
+            raise EstimateError(
+                f"sample_id={sid}: no size for image {value!r:.60} ({hw}); give images_meta"
+            )
+        k = proc._get_num_multimodal_tokens(image_sizes=[hw]).num_image_tokens[0]
+        image_texts.append(str(proc.replace_image_token({"num_soft_tokens_per_image": [k]}, 0)))
+    video_texts = []
+    metadata = gemma4_video_metadata(record) or [{"fps": None}] * len(videos)
+    for v, vmeta in zip(videos, metadata, strict=True):
+        if isinstance(v, str) or not isinstance(v, Sequence) or not v:
+            raise EstimateError(
+                f"sample_id={sid}: video {v!r:.60} is not a frame list; the Gemma 4 estimate "
+                "needs the frames (their count and size)"
+            )
+        n, h, w = len(v), int(v[0].height), int(v[0].width)
+        total = proc._get_num_multimodal_tokens(video_sizes=[(n, h, w)]).num_video_tokens[0]
+        video_texts.append(_video_text(proc, n, total // n, vmeta["fps"]))
+    _, _, blocks = split_audio_blocks(record)
+    seconds = record.get("audios_meta") or [None] * len(blocks)
+    if len(seconds) != len(blocks):
+        raise EstimateError(
+            f"sample_id={sid}: audios_meta has {len(seconds)} entries for {len(blocks)} audio "
+            "blocks; give one duration in seconds per block"
+        )
+    rate = int(proc.feature_extractor.sampling_rate)
+    audio_texts = []
+    for b, sec in zip(blocks, seconds, strict=True):
+        try:
+            n = audio_num_samples(b.get("audio", b.get("path")), sec, rate, sid)
+        except ValueError as exc:
+            raise EstimateError(str(exc)) from exc
+        k = proc._get_num_multimodal_tokens(audio_lengths=[n]).num_audio_tokens[0]
+        audio_texts.append(f"{proc.boa_token}{proc.audio_token * k}{proc.eoa_token}")
+    return {
+        str(proc.image_token): image_texts,
+        str(proc.video_token): video_texts,
+        str(proc.audio_token): audio_texts,
+    }
+
+
+def gemma4_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "exact") -> int:
+    """Length after the shift of ``tokenize_gemma4(record)``.
+
+    ``exact``: the template with the thinking prefix, each ``<|image|>`` / ``<|video|>`` /
+    ``<|audio|>`` replaced by the processor's own expansion, tokenized once (== real).
+    ``estimate``: ``LengthEstimator`` text (chars / 3 + template overhead) plus the expansions'
+    and the prefixes' exact tokens."""
+    from neatpack.pipes._template_probe import probe_overhead
+    from neatpack.pipes.estimate import LengthEstimator
 
     tok = processor.tokenizer
-    ids = tok.convert_tokens_to_ids
-    vp = processor.image_processor
-    text = {
-        "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "global_head_dim": 16, "sliding_window": 4096,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "vocab_size_per_layer_input": len(tok), "hidden_size_per_layer_input": 8,
-        "max_position_embeddings": 4096, "pad_token_id": tok.pad_token_id,
-        "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
-        "use_bidirectional_attention": "vision" if bidirectional_vision else None,
-    }  # fmt: skip
-    vision = {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
-        "patch_size": int(vp.patch_size), "pooling_kernel_size": int(vp.pooling_kernel_size),
-        "position_embedding_size": 256,
-    }  # fmt: skip
-    sound = {
-        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "subsampling_conv_channels": [128, 4], "output_proj_dims": 32,
-    }  # fmt: skip
-    cfg = Gemma4Config(
-        text_config=text, vision_config=vision, audio_config=sound if audio else None,
-        boi_token_id=int(tok.boi_token_id), eoi_token_id=int(tok.eoi_token_id),
-        image_token_id=int(processor.image_token_id), video_token_id=int(processor.video_token_id),
-        boa_token_id=int(ids("<|audio>")), eoa_token_index=int(ids("<audio|>")),
-        audio_token_id=int(ids("<|audio|>")),
-    )  # fmt: skip
-    return init_tiny_model(
-        Gemma4ForConditionalGeneration, cfg, seed=seed, attn=attn, subconfigs=WITH_AUDIO
+    texts = _media_texts(record, processor)
+    if mode == "exact":
+        stand_in, _, _ = split_audio_blocks(record, str(processor.audio_token))
+        text = inject_thinking_prefix(
+            processor.apply_chat_template(stand_in["conversation"], tokenize=False)
+        )
+        pieces = re.split("(" + "|".join(re.escape(t) for t in texts) + ")", text)
+        queues = {k: iter(v) for k, v in texts.items()}
+        full = "".join(next(queues[p]) if p in queues else p for p in pieces)
+        return len(tok(full)["input_ids"]) - 1
+    stand_in, _, _ = split_audio_blocks(record, "")
+    est = LengthEstimator(
+        mode=mode,
+        processor=processor,
+        media_fallback=0,
+        on_missing_media="fallback",
+        overhead=probe_overhead(processor),
     )
+    turns = int(sum(m.get("role") == "assistant" for m in record["conversation"]))
+    prefix = len(tok(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
+    media = sum(len(tok(t, add_special_tokens=False)["input_ids"]) - 1
+                for v in texts.values() for t in v)  # fmt: skip
+    return int(est.estimate(stand_in)[0]) + media + turns * prefix
+
+
+GEMMA4_HANDLER = register_handler(
+    Handler(
+        "gemma4",
+        tokenize_gemma4,
+        modalities=GEMMA4_MODALITIES,
+        pack_media=gemma4_pack_media,
+        packed_mask=gemma4_packed_masks,
+        description="Gemma 4: thinking-channel prefix injected after each model turn and kept "
+        "out of the labels (pipes/families/gemma4.py); images, videos (frame lists), audio",
+        estimate=gemma4_estimate,
+    ),
+    ("Gemma4Processor",),
+)

@@ -1,6 +1,6 @@
 """Qwen2.5-Omni (``Qwen2_5OmniProcessor`` / ``Qwen2_5OmniThinkerForConditionalGeneration``):
 text, images, videos and AUDIO in one conversation; the path Qwen3-Omni shares
-(``family_qwen3_omni``: ``OmniRule`` holds the audio differences).
+(``qwen3_omni``: ``OmniRule`` holds the audio differences).
 
 Audio blocks (``{"type": "audio", "audio": <.wav path | 1-D float array>}``, optional
 ``"sampling_rate"``) are found and read by ``neatpack.pipes.audio`` (rate must equal the
@@ -22,7 +22,7 @@ What differs from the default path:
   ``videos_meta``, else the processor's default; see ``_video_kwargs``);
 * positions are 3-D mRoPE with audio in time and videos in scaled time:
   ``qwen_omni_position_ids`` takes them from the model's own ``get_rope_index`` per document,
-  ``qwen_omni_mrope`` computes the same ``[3, L]`` without the model (``omni_positions.py``); a
+  ``qwen_omni_mrope`` computes the same ``[3, L]`` without the model (``qwen_omni.py``); a
   packed row concatenates them and needs the block-causal 4D mask
   (``mask.to_4d_additive_mask``); ``qwen_omni_pack_media`` concatenates the media in document
   order.
@@ -33,43 +33,40 @@ the video in time) is not supported: neatpack never asks for it, so a video's so
 and a record or video block asking for it (``use_audio_in_video``) is a ``SampleError``; give
 the track as a separate audio block instead.
 
->>> proc = load_tiny_qwen_omni_processor()
->>> qwen_omni_audio_tokens(proc, 16000)  # 1 s: 100 mel frames -> 50 -> 25 tokens
+>>> QWEN2_5_OMNI.tokens(None, 100)  # 1 s at hop 160: 100 mel frames -> 50 -> 25 tokens
 25
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import torch
 from torch import Tensor
 
-from ._conversation import parse_conversation
-from .audio import load_audio, load_audio_block, split_audio_blocks
-from .family_default import (
-    _check_counts,
-    _forbidden,
-    _mm_types,
-    check_modalities,
+from neatpack.pipes._conversation import parse_conversation
+from neatpack.pipes.audio import load_audio, load_audio_block, split_audio_blocks
+from neatpack.pipes.labels import RoleMarkers, conversation_labels, resolve_role_markers
+from neatpack.pipes.media import SampleError, load_image, load_video
+
+from ._shared import check_modalities
+from .audio import audio_conversation, audio_lengths, image_sizes, text_estimate
+from .chat_template import (
+    check_media_counts,
+    forbidden_names,
+    media_token_types,
     processor_failure,
 )
-from .labels import RoleMarkers, conversation_labels, resolve_role_markers
-from .media import SampleError, load_image, load_video
-from .omni_estimate import omni_estimate
-from .omni_positions import qwen_omni_mrope, qwen_omni_position_ids
-from .tiny_family_models import WITH_AUDIO, init_tiny_model
+from .registry import Handler, register_handler
 
 __all__ = [
     "OMNI_MODALITIES",
     "QWEN2_5_OMNI",
+    "QWEN_OMNI_HANDLER",
     "OmniRule",
     "load_audio",
-    "load_tiny_qwen_omni_processor",
     "omni_estimate",
     "omni_tokenize",
     "qwen_omni_audio_tokens",
@@ -77,12 +74,10 @@ __all__ = [
     "qwen_omni_mrope",
     "qwen_omni_pack_media",
     "qwen_omni_position_ids",
-    "tiny_qwen_omni_model",
     "tokenize_qwen_omni",
 ]
 
 OMNI_MODALITIES: Final = frozenset({"image", "video", "audio"})
-_FOLDER = Path(__file__).resolve().parent / "_assets" / "processors" / "qwen2_5_omni"
 _STRUCTURAL: Final = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 _MEDIA_KEYS: Final = (
     "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
@@ -91,19 +86,6 @@ _MEDIA_KEYS: Final = (
 _MEDIA_ATTRS: Final = (
     "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token",
 )  # fmt: skip
-
-
-def load_tiny_qwen_omni_processor() -> Any:
-    """The shipped tiny ``Qwen2_5OmniProcessor`` (``scripts/build_tiny_omni_processor.py``)."""
-    if not (_FOLDER / "processor_config.json").is_file():
-        raise FileNotFoundError(
-            f"tiny Qwen2.5-Omni processor missing in {_FOLDER}; rebuild it with "
-            "`python scripts/build_tiny_omni_processor.py`"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(_FOLDER), local_files_only=True)  # type: ignore[no-untyped-call]
 
 
 def _conv_out(frames: int) -> int:
@@ -209,7 +191,7 @@ def omni_tokenize(
     check_modalities(record, processor, OMNI_MODALITIES)
     tok = processor.tokenizer
     markers = markers or resolve_role_markers(processor)
-    forbidden = set(_forbidden(processor, tok, markers)) | set(_STRUCTURAL)
+    forbidden = set(forbidden_names(processor, tok, markers)) | set(_STRUCTURAL)
     forbidden.update(
         str(getattr(processor, a)) for a in _MEDIA_ATTRS if getattr(processor, a, None)
     )
@@ -254,8 +236,8 @@ def omni_tokenize(
             sid, exc, "video_error" if video_src else "processor_error"
         ) from exc
     ids = out["input_ids"][0].long()
-    mm = _mm_types(ids, processor)
-    _check_counts(sid, processor, out, mm, images)
+    mm = media_token_types(ids, processor)
+    check_media_counts(sid, processor, out, mm, images)
     runs = _audio_runs(ids, mm, int(tok.convert_tokens_to_ids(processor.audio_bos_token)))
     fam = out.get("feature_attention_mask")
     from_features = (
@@ -296,7 +278,7 @@ def _video_kwargs(
     the video's own audio track (``use_audio_in_video`` / ``load_audio_from_video`` on the
     record or a video block) is refused: interleaving it needs a decoder for the track and a
     position rule neatpack does not reproduce."""
-    from .tokenize import video_metadata_of
+    from neatpack.pipes.tokenize import video_metadata_of
 
     blocks = [b for m in record["conversation"] for b in m.get("content") or []
               if isinstance(b, Mapping) and b.get("type", "video" if "video" in b else None)
@@ -350,42 +332,192 @@ def qwen_omni_pack_media(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]
     return out
 
 
-def tiny_qwen_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager") -> Any:
-    """A tiny random fp32 ``Qwen2_5OmniThinkerForConditionalGeneration`` for the tiny processor
-    (text: hidden 64, 2 layers, mrope_section [2, 3, 3]; vision: depth 2, width 32; audio:
-    2 layers, d_model 32, 128 mel bins); about 0.7 M parameters."""
-    from transformers import (
-        Qwen2_5OmniThinkerConfig,
-        Qwen2_5OmniThinkerForConditionalGeneration,
-    )
+# -- the length estimate of both Omni generations (Handler.estimate) ------------------------------
 
-    tok = processor.tokenizer
-    cfg = Qwen2_5OmniThinkerConfig(
-        text_config={
-            "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 4096, "bos_token_id": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
-                                "mrope_section": [2, 3, 3]},
-            "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
-        },
-        vision_config={
-            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-            "out_hidden_size": 64, "fullatt_block_indexes": [1], "window_size": 56,
-        },
-        audio_config={
-            "num_mel_bins": int(processor.feature_extractor.feature_size), "encoder_layers": 2,
-            "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
-            "output_dim": 64,
-        },
-        audio_token_index=int(processor.audio_token_id),
-        image_token_index=int(processor.image_token_id),
-        video_token_index=int(processor.video_token_id),
-        audio_start_token_id=int(tok.convert_tokens_to_ids(processor.audio_bos_token)),
-        audio_end_token_id=int(tok.convert_tokens_to_ids(processor.audio_eos_token)),
-        # not a declared field, but get_rope_index reads config.vision_start_token_id
-        vision_start_token_id=int(tok.convert_tokens_to_ids(processor.vision_bos_token)),  # type: ignore[call-arg]
-    )  # fmt: skip
-    return init_tiny_model(
-        Qwen2_5OmniThinkerForConditionalGeneration, cfg, seed=seed, attn=attn, subconfigs=WITH_AUDIO
+
+def _video_sizes(conv: list[dict[str, Any]], meta: Any, sid: Any) -> list[list[int]]:
+    """``[frames, height, width]`` per video block: ``videos_meta`` entries (``[frames, height,
+    width, fps]`` as for Qwen-VL), else the frame list itself (its length and first frame); a
+    video file without ``videos_meta`` is a ValueError (its frame count needs a decoder)."""
+    values = [b.get("video", b.get("path")) for m in conv for b in m["content"]
+              if b.get("type") == "video" or (b.get("type") is None and "video" in b)]  # fmt: skip
+    meta = list(meta) if meta else [None] * len(values)
+    if len(meta) != len(values):
+        raise ValueError(
+            f"sample_id={sid}: videos_meta has {len(meta)} entries for {len(values)} video blocks"
+        )
+    sizes = []
+    for value, m in zip(values, meta, strict=True):
+        if m is not None:
+            sizes.append([int(m[0]), int(m[1]), int(m[2])])
+        elif isinstance(value, list | tuple) and value:
+            first = value[0]
+            h, w = (first.height, first.width) if hasattr(first, "height") else first.shape[:2]
+            sizes.append([len(value), int(h), int(w)])
+        else:
+            raise ValueError(
+                f"sample_id={sid}: cannot size video {value!r:.80} without decoding it; give "
+                "videos_meta ([frames, height, width, fps] per video block)"
+            )
+    return sizes
+
+
+def omni_estimate(
+    record: Mapping[str, Any], processor: Any, rule: OmniRule, *, mode: str = "exact"
+) -> int:
+    """Length after the shift without running the feature extractor or the image processor.
+
+    Text: ``mode="exact"`` tokenizes the templated text (media reduced to their placeholders);
+    ``mode="estimate"`` is ``LengthEstimator``'s chars-per-token rule with the template overhead
+    probed from the processor. Images: ``images_meta`` ``[height, width]`` (None: the PIL image
+    or the file header) through the image processor's config (``_get_num_multimodal_tokens``);
+    videos: ``videos_meta`` ``[frames, height, width, fps]`` (None: the frame list) through the
+    video processor's config, every given frame kept (as ``omni_tokenize`` does).
+    Audio: ``record["audios_meta"]``, one duration in seconds per audio block (None: the WAV
+    header or the array length), through the extractor's hop and the two stride-2 convolutions.
+    Exact mode equals the real length when the durations are exact (a test checks it); a
+    duration off by ``d`` samples moves an audio's count by at most ``ceil(d / 640) + 1``."""
+    if mode not in ("exact", "estimate"):
+        raise ValueError(f"{mode=} is not one of ('exact', 'estimate')")
+    sid = record.get("sample_id")
+    conv, where, blocks = audio_conversation(record)
+    rate = int(processor.feature_extractor.sampling_rate)
+    lengths = audio_lengths(record, blocks, rate)
+    audio = rule.audio_tokens(processor, lengths)
+    sizes = image_sizes(conv, record.get("images_meta"), sid)
+    image = (
+        processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
     )
+    vsizes = _video_sizes(conv, record.get("videos_meta"), sid)
+    video = (
+        processor._get_num_multimodal_tokens(video_sizes=vsizes).num_video_tokens if vsizes else []
+    )
+    image = [*image, *video]  # both: one placeholder in the text, expanded to its count
+    if mode == "exact":
+        text = processor.apply_chat_template(conv, tokenize=False)
+        n_text = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # each placeholder (image / video / audio) is one token of n_text, expanded to its count
+        return int(n_text - len(image) - len(audio) + sum(image) + sum(audio) - 1)
+    n_text = text_estimate(record, conv, where, processor)
+    # + <|audio_bos|> / <|audio_eos|> per audio (the estimator sees no audio blocks)
+    return int(n_text + sum(image) + sum(audio) + 2 * len(audio))
+
+
+# -- positions: from the model, and without it (Handler.positions) --------------------------------
+
+
+def qwen_omni_position_ids(sample: Mapping[str, Any], model: Any) -> Tensor:
+    """``[3, L]`` mRoPE ids of ONE unshifted sample from the model's own ``get_rope_index``
+    (images in 3-D, videos in 3-D with time scaled by ``video_second_per_grid``, audio in time;
+    plain ``0..L-1`` on all rows when there is no image or video)."""
+    ids = torch.as_tensor(sample["input_ids"]).reshape(1, -1)
+    fam = sample.get("feature_attention_mask")
+    with torch.no_grad():
+        pos, _ = model.model.get_rope_index(
+            ids,
+            image_grid_thw=sample.get("image_grid_thw"),
+            video_grid_thw=sample.get("video_grid_thw"),
+            second_per_grids=sample.get("video_second_per_grid"),
+            attention_mask=torch.as_tensor(sample["attention_mask"]).reshape(1, -1),
+            audio_seqlens=None if fam is None else fam.sum(-1),
+        )
+    out: Tensor = pos[:, 0, :]
+    return out
+
+
+_FRACTIONAL_TIME: Final = frozenset({"Qwen3OmniMoeProcessor"})
+"""Processors whose model keeps a video's temporal ids fractional (Qwen2.5-Omni truncates)."""
+
+
+def qwen_omni_mrope(sample: Mapping[str, Any], processor: Any) -> Tensor:
+    """``[3, L]`` mRoPE ids of ONE unshifted sample WITHOUT the model (for workers).
+
+    Qwen-Omni's ``get_rope_index``: text and audio tokens count up by one on all three rows
+    (audio runs in time); an image or a whole video gets its ``t x h x w`` grid (``h``, ``w``
+    divided by the merge size) added to the current position, with ``t`` scaled to time:
+    ``arange(t) * position_id_per_seconds`` for images (so 0) and ``arange(t) *
+    video_second_per_grid * position_id_per_seconds`` for videos (float32, truncated to an
+    integer by Qwen2.5-Omni, kept fractional by Qwen3-Omni); the next token starts at the
+    block's largest id + 1 (not Qwen2.5-VL's ``start + max(h, w)``, which differs once a video's
+    time outruns its width). ``position_id_per_seconds`` is the processor's: the model config
+    must use the same. Long ids, or float32 when some Qwen3-Omni video time is fractional.
+    Audio interleaved with video (``use_audio_in_video``) is never produced by neatpack. The
+    tests check equality with the models' own ``get_rope_index``.
+
+    >>> ids = torch.zeros(8, dtype=torch.long)
+    >>> s = {"input_ids": ids, "mm_token_type_ids": torch.tensor([0, 2, 2, 2, 2, 0, 3, 0]),
+    ...      "video_grid_thw": torch.tensor([[2, 2, 4]]),
+    ...      "video_second_per_grid": torch.tensor([1.0])}  # 2 s per grid step at fps 2
+    >>> from types import SimpleNamespace  # the two processor fields the rule reads
+    >>> proc = SimpleNamespace(image_processor=SimpleNamespace(merge_size=2),
+    ...                        position_id_per_seconds=25)  # the tiny Qwen2.5-Omni's values
+    >>> qwen_omni_mrope(s, proc).tolist()  # t step 25 ids per grid
+    [[0, 1, 1, 26, 26, 27, 28, 29], [0, 1, 1, 1, 1, 27, 28, 29], [0, 1, 2, 1, 2, 27, 28, 29]]
+    """
+    mm = torch.as_tensor(sample["mm_token_type_ids"]).reshape(-1)
+    keep = torch.as_tensor(sample.get("attention_mask", torch.ones_like(mm))).reshape(-1).bool()
+    types = mm[keep].tolist()
+    merge = int(processor.image_processor.merge_size)
+    pps = processor.position_id_per_seconds
+    grids: dict[int, list[list[int]]] = {
+        code: [] if g is None else torch.as_tensor(g).tolist()
+        for code, g in ((1, sample.get("image_grid_thw")), (2, sample.get("video_grid_thw")))
+    }
+    seconds = sample.get("video_second_per_grid")
+    fractional = type(processor).__name__ in _FRACTIONAL_TIME
+    used = {1: 0, 2: 0}
+    parts: list[Tensor] = []
+    cur = torch.tensor(0.0)
+    i = 0
+    while i < len(types):
+        code, j = types[i], i
+        while j < len(types) and types[j] == code:
+            j += 1
+        if code in (1, 2):
+            k = used[code]
+            if k >= len(grids[code]):
+                raise ValueError(
+                    f"sample {sample.get('sample_id')}: more {('image', 'video')[code - 1]} "
+                    "blocks than grids"
+                )
+            t, h, w = (int(x) for x in grids[code][k])
+            used[code] += 1
+            scale = torch.as_tensor(seconds).float()[k] if code == 2 else torch.tensor(1.0)
+            t_idx = torch.arange(t) * scale * pps
+            t_idx = t_idx.float() if fractional else t_idx.long().float()
+            h, w = h // merge, w // merge
+            block = torch.stack([
+                t_idx.view(-1, 1).expand(-1, h * w).flatten(),
+                torch.arange(h).view(1, -1, 1).expand(t, -1, w).flatten().float(),
+                torch.arange(w).view(1, 1, -1).expand(t, h, -1).flatten().float(),
+            ]) + cur  # fmt: skip
+            if block.shape[1] != j - i:
+                raise ValueError(
+                    f"sample {sample.get('sample_id')}: a run of {j - i} media tokens but the "
+                    f"grid {[t, h * merge, w * merge]} gives {block.shape[1]}"
+                )
+        else:
+            block = (torch.arange(j - i).float() + cur).expand(3, -1)
+        parts.append(block)
+        cur = block.max() + 1
+        i = j
+    pos = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0)
+    out = torch.zeros(3, mm.shape[0], dtype=pos.dtype)
+    out[:, keep] = pos
+    return out.long() if bool((out == out.round()).all()) else out
+
+
+QWEN_OMNI_HANDLER = register_handler(
+    Handler(
+        "qwen_omni",
+        tokenize_qwen_omni,
+        modalities=OMNI_MODALITIES,
+        pack_media=qwen_omni_pack_media,
+        mrope=True,
+        description="Qwen2.5-Omni: images + audio (WhisperFeatureExtractor features, 16 kHz "
+        "checked), mRoPE from the model's get_rope_index (pipes/families/qwen_omni.py)",
+        estimate=qwen_omni_estimate,
+        positions=qwen_omni_mrope,
+    ),
+    ("Qwen2_5OmniProcessor",),
+)

@@ -1,0 +1,217 @@
+"""The family registry: ``Handler`` (every fact about one model family) and the lookup by
+processor class name (the seed's ``COLLATE_FNS`` idea). Re-exported by ``neatpack.pipes.families``,
+whose modules each define and register one family.
+
+One conversation -> one Sample (``docs/data_contracts.md`` section 4) goes through a *handler*.
+The lookup, ``get_handler(processor, name=None)``:
+
+1. ``name`` given: that handler, whatever the processor (explicit selection);
+2. the processor's class name is registered: its family handler (Qwen-VL classes -> ``qwen_vl``,
+   which checks the ``*_grid_thw`` grids and injects fake images);
+3. the processor (or its tokenizer) has a chat template: ``chat_template``, the processor-agnostic
+   default (labels from role markers derived from the template, media from content lists, media
+   token counts from the processor's own ``_get_num_multimodal_tokens``);
+4. otherwise ``ValueError`` naming the registry and how to add a handler.
+
+Unlike the seed (which falls back to ``default`` with a warning even without a template and then
+fails deep inside ``apply_chat_template``), a template-less processor is refused up front.
+
+>>> from neatpack.pipes.families import get_handler
+>>> from neatpack.pipes.tiny import load_tiny_processor
+>>> get_handler(load_tiny_processor("qwen2_vl")).name
+'qwen_vl'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._shared import check_modalities, has_chat_template
+
+__all__ = [
+    "HANDLERS",
+    "PROCESSOR_HANDLERS",
+    "EstimateFn",
+    "EstimatorFactory",
+    "Handler",
+    "PositionsFn",
+    "get_handler",
+    "packed_model_inputs",
+    "register_handler",
+    "resolve_handler",
+    "tokenize_with_handler",
+]
+
+TokenizeFn = Callable[..., dict[str, Any]]
+PackMediaFn = Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]]
+PackedMaskFn = Callable[..., Any]
+#: ``estimate(record, processor, *, mode) -> int``: the Sample's length after the shift
+EstimateFn = Callable[..., int]
+#: ``estimator(processor, mode) -> LengthEstimator``-shaped object (replaces ``estimate``)
+EstimatorFactory = Callable[[Any, str], Any]
+#: ``positions(sample, processor) -> [3, L]`` model-free mRoPE ids of one unshifted sample
+PositionsFn = Callable[[Mapping[str, Any], Any], Any]
+
+
+@dataclass(frozen=True)
+class Handler:
+    """Everything neatpack knows about one model family.
+
+    ``tokenize(record, processor, **options) -> Sample``. ``modalities``: the media kinds the
+    family accepts (a record with another kind is a ``SampleError`` naming the sample).
+    ``needs_chat_template``: refuse a processor without one.
+    ``estimate(record, processor, *, mode) -> int``: the Sample's length after the shift without
+    running the processor's media side (``mode`` "exact" or "estimate"); the length index of
+    ``neat_vlm_graph`` uses it (``handler_lengths.HandlerEstimator``). ``estimator(processor,
+    mode)``: a whole ``LengthEstimator``-shaped object instead (Gemma 3). With neither, the graph
+    needs ``lengths=`` (a ``LengthIndex``).
+    ``pack_media(samples) -> dict``: the model's media inputs for the samples of one batch, in
+    order (None: each key concatenated on dim 0); ``packed_mask(doc_ids, mm_token_type_ids,
+    **options)``: the attention mask (or per-layer-type dict) of packed rows (None:
+    ``mask.to_4d_additive_mask``); ``mrope``: positions are 3-D (``packed_model_inputs``
+    refuses); ``positions(sample, processor) -> [3, L]``: the model-free mRoPE rule of an
+    ``mrope`` family other than Qwen-VL (Qwen-Omni); ``media_axis``: the dim of ``pack_media``'s
+    tensors that holds the items (pipeline-parallel split; Idefics3 tiles are on 1);
+    ``graph_refused``: why ``neat_vlm_graph`` cannot serve the family (None: it can).
+
+    >>> h = Handler("mine", lambda record, processor: {}, media_axis=1)
+    >>> h.media_axis, h.graph_refused, h.estimate is None
+    (1, None, True)
+    """
+
+    name: str
+    tokenize: TokenizeFn
+    modalities: frozenset[str] = frozenset({"image", "video"})
+    needs_chat_template: bool = True
+    description: str = ""
+    pack_media: PackMediaFn | None = None
+    packed_mask: PackedMaskFn | None = None
+    mrope: bool = False
+    estimate: EstimateFn | None = None
+    estimator: EstimatorFactory | None = None
+    positions: PositionsFn | None = None
+    media_axis: int = 0
+    graph_refused: str | None = None
+
+    def __call__(self, record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
+        check_modalities(record, processor, self.modalities)
+        return self.tokenize(record, processor, **options)
+
+
+HANDLERS: dict[str, Handler] = {}
+"""Handler name -> Handler."""
+PROCESSOR_HANDLERS: dict[str, str] = {}
+"""Processor class name (``type(processor).__name__``) -> handler name."""
+
+
+def register_handler(
+    handler: Handler, processor_classes: tuple[str, ...] = (), *, replace: bool = False
+) -> Handler:
+    """Add ``handler`` and map each processor class name to it.
+
+    Re-registering a name or a class with a different handler raises unless ``replace=True``.
+
+    >>> h = Handler("mine", lambda record, processor: {}, description="doc example")
+    >>> register_handler(h, ("MyProcessor",)) is h
+    True
+    >>> PROCESSOR_HANDLERS.pop("MyProcessor"), HANDLERS.pop("mine").name
+    ('mine', 'mine')
+    """
+    if not isinstance(handler, Handler):
+        raise TypeError(f"handler must be a Handler, got {type(handler).__name__}")
+    old = HANDLERS.get(handler.name)
+    if old is not None and old is not handler and not replace:
+        raise ValueError(
+            f"a handler named {handler.name!r} is already registered; pass replace=True"
+        )
+    for cls in processor_classes:
+        prev = PROCESSOR_HANDLERS.get(cls)
+        if prev is not None and prev != handler.name and not replace:
+            raise ValueError(
+                f"processor class {cls!r} already maps to handler {prev!r}; pass replace=True"
+            )
+    HANDLERS[handler.name] = handler
+    for cls in processor_classes:
+        PROCESSOR_HANDLERS[cls] = handler.name
+    return handler
+
+
+def get_handler(processor: Any, name: str | None = None) -> Handler:
+    """The handler for ``processor``: explicit ``name``, else by class name, else the default."""
+    if name is not None:
+        if name not in HANDLERS:
+            raise ValueError(f"unknown handler {name=}; registered: {sorted(HANDLERS)}")
+        handler = HANDLERS[name]
+    else:
+        cls = type(processor).__name__
+        handler = HANDLERS[PROCESSOR_HANDLERS.get(cls, "chat_template")]
+    if handler.needs_chat_template and not has_chat_template(processor):
+        cls = type(processor).__name__
+        raise ValueError(
+            f"processor {cls} has no chat template and no handler is registered for it in "
+            f"neatpack.pipes.families (registered classes: {sorted(PROCESSOR_HANDLERS)}). Fix: "
+            "give the processor a chat_template, select a template-free handler explicitly "
+            "(handler='prompt_answer' for a prompt -> answer model), or add one with "
+            f"register_handler(Handler('<name>', <tokenize fn>), processor_classes=({cls!r},))"
+        )
+    return handler
+
+
+def resolve_handler(handler: str | Handler) -> Handler:
+    """``handler`` itself, or the registered handler of that name (``ValueError`` naming the
+    registered ones otherwise)."""
+    if isinstance(handler, Handler):
+        return handler
+    if handler not in HANDLERS:
+        raise ValueError(f"unknown handler {handler=}; registered: {sorted(HANDLERS)}")
+    return HANDLERS[handler]
+
+
+def tokenize_with_handler(
+    record: Mapping[str, Any], processor: Any, *, handler: str | None = None, **options: Any
+) -> dict[str, Any]:
+    """``get_handler(processor, handler)(record, processor, **options)``."""
+    return get_handler(processor, handler)(record, processor, **options)
+
+
+def packed_model_inputs(
+    samples: Sequence[Mapping[str, Any]],
+    processor: Any,
+    *,
+    handler: str | None = None,
+    padding_idx: int = 0,
+    mask_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Model kwargs for ONE packed row of UNSHIFTED samples of a 1-D-position family:
+    ``input_ids`` / ``position_ids`` ``[1, S]``, the family's ``attention_mask`` and media.
+
+    Qwen-VL (mRoPE) rows go through ``collate.neat_packed_vlm_collater`` instead.
+    """
+    from neatpack.pipes.mask import to_4d_additive_mask
+    from neatpack.pipes.pack import build_pack
+
+    h = get_handler(processor, handler)
+    if h.mrope:
+        raise ValueError(
+            f"handler {h.name!r} needs mRoPE positions; use neat_packed_vlm_collater for it"
+        )
+    pack = build_pack(list(samples), padding_idx=padding_idx)  # type: ignore[arg-type]
+    doc, mm = pack["attention_mask"][None], pack["mm_token_type_ids"][None]
+    if h.packed_mask is None:
+        mask: Any = to_4d_additive_mask(doc)
+    else:
+        mask = h.packed_mask(doc, mm, **dict(mask_options or {}))
+    if h.pack_media is not None:
+        media = h.pack_media(samples)
+    else:
+        media = {} if pack["pixel_values"] is None else {"pixel_values": pack["pixel_values"]}
+    out = {
+        "input_ids": pack["input_ids"][None],
+        "position_ids": pack["text_position_ids"][None],
+        "attention_mask": mask,
+        **media,
+    }
+    out["seq_lens"] = pack["seq_lens"]
+    return out

@@ -1,0 +1,1 @@
+"""Test support: tiny processors and models of the families, shared helpers (not shipped)."""
