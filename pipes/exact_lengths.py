@@ -6,7 +6,7 @@ records shares ONE ``apply_chat_template`` call (the processor renders a list of
 conversations; its per-call set-up is paid once) and ONE batched tokenizer call (the fast
 tokenizer encodes the list in Rust, on every core it is allowed). The media tokens are the
 same per-record ``visual_tokens`` (``smart_resize`` on ``images_meta`` or the file header).
-The result equals ``estimate_sample`` record by record (``tests/test_exact_lengths.py``
+The result equals ``estimate_sample`` record by record (``tests/pipes/test_exact_lengths.py``
 checks every record of a corpus, with images, videos and several turns).
 
 This is what makes ``exact`` cheap enough to be the graph's default (``NeatVLMConfig``):

@@ -22,7 +22,7 @@ ONE call (`tokenize.finish_conversations`): same-size images are resized togethe
 per-call overhead is paid once per pack, and the pack's `pixel_values` is that call's tensor
 rather than a second copy. If any sample fails after loading, the whole pack is redone one
 sample at a time, so the failure policy sees each sample's own error; the result is the same
-pack either way (tests/test_tokenize_batch.py).
+pack either way (tests/pipes/test_tokenize_batch.py).
 """
 
 from __future__ import annotations

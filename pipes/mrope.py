@@ -5,7 +5,7 @@ tokens get the same id on all three rows and count up by one; a block of vision 
 image, one video, or one Qwen3-VL video frame) gets a `t x h x w` grid of ids starting at the
 current position, after which text resumes at `start + max(h, w)`. This module computes the
 same `[3, L]` tensor as `model.model.get_rope_index` (transformers 5.x) for Qwen2-VL,
-Qwen2.5-VL and Qwen3-VL, so workers never hold a model. `tests/test_mrope.py` checks
+Qwen2.5-VL and Qwen3-VL, so workers never hold a model. `tests/pipes/test_mrope.py` checks
 `torch.equal` against the real method on tiny models.
 
 Worked example, Qwen2-VL, merge 2, an image of grid `[1, 4, 8]` (8 tokens: 2 rows x 4 cols)

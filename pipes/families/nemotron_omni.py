@@ -20,8 +20,8 @@ frames (mask False); ``nemotron_omni_packed_masks`` gives the block-causal 4D ma
 attention layers. The Mamba-2 layers of Nemotron-H, though, carry their state across the whole
 row: transformers 5.23's ``NemotronHMamba2Mixer`` takes only a 2-D padding mask (no
 ``seq_idx`` / ``cu_seqlens``), so a packed row of the real hybrid model is NOT equal to separate
-runs (measured in ``tests/test_family_nemotron_omni.py``); only a Nemotron-H stack without Mamba
-layers packs exactly.
+runs (measured in ``tests/families/test_family_nemotron_omni.py``); only a Nemotron-H stack
+without Mamba layers packs exactly.
 
 >>> nemotron_audio_tokens(16000)  # 1 s: 101 mel frames -> 51 -> 26 -> 13
 13

@@ -21,7 +21,7 @@ naming the sample). What differs from the default path:
   block-causal ``mask.to_4d_additive_mask`` with ``phi4_pack_media`` (crops padded to the
   row's maximum as the image processor pads them, audio frames padded with a False mask).
 
-Two model facts a packed row must respect (both measured, ``tests/test_family_phi4.py``:
+Two model facts a packed row must respect (both measured, ``tests/families/test_family_phi4.py``:
 0.34 and 0.077 on the tiny model):
 
 1. the audio projection is chosen per FORWARD: ``"vision"`` when ``image_pixel_values`` is given,
@@ -220,9 +220,9 @@ PHI4_GRAPH_REFUSED: Final = (
     "is in it, else 'speech'), so phi4.phi4_pack_media refuses image-less audio beside "
     "images, a mix the planner does not keep apart (the loader would fail mid-epoch); and its "
     "audio encoder adds its padding mask to the scores, so clips of unequal length in one "
-    "forward are not exact (tests/test_family_phi4.py measures 0.34 and 0.077). Fix: pack it "
-    "with materialize_pack + neat_packed_family_collater over groups that are image-only, or "
-    "audio-only with clips of equal length"
+    "forward are not exact (tests/families/test_family_phi4.py measures 0.34 and 0.077). Fix: "
+    "pack it with materialize_pack + neat_packed_family_collater over groups that are "
+    "image-only, or audio-only with clips of equal length"
 )
 
 

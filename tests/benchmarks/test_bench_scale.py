@@ -1,0 +1,16 @@
+"""Smoke test: benchmarks/bench_scale.py --quick runs and prints its JSON object."""
+
+from __future__ import annotations
+
+from support.bench import run_bench
+
+
+def test_bench_scale_quick() -> None:
+    out = run_bench("bench_scale.py", timeout=400)
+    assert out["benchmark"] == "scale"
+    meta, video = out["metrics"]["metadata"], out["metrics"]["video"]
+    assert meta["same_index"] is True  # 1 and 2 processes build the same index
+    assert set(meta["index_records_per_s"]) == {"1_process", "2_process"}
+    assert meta["first_batch_tokens"] > 0
+    assert set(video["loader_tokens_per_s"]) == {"0_workers", "2_workers"}
+    assert 0 < video["decode_share"] < 1

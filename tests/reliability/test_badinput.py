@@ -1,0 +1,267 @@
+"""The bad-input corpus (``tests/support/gen_badinput.py``) through the real reader, estimator and
+tokenizer, then end to end through ``neat_vlm_graph`` under every policy: each bad record
+either raises an error naming it and the fix, or is counted in the loader's ledger with its id.
+Nothing is dropped silently: every sample id lands in exactly one ledger list."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from support.gen_badinput import BOMB_LIMIT, CASES, Case, write_bad_corpus
+
+from neatpack.graphs.loader import EpochLedger
+from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.estimate import LengthEstimator
+from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
+from neatpack.pipes.media import SampleError
+from neatpack.pipes.plan import plan_packs
+from neatpack.pipes.read import JsonlSource, RecordError
+from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.tokenize import tokenize_conversation
+
+pytestmark = [pytest.mark.badinput, pytest.mark.timeout(120)]
+
+BY_NAME = {c.name: c for c in CASES}
+BAD = [c.name for c in CASES if c.kind == "bad"]
+OK = [c.name for c in CASES if c.kind == "ok"]
+LEDGER_LISTS = ("consumed", "padded", "tail_dropped", "dropped", "failed", "overlong")
+
+
+@pytest.fixture(autouse=True)
+def _bomb_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", BOMB_LIMIT)
+
+
+@pytest.fixture(scope="module")
+def processor() -> Any:
+    return load_tiny_processor("qwen2_vl")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Case]]:
+    root = tmp_path_factory.mktemp("bad")
+    return root, write_bad_corpus(root)
+
+
+def _graph(root: Path, processor: Any, **kw: Any) -> Any:
+    cfg = NeatVLMConfig(
+        pack_size=kw.pop("pack_size", 2048), media_root=str(root / "media"), shuffle=False,
+        tail="drop", **kw,
+    )  # fmt: skip
+    return neat_vlm_graph(root / "data.jsonl", processor, config=cfg)
+
+
+def _names_the_record(message: str, case: Case) -> bool:
+    sid = case.sample_id
+    return bool(
+        re.search(rf"sample_id={sid}\b", message)
+        or re.search(rf"line {sid + 1}\b", message)
+        or re.search(rf"samples? \[?[\d, ]*\b{sid}\b", message)
+    )
+
+
+# -- each case through the real components ------------------------------------------------
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_case_through_reader_estimator_tokenizer(
+    name: str, corpus: tuple[Path, list[Case]], processor: Any
+) -> None:
+    root, cases = corpus
+    case = next(c for c in cases if c.name == name)
+    source = JsonlSource(root / "data.jsonl", media_root=root / "media")
+    estimator = LengthEstimator.from_processor(processor)
+    stage, error = None, None
+    try:
+        stage = "read"
+        record = source[case.sample_id]
+        stage = "estimate"
+        total, visual = estimator.estimate(record)
+        stage = "tokenize"
+        sample = None if case.kind == "overlong" else tokenize_conversation(record, processor)
+        stage = None
+    except (RecordError, SampleError) as exc:
+        error = exc
+    if case.kind == "bad":
+        assert stage == case.stage, f"{name}: refused at {stage}, expected at {case.stage}"
+        assert error is not None
+        assert re.search(case.error, str(error)), str(error)
+        assert _names_the_record(str(error), case), str(error)
+        if case.stage == "tokenize":
+            assert isinstance(error, SampleError)
+            assert error.reason in (case.reason, "corrupt_image")
+        return
+    assert stage is None, f"{name} must work, but {stage} raised {error}"
+    if case.kind == "overlong":
+        assert total > 100_000  # a 3 MiB line: the plan refuses it below
+        with pytest.raises(ValueError, match=case.error) as info:
+            plan_packs(np.asarray([10, total]), 4096)
+        assert "sample 1 (length" in str(info.value)
+        assert plan_packs(np.asarray([10, total]), 4096, overlong="drop").dropped_ids.tolist() == [
+            1
+        ]
+        return
+    assert sample is not None
+    trained = sample["labels"] != -100
+    assert trained.any(), f"{name}: nothing to train on"
+    if b'"image"' in case.line:
+        assert sample["image_grid_thw"].shape[0] == 1
+        assert visual > 0
+        assert torch.isfinite(sample["pixel_values"]).all()
+    if case.kind == "overflow":
+        assert total < 100 < len(sample["input_ids"]), "the overflow case needs a low estimate"
+
+
+def test_cmyk_and_16bit_images_keep_their_content(corpus: tuple[Path, list[Case]]) -> None:
+    from neatpack.pipes.media import load_image
+
+    root, _ = corpus
+    grey = load_image(str(root / "media" / "grey16.png"), sample_id=3)
+    values = np.asarray(grey)
+    assert grey.mode == "RGB"
+    assert values.min() < 100
+    assert values.max() > 150
+    cmyk = load_image(str(root / "media" / "cmyk.jpg"), sample_id=2)
+    assert cmyk.mode == "RGB"
+    assert np.asarray(cmyk).std(axis=(0, 1)).max() < 5
+
+
+# -- end to end: raise names the record --------------------------------------------------
+@pytest.mark.parametrize("name", [*BAD, "huge_line", "overflow"])
+def test_graph_raise_names_the_record_and_the_fix(
+    name: str, tmp_path: Path, processor: Any
+) -> None:
+    _ok, case = write_bad_corpus(tmp_path, ["ok_text", name])
+    policies = {"on_bad_sample": "raise", "overlong": "raise", "overflow": "raise"}
+    assert case.outcome(**policies) == "raise"
+    # An estimate short of the real length (the overflow case lies in _text_tokens) exists in
+    # estimate mode only: the default exact index knows the real length (next test).
+    mode = {"estimate_mode": "estimate"} if case.kind == "overflow" else {}
+    # RecordError, SampleError, the plan's and the materializer's errors: ValueError subclasses
+    with pytest.raises(ValueError, match=case.error) as info:
+        list(_graph(tmp_path, processor, pack_size=512, **policies, **mode))
+    message = str(info.value)
+    assert re.search(case.error, message), message
+    assert _names_the_record(message, case), message
+
+
+def test_default_exact_index_refuses_the_overflow_case_at_plan_time(
+    tmp_path: Path, processor: Any
+) -> None:
+    """The record whose _text_tokens understate it overflows its pack in estimate mode; the
+    default exact index measures it, so the plan names it as overlong before any pack."""
+    _ok, case = write_bad_corpus(tmp_path, ["ok_text", "overflow"])
+    with pytest.raises(ValueError, match=r"text: 1 sample, \d+ tokens.*samples \[1\]"):
+        _graph(tmp_path, processor, pack_size=512, overflow="raise")  # at build, before a batch
+    with pytest.warns(UserWarning, match="longer than pack_size=512"):
+        loader = _graph(tmp_path, processor, pack_size=512, overlong="drop", overflow="raise")
+    list(loader)
+    assert loader.ledgers[0].overlong == [case.sample_id]
+    assert loader.ledgers[0].truncated == []
+
+
+# -- end to end: skip / replace count every bad record ------------------------------------
+def _ledger_partition(ledger: EpochLedger, n: int) -> dict[int, str]:
+    """Each id in 0..n-1 -> the one ledger list naming it (fails on duplicates / absences)."""
+    where: dict[int, str] = {}
+    for key in LEDGER_LISTS:
+        ids = getattr(ledger, key)
+        dupes = [i for i, c in Counter(ids).items() if c > 1 and key == "consumed"]
+        assert not dupes, f"consumed more than once: {dupes}"
+        for i in set(ids):
+            if key == "failed" and i in where:  # a failed replacement draw of another pack
+                continue
+            assert i not in where, f"sample {i} is in both {where[i]!r} and {key!r}"
+            where[i] = key
+    missing = sorted(set(range(n)) - where.keys())
+    assert not missing, f"samples in no ledger list (dropped silently): {missing}"
+    return where
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_graph_skip_counts_every_bad_record(workers: int, tmp_path: Path, processor: Any) -> None:
+    names = [c.name for c in CASES if c.kind != "overflow"]
+    cases = write_bad_corpus(tmp_path, names)
+    policies = {"on_bad_sample": "skip", "overlong": "drop", "overflow": "truncate"}
+    loader = _graph(tmp_path, processor, num_workers=workers, **policies)
+    batches = list(loader)
+    assert batches, "no batch at all"
+    where = _ledger_partition(loader.ledgers[0], len(cases))
+    for case in cases:
+        assert where[case.sample_id] == case.outcome(**policies), case.name
+    assert loader.ledgers[0].replacements == []
+    assert loader.ledgers[0].truncated == []
+
+
+def test_graph_replace_stands_in_for_every_bad_record(tmp_path: Path, processor: Any) -> None:
+    # Enough good records that 10 replacement draws in a row never all hit bad ones.
+    cases = write_bad_corpus(tmp_path, [*BAD, *(OK * 12)])
+    bad = {c.sample_id for c in cases if c.kind == "bad"}
+    loader = _graph(tmp_path, processor, pack_size=2048, packing_ratio=0.5,
+                    on_bad_sample="replace")  # fmt: skip
+    list(loader)
+    ledger = loader.ledgers[0]
+    where = _ledger_partition(ledger, len(cases))
+    assert {i for i, w in where.items() if w == "failed"} == bad
+    assert {i for i, w in where.items() if w == "consumed"} == set(range(len(cases))) - bad
+    assert len(ledger.replacements) == len(bad)
+    assert not set(ledger.replacements) & bad
+    assert ledger.dropped == []
+
+
+# -- end to end: overlong and overflow policies ---------------------------------------------
+@pytest.mark.parametrize("overlong", ["drop"])
+def test_graph_overlong_drop_is_in_the_ledger(
+    overlong: str, tmp_path: Path, processor: Any
+) -> None:
+    cases = write_bad_corpus(tmp_path, ["ok_text", "huge_line", "ok_image"])
+    loader = _graph(tmp_path, processor, overlong=overlong)
+    list(loader)
+    assert _ledger_partition(loader.ledgers[0], 3) == {0: "consumed", 1: "overlong", 2: "consumed"}
+    assert cases[1].outcome(on_bad_sample="raise", overlong="drop", overflow="raise") == "overlong"
+
+
+@pytest.mark.parametrize("overflow", ["truncate", "drop"])
+def test_graph_overflow_policy_is_counted(overflow: str, tmp_path: Path, processor: Any) -> None:
+    (case,) = write_bad_corpus(tmp_path, ["overflow"])
+    loader = _graph(tmp_path, processor, pack_size=512, overflow=overflow, estimate_mode="estimate")
+    batches = list(loader)
+    ledger = loader.ledgers[0]
+    want = case.outcome(on_bad_sample="raise", overlong="raise", overflow=overflow)
+    assert getattr(ledger, want) == [0]
+    if overflow == "truncate":
+        assert ledger.consumed == [0]
+        assert batches[0]["input_ids"].shape[1] == 512
+    else:  # the pack is empty: one pad token stands in, with no labels, so the step happens
+        assert ledger.consumed == []
+        assert ledger.dropped == [0]
+        assert (batches[0]["labels"] == -100).all()
+        assert batches[0]["sample_ids"] == [[]]
+
+
+def test_materialize_overflow_raise_names_the_pack(tmp_path: Path, processor: Any) -> None:
+    (case,) = write_bad_corpus(tmp_path, ["overflow"])
+    source = JsonlSource(tmp_path / "data.jsonl", media_root=tmp_path / "media")
+    with pytest.raises(ValueError, match=case.error):
+        materialize_pack(source, [0], processor, MaterializeConfig(pack_size=512))
+
+
+# -- the reader on its own ---------------------------------------------------------------
+def test_blank_lines_are_counted_and_errors_quote_file_lines(tmp_path: Path) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"messages": [{"role": "user", "content": "a"}]}\n\n   \n{oops\n')
+    source = JsonlSource(path)
+    assert len(source) == 2
+    assert source.blank_lines == 2
+    with pytest.raises(RecordError, match=r"line 4 \(sample_id=1\).*fix or delete that line"):
+        source[1]
+
+
+def test_missing_data_file_says_what_to_pass(tmp_path: Path, processor: Any) -> None:
+    with pytest.raises(FileNotFoundError, match=r"does not exist: pass a \.jsonl or \.json"):
+        neat_vlm_graph(tmp_path / "nope.jsonl", processor)
