@@ -38,6 +38,7 @@ __all__ = [
     "FsspecStore",
     "LocalStore",
     "RemoteReadError",
+    "WindowFile",
     "is_url",
     "split_url",
     "store_for",
@@ -240,14 +241,18 @@ class FsspecStore:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-class RangeFile(io.RawIOBase):
-    """A read-only window ``[offset, offset + size)`` of a store's object, each read a ranged
-    read (wrapped in a ``BufferedReader``: an image header costs one or two requests)."""
+class WindowFile(io.RawIOBase):
+    """A read-only window ``[offset, offset + size)`` of some bytes; ``_read(at, n)`` fetches
+    ``n`` bytes at absolute offset ``at``. ``bytes_read`` counts what was read, so tests can
+    check that planning reads headers only."""
 
-    def __init__(self, store: ByteStore, path: str, offset: int, size: int, where: str) -> None:
+    def __init__(self, offset: int, size: int) -> None:
         super().__init__()
-        self.store, self.path, self.offset, self.size, self.where = store, path, offset, size, where
+        self.offset, self.size = offset, size
         self.pos = self.bytes_read = 0
+
+    def _read(self, at: int, n: int) -> bytes:
+        raise NotImplementedError
 
     def readable(self) -> bool:
         return True
@@ -267,11 +272,23 @@ class RangeFile(io.RawIOBase):
         n = min(len(buffer), self.size - self.pos)
         if n <= 0:
             return 0
-        data = self.store.read(self.path, self.offset + self.pos, n, self.where)
+        data = self._read(self.offset + self.pos, n)
         buffer[: len(data)] = data
         self.pos += len(data)
         self.bytes_read += len(data)
         return len(data)
+
+
+class RangeFile(WindowFile):
+    """A window of a store's object, each read a ranged read (wrapped in a ``BufferedReader``:
+    an image header costs one or two requests)."""
+
+    def __init__(self, store: ByteStore, path: str, offset: int, size: int, where: str) -> None:
+        super().__init__(offset, size)
+        self.store, self.path, self.where = store, path, where
+
+    def _read(self, at: int, n: int) -> bytes:
+        return self.store.read(self.path, at, n, self.where)
 
 
 def store_for(

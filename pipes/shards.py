@@ -42,7 +42,15 @@ from ._record import RecordError, to_record
 from .contracts import Record
 from .index_split import initialized_dist, side_group, split_points
 from .media_policy import confine_record_media
-from .remote import FsspecStore, LocalStore, RangeFile, is_url, split_url, store_for
+from .remote import (
+    FsspecStore,
+    LocalStore,
+    RangeFile,
+    WindowFile,
+    is_url,
+    split_url,
+    store_for,
+)
 from .tar_index import TarIndex
 
 __all__ = [
@@ -453,42 +461,19 @@ def _open_image(fileobj: Any, where: str) -> Any:
         ) from e
 
 
-class MemberFile(io.RawIOBase):
-    """A read-only window ``[offset, offset + size)`` of a file (a tar member), opened on the
-    first read in the reading process (``os.pread``: no shared file position). ``bytes_read``
-    counts what was read, so tests can check that planning reads headers only."""
+class MemberFile(WindowFile):
+    """A window of a local file (a tar member), opened on the first read in the reading process
+    (``os.pread``: no shared file position)."""
 
     def __init__(self, path: str, offset: int, size: int) -> None:
-        super().__init__()
-        self.path, self.offset, self.size = path, offset, size
-        self.pos = self.bytes_read = 0
+        super().__init__(offset, size)
+        self.path = path
         self._fd: int | None = None
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
-        self.pos = max(0, base + pos)
-        return self.pos
-
-    def readinto(self, buffer: Any) -> int:
-        n = min(len(buffer), self.size - self.pos)
-        if n <= 0:
-            return 0
+    def _read(self, at: int, n: int) -> bytes:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)
-        data = os.pread(self._fd, n, self.offset + self.pos)
-        buffer[: len(data)] = data
-        self.pos += len(data)
-        self.bytes_read += len(data)
-        return len(data)
+        return os.pread(self._fd, n, at)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -237,12 +237,13 @@ def _vl_records() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def vl_setup(request: Any) -> tuple[Any, list[list[dict[str, Any]]], list[dict[str, Any]]]:
-    tiny = pytest.importorskip("neatpack.pipes.tiny")
-    tiny_models = pytest.importorskip("neatpack.pipes.tiny_models")
-    tok = pytest.importorskip("neatpack.pipes.tokenize")
-    proc = tiny.load_tiny_processor(request.param)
-    model = tiny_models.tiny_model(request.param, processor=proc)
-    samples = [tok.tokenize_conversation(r, proc) for r in _vl_records()]
+    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.tiny_models import tiny_model
+    from neatpack.pipes.tokenize import tokenize_conversation
+
+    proc = load_tiny_processor(request.param)
+    model = tiny_model(request.param, processor=proc)
+    samples = [tokenize_conversation(r, proc) for r in _vl_records()]
     rows = [[samples[0], samples[1]], [samples[2], samples[3]]]
     rope = model.model.get_rope_index
     return model, rows, [build_pack(r, mrope=rope) for r in rows]
