@@ -63,6 +63,7 @@ class PackRef(TypedDict):
     pack_index: int
     sample_ids: list[int]
     padded: bool
+    source_ids: NotRequired[list[int]]  # mixtures only
 
 
 class Pack(TypedDict):
@@ -119,3 +120,5 @@ class Batch(TypedDict):
     max_length_k: NotRequired[int]
     packed_seq_params: NotRequired[dict[str, Any]]
     seq_idx: NotRequired["Tensor"]
+    doc_sources: NotRequired["Tensor"]  # mixtures only
+    source_names: NotRequired[list[str]]

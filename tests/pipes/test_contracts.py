@@ -73,7 +73,7 @@ def test_required_keys_and_plain_dicts_at_runtime() -> None:
     assert {"images_meta", "_text_tokens"} <= Record.__optional_keys__
     assert "pixel_values" in Sample.__optional_keys__
     assert "input_ids" in Sample.__required_keys__
-    assert PackRef.__optional_keys__ == frozenset()
+    assert PackRef.__optional_keys__ == {"source_ids"}  # mixtures only
     ref: PackRef = {"epoch": 0, "slot": 0, "pack_index": 0, "sample_ids": [1], "padded": False}
     assert type(ref) is dict
 
