@@ -28,7 +28,7 @@ from neatpack.graphs.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
 from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.leak_probe import packing_boundaries
-from neatpack.pipes.mixture import Mixture
+from neatpack.pipes.mixture import Mixture, check_mixture_config
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
@@ -71,16 +71,8 @@ class NeatLLMConfig:
     mixture: Mixture | None = None
 
     def __post_init__(self) -> None:
-        if self.mixture is not None and self.max_packs is not None:
-            raise ValueError(
-                f"{self.max_packs=} with a mixture: give sources fixed samples per epoch "
-                "(MixtureSource(samples=...)) or weights with Mixture(epoch_tokens=...) instead"
-            )
-        if self.mixture is not None and not self.shuffle:
-            raise ValueError(
-                f"{self.shuffle=} with a mixture: its serving order spreads the sources over "
-                "the epoch from the seed; keep shuffle=True and fix the order with seed"
-            )
+        if self.mixture is not None:
+            check_mixture_config(max_packs=self.max_packs, shuffle=self.shuffle)
         if self.pack_size < 2:
             raise ValueError(f"{self.pack_size=} must be at least 2 tokens")
         if self.cp_size < 1 or (self.cp_size > 1 and self.pack_size % (2 * self.cp_size)):

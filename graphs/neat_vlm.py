@@ -41,7 +41,7 @@ from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.index_workers import index_workers
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
-from neatpack.pipes.mixture import Mixture
+from neatpack.pipes.mixture import Mixture, check_mixture_config
 from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
@@ -130,16 +130,8 @@ class NeatVLMConfig:
                 f"{self.cp_size=} must be >= 1 and 2 * cp_size must divide {self.pack_size=} "
                 "(every document and the row are split into 2 * cp_size chunks)"
             )
-        if self.mixture is not None and self.max_packs is not None:
-            raise ValueError(
-                f"{self.max_packs=} with a mixture: give sources fixed samples per epoch "
-                "(MixtureSource(samples=...)) or weights with Mixture(epoch_tokens=...) instead"
-            )
-        if self.mixture is not None and not self.shuffle:
-            raise ValueError(
-                f"{self.shuffle=} with a mixture: its serving order spreads the sources over "
-                "the epoch from the seed; keep shuffle=True and fix the order with seed"
-            )
+        if self.mixture is not None:
+            check_mixture_config(max_packs=self.max_packs, shuffle=self.shuffle)
         if self.handler is not None:
             from neatpack.pipes.families import HANDLERS
 

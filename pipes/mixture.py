@@ -37,6 +37,7 @@ __all__ = [
     "Mixture",
     "MixtureSource",
     "blend_fingerprint",
+    "check_mixture_config",
     "epoch_counts",
     "fill_counts",
     "source_targets",
@@ -247,3 +248,17 @@ def epoch_counts(
         fill_counts(np.zeros(int(n), np.int64), int(t), source_rng(seed, epoch, name))
         for t, n, name in zip(targets, sizes, names, strict=True)
     ]
+
+
+def check_mixture_config(*, max_packs: int | None, shuffle: bool) -> None:
+    """ValueError when a graph config's other fields contradict ``mixture=`` (both graphs)."""
+    if max_packs is not None:
+        raise ValueError(
+            f"max_packs={max_packs!r} with a mixture: give sources fixed samples per epoch "
+            "(MixtureSource(samples=...)) or weights with Mixture(epoch_tokens=...) instead"
+        )
+    if not shuffle:
+        raise ValueError(
+            f"shuffle={shuffle!r} with a mixture: its serving order spreads the sources over "
+            "the epoch from the seed; keep shuffle=True and fix the order with seed"
+        )
