@@ -7,7 +7,6 @@ estimate within a stated bound, and packed-vs-separate parity on a tiny real
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 from support.family_checks import label_spans
+from support.family_records import conversation_records, with_images_meta
 from support.tiny import load_tiny_gemma3_processor
 from support.tiny_family_models import tiny_gemma3_model
 
@@ -24,40 +24,10 @@ from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
 
-WORDS = (
-    "the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "every",
-    "packed", "row", "of", "tokens", "and", "images", "return", "value",
-)  # fmt: skip
-
 
 @pytest.fixture(scope="module")
 def gemma3() -> Any:
     return load_tiny_gemma3_processor()
-
-
-def _text(rng: random.Random, lo: int, hi: int) -> str:
-    return " ".join(rng.choices(WORDS, k=rng.randint(lo, hi)))
-
-
-def _record(sid: int, rng: random.Random, max_images: int = 2) -> dict[str, Any]:
-    conv: list[dict[str, Any]] = []
-    if rng.random() < 0.5:
-        conv.append({"role": "system", "content": [{"type": "text", "text": _text(rng, 2, 8)}]})
-    for _ in range(rng.randint(1, 3)):
-        user: list[dict[str, Any]] = [
-            {"type": "image", "image": Image.new(
-                "RGB", (rng.randint(20, 90), rng.randint(20, 90)), (rng.randint(0, 255), 90, 30))}
-            for _ in range(rng.randint(0, max_images))
-        ]  # fmt: skip
-        user.append({"type": "text", "text": _text(rng, 3, 30)})
-        conv.append({"role": "user", "content": user})
-        conv.append({"role": "assistant", "content": [{"type": "text", "text": _text(rng, 1, 40)}]})
-    return {"sample_id": sid, "conversation": conv}
-
-
-def _records(n: int, seed: int = 0, max_images: int = 2) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    return [_record(i, rng, max_images) for i in range(n)]
 
 
 def _n_images(rec: dict[str, Any]) -> int:
@@ -71,7 +41,7 @@ def test_gemma3_uses_its_registered_handler(gemma3: Any) -> None:
 
 def test_gemma3_labels_are_exactly_the_assistant_turns(gemma3: Any) -> None:
     tok = gemma3.tokenizer
-    for rec in _records(12, seed=1):
+    for rec in conversation_records(12, seed=1):
         s = tokenize_with_handler(rec, gemma3)
         want = [
             m["content"][0]["text"].strip() + "<end_of_turn>"
@@ -85,7 +55,7 @@ def test_gemma3_labels_are_exactly_the_assistant_turns(gemma3: Any) -> None:
 
 def test_gemma3_image_tokens_match_the_processor(gemma3: Any) -> None:
     soft = gemma3.tokenizer.image_token_id
-    for rec in _records(12, seed=2):
+    for rec in conversation_records(12, seed=2):
         s = tokenize_with_handler(rec, gemma3)
         n = _n_images(rec)
         expected = gemma3._get_num_multimodal_tokens(image_sizes=[(1, 1)] * n).num_image_tokens
@@ -103,7 +73,7 @@ def test_gemma3_length_estimate_bounds(gemma3: Any) -> None:
     exact, rough = gemma3_estimator(gemma3, mode="exact"), gemma3_estimator(gemma3)
     assert gemma3_image_tokens(gemma3) == gemma3.image_seq_length + 3  # \n\n boi ... eoi \n\n
     worst_rel = 0.0
-    for rec in _records(30, seed=3):
+    for rec in conversation_records(30, seed=3):
         real = len(tokenize_with_handler(rec, gemma3)["input_ids"]) - 1
         err = exact.estimate(rec)[0] - real
         assert -_n_images(rec) <= err <= 0, (rec["sample_id"], err)
@@ -147,7 +117,9 @@ def test_gemma3_packed_equals_separate(gemma3: Any, bidirectional: bool) -> None
     images do reach the logits (the tiny model's image projection is random, not zeros): other
     pixels change them by far more than the tolerance, so a wrong image could not pass."""
     model = tiny_gemma3_model(gemma3)
-    samples = [tokenize_with_handler(r, gemma3) for r in _records(4, seed=5, max_images=2)]
+    samples = [
+        tokenize_with_handler(r, gemma3) for r in conversation_records(4, seed=5, max_images=2)
+    ]
     assert sum("pixel_values" in s for s in samples) >= 2
     with_image = next(s for s in samples if "pixel_values" in s)
     negative = {**with_image, "pixel_values": -with_image["pixel_values"]}  # solid colours
@@ -196,7 +168,7 @@ def test_gemma4_prefix_after_every_model_turn_and_never_labelled(gemma4: Any) ->
 
     tok = gemma4.tokenizer
     assert get_handler(gemma4).name == "gemma4"
-    for rec in _records(10, seed=6, max_images=1):
+    for rec in conversation_records(10, seed=6, max_images=1):
         s = tokenize_with_handler(rec, gemma4)
         answers = [m["content"][0]["text"].strip() for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
@@ -218,7 +190,7 @@ def test_gemma4_seed_style_markers_would_label_the_prefix(gemma4: Any) -> None:
     from neatpack.pipes.families.chat_template import tokenize_default
     from neatpack.pipes.families.gemma4 import inject_thinking_prefix
 
-    rec = _records(1, seed=7, max_images=0)[0]
+    rec = conversation_records(1, seed=7, max_images=0)[0]
     seed_like = tokenize_default(rec, gemma4, text_hook=inject_thinking_prefix)
     assert label_spans(gemma4.tokenizer, seed_like)[0].startswith("<|channel>thought\n<channel|>")
     ours = tokenize_with_handler(rec, gemma4)
@@ -236,7 +208,7 @@ def test_gemma4_text_length_estimate_bounds(gemma4: Any) -> None:
 
     per_turn = len(gemma4.tokenizer(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
     est = LengthEstimator(mode="exact", processor=gemma4)
-    for rec in _records(15, seed=8, max_images=0):
+    for rec in conversation_records(15, seed=8, max_images=0):
         real = len(tokenize_with_handler(rec, gemma4)["input_ids"]) - 1
         turns = sum(m["role"] == "assistant" for m in rec["conversation"])
         assert est.estimate(rec)[0] + per_turn * turns == real, rec["sample_id"]
@@ -279,13 +251,6 @@ def llava_ov() -> Any:
     return load_tiny_llava_onevision_processor()
 
 
-def _with_meta(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    for r in recs:
-        r["images_meta"] = [[b["image"].height, b["image"].width] for m in r["conversation"]
-                            for b in m["content"] if b.get("type") == "image"]  # fmt: skip
-    return recs
-
-
 def test_llava_onevision_labels_tokens_and_estimate(llava_ov: Any) -> None:
     """Labels = the assistant turns; image tokens == the AnyRes rule per image (processor's
     ``_get_num_multimodal_tokens``); estimate: exact mode == real length, chars/3 mode within
@@ -298,7 +263,7 @@ def test_llava_onevision_labels_tokens_and_estimate(llava_ov: Any) -> None:
     tok = llava_ov.tokenizer
     assert get_handler(llava_ov).name == "llava_onevision"
     worst_rel = 0.0
-    for rec in _with_meta(_records(12, seed=9)):
+    for rec in with_images_meta(conversation_records(12, seed=9)):
         s = tokenize_with_handler(rec, llava_ov)
         answers = [m["content"][0]["text"] + "<|im_end|>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
@@ -330,7 +295,7 @@ def test_llava_onevision_packed_equals_separate(llava_ov: Any) -> None:
         {"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (28, 28))},
                                      {"type": "text", "text": "tiny"}]},
         {"role": "assistant", "content": "one tile"}]}  # fmt: skip
-    recs = [*_records(3, seed=10), small]
+    recs = [*conversation_records(3, seed=10), small]
     samples = [tokenize_with_handler(r, llava_ov) for r in recs]
     assert sum("pixel_values" in s for s in samples) >= 2
     # images of different tile counts: the pack pads the tiles
@@ -409,7 +374,9 @@ def test_gemma4_packed_equals_separate(gemma4: Any, bidirectional_vision: bool) 
     from neatpack.pipes.families.gemma4 import gemma4_packed_masks
 
     model = tiny_gemma4_model(gemma4, bidirectional_vision=bidirectional_vision)
-    samples = [tokenize_with_handler(r, gemma4) for r in _records(3, seed=11, max_images=1)]
+    samples = [
+        tokenize_with_handler(r, gemma4) for r in conversation_records(3, seed=11, max_images=1)
+    ]
     assert sum("pixel_values" in s for s in samples) >= 1
     pack = build_pack(samples)
     doc, mm = pack["attention_mask"][None], pack["mm_token_type_ids"][None]
@@ -491,7 +458,7 @@ def test_idefics3_labels_tokens_and_estimate(idefics3: Any) -> None:
     tok = idefics3.tokenizer
     assert get_handler(idefics3).name == "idefics3"
     worst_rel = 0.0
-    for rec in _with_meta(_records(12, seed=12)):
+    for rec in with_images_meta(conversation_records(12, seed=12)):
         s = tokenize_with_handler(rec, idefics3)
         answers = [m["content"][0]["text"] + "<end_of_utterance>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
@@ -519,7 +486,7 @@ def test_idefics3_packed_equals_separate(idefics3: Any) -> None:
     from neatpack.pipes.families.idefics3 import idefics3_pack_media
 
     model = tiny_idefics3_model(idefics3)
-    samples = [tokenize_with_handler(r, idefics3) for r in _records(4, seed=13)]
+    samples = [tokenize_with_handler(r, idefics3) for r in conversation_records(4, seed=13)]
     assert sum("pixel_values" in s for s in samples) >= 2
     pack = build_pack(samples)
     media = idefics3_pack_media(samples)
@@ -569,7 +536,9 @@ def test_packed_model_inputs_equal_separate_runs(family: str) -> None:
     builder, keys, types_kw = _FAMILIES[family]
     proc = getattr(tiny, f"load_tiny_{family}_processor")()
     model = getattr(tiny_family_models, builder)(proc)
-    samples = [tokenize_with_handler(r, proc) for r in _records(3, seed=21, max_images=1)]
+    samples = [
+        tokenize_with_handler(r, proc) for r in conversation_records(3, seed=21, max_images=1)
+    ]
     assert sum("pixel_values" in s for s in samples) >= 1
     inputs = packed_model_inputs(samples, proc)
     lens = inputs.pop("seq_lens")
@@ -611,7 +580,7 @@ def test_internvl_through_the_default_handler() -> None:
     assert get_handler(proc).name == "chat_template"
     tok = proc.tokenizer
     worst_rel = 0.0
-    for rec in _with_meta(_records(12, seed=14)):
+    for rec in with_images_meta(conversation_records(12, seed=14)):
         s = tokenize_with_handler(rec, proc)
         answers = [m["content"][0]["text"] + "<|im_end|>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip

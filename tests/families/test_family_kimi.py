@@ -22,9 +22,9 @@ from support.family_checks import (
     logits_alone,
     runs,
 )
+from support.family_records import conversation_records, with_images_meta
 from support.tiny import ASSETS, load_tiny_kimi_k25_processor
 from support.tiny_family_models import tiny_kimi_k25_model
-from test_families import _records, _with_meta
 
 from neatpack.pipes.families import get_handler, tokenize_with_handler
 from neatpack.pipes.families.chat_template import default_estimate
@@ -62,7 +62,7 @@ def test_kimi_labels_pre_expanded_tokens_and_estimate(kimi: Any, model: Any) -> 
     ``default_estimate`` exact mode == real length, chars/3 mode within 25 %."""
     pad = kimi.image_token_id
     worst_rel, n_images = 0.0, 0
-    for rec in _with_meta(_records(12, seed=31)):
+    for rec in with_images_meta(conversation_records(12, seed=31)):
         s = tokenize_with_handler(rec, kimi)
         assert label_spans(kimi.tokenizer, s) == _answers(rec), rec["sample_id"]
         sizes = [tuple(m) for m in rec["images_meta"]]
@@ -89,7 +89,7 @@ def test_kimi_labels_pre_expanded_tokens_and_estimate(kimi: Any, model: Any) -> 
 def test_kimi_fixed_length_rows(kimi: Any) -> None:
     """Every row is exactly ``max_length``; padding is the pad id, label -100, document id 0;
     media concatenated with per-row image counts; a longer row names its sample ids."""
-    samples = [tokenize_with_handler(r, kimi) for r in _records(5, seed=32)]
+    samples = [tokenize_with_handler(r, kimi) for r in conversation_records(5, seed=32)]
     rows = [samples[:2], samples[2:3], samples[3:]]
     lengths = [sum(len(s["input_ids"]) - 1 for s in r) for r in rows]
     max_length = max(lengths) + 7
@@ -142,7 +142,7 @@ def test_kimi_packed_equals_separate(kimi: Any, model: Any) -> None:
     """``registry.packed_model_inputs`` (block-causal mask, reset positions, pixels + grids
     concatenated) == each sample alone, max abs diff <= 1e-5 fp32; a one-document mask over the
     same row must differ (the mask is really used)."""
-    samples = [tokenize_with_handler(r, kimi) for r in _records(3, seed=33)]
+    samples = [tokenize_with_handler(r, kimi) for r in conversation_records(3, seed=33)]
     assert sum("pixel_values" in s for s in samples) >= 2
     check_packed_equals_separate(model, kimi, samples, KIMI_KEYS)
 
@@ -151,7 +151,7 @@ def test_kimi_packed_equals_separate(kimi: Any, model: Any) -> None:
 def test_kimi_fixed_length_batch_equals_separate(kimi: Any, model: Any) -> None:
     """The fixed-length ``[B, max_length]`` batch (eager additive mask, padding attending to
     itself) gives every document the logits it has alone (<= 1e-5 fp32)."""
-    samples = [tokenize_with_handler(r, kimi) for r in _records(4, seed=34)]
+    samples = [tokenize_with_handler(r, kimi) for r in conversation_records(4, seed=34)]
     rows = [samples[:2], samples[2:]]
     max_length = max(sum(len(s["input_ids"]) - 1 for s in r) for r in rows) + 5
     batch = kimi_k25_fixed_length_batch(rows, kimi, max_length=max_length)

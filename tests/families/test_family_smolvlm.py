@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 from support.family_checks import check_packed_equals_separate, label_spans
-from test_families import _records, _with_meta
+from support.family_records import conversation_records, with_images_meta
 
 pytest.importorskip("num2words", reason="SmolVLMProcessor imports num2words (test extra)")
 
@@ -55,7 +55,7 @@ def test_smolvlm_labels_tokens_and_estimate(smol: Any) -> None:
     processor's; estimate exact mode == real length, chars/3 mode within 25 %."""
     idefics3 = load_tiny_idefics3_processor()
     worst_rel = 0.0
-    for rec in _with_meta(_records(12, seed=51)):
+    for rec in with_images_meta(conversation_records(12, seed=51)):
         s = tokenize_with_handler(rec, smol)
         answers = [m["content"][0]["text"] + "<end_of_utterance>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip
@@ -96,6 +96,6 @@ def test_smolvlm_packed_equals_separate(smol: Any) -> None:
     block-causal mask, reset positions) == each sample alone (<= 1e-5 fp32); a one-document mask
     over the same row differs."""
     model = tiny_smolvlm_model(smol)
-    samples = [tokenize_with_handler(r, smol) for r in _records(4, seed=52)]
+    samples = [tokenize_with_handler(r, smol) for r in conversation_records(4, seed=52)]
     assert sum("pixel_values" in s for s in samples) >= 2
     check_packed_equals_separate(model, smol, samples, ("pixel_values", "pixel_attention_mask"))

@@ -18,9 +18,9 @@ import pytest
 import torch
 from PIL import Image
 from support.family_checks import check_packed_equals_separate, label_spans
+from support.family_records import conversation_records, random_text, with_images_meta
 from support.tiny import ASSETS, load_tiny_step3_processor
 from support.tiny_family_models import tiny_step3_model
-from test_families import _records, _text, _with_meta
 
 from neatpack.pipes.collate import neat_packed_vlm_collater
 from neatpack.pipes.families import get_handler, tokenize_with_handler
@@ -60,12 +60,12 @@ def _crop_records(n: int, seed: int) -> list[dict[str, Any]]:
                 size = (rng.randint(40, 260), rng.randint(40, 260))
                 image = Image.new("RGB", size, (rng.randint(0, 255), 9, 70))
                 user.append({"type": "image", "image": image})
-            user.append({"type": "text", "text": _text(rng, 3, 20)})
+            user.append({"type": "text", "text": random_text(rng, 3, 20)})
             conv.append({"role": "user", "content": user})
-            answer = [{"type": "text", "text": _text(rng, 1, 25)}]
+            answer = [{"type": "text", "text": random_text(rng, 1, 25)}]
             conv.append({"role": "assistant", "content": answer})
         out.append({"sample_id": sid, "conversation": conv})
-    return _with_meta(out)
+    return with_images_meta(out)
 
 
 def test_step3_uses_its_registered_handler(step3: Any) -> None:
@@ -79,7 +79,7 @@ def test_step3_labels_crop_tokens_and_estimate(step3: Any, model: Any) -> None:
     ``step3_image_tokens`` == the features the model makes; ``step3_estimate`` exact mode ==
     real length, chars/3 mode within 25 %."""
     worst_rel, crops_seen = 0.0, set()
-    for rec in [*_crop_records(10, seed=41), *_with_meta(_records(4, seed=42))]:
+    for rec in [*_crop_records(10, seed=41), *with_images_meta(conversation_records(4, seed=42))]:
         s = tokenize_with_handler(rec, step3)
         answers = [m["content"][0]["text"] + "<|EOT|>" for m in rec["conversation"]
                    if m["role"] == "assistant"]  # fmt: skip

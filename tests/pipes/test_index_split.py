@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_shards import WORDS, N, _png, write_tars
+from support.shard_records import WORDS, N, png_bytes, write_tars
 
 from neatpack.pipes import index_split
 from neatpack.pipes.estimate import LengthEstimator
@@ -119,7 +119,7 @@ def test_index_builds_split_whole_shards_over_gloo_ranks_on_a_side_group(tmp_pat
     rng = random.Random(8)
     samples = [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
                 "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
-                "images": [_png(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
+                "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
     write_tars(tmp_path, samples, per=3)  # shards start at 0, 3, 6, 9
     source = TarShardSource(sorted(tmp_path.glob("*.tar")))
     est = LengthEstimator.from_processor(load_tiny_processor(), mode="exact")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_shards import _png, trl
+from support.shard_records import png_bytes, trl
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import media_policy
@@ -83,7 +83,7 @@ def poisoned(tmp_path: Path) -> tuple[Path, list[str]]:
     """A local tar shard in ``data/`` whose records name media inside and outside it."""
     data = tmp_path / "data"
     (data / "imgs").mkdir(parents=True)
-    png = _png(random.Random(2))
+    png = png_bytes(random.Random(2))
     (data / "imgs" / "a.png").write_bytes(png)
     (tmp_path / "secret.png").write_bytes(png)
     os.symlink(tmp_path / "secret.png", data / "imgs" / "link.png")

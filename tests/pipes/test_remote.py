@@ -20,7 +20,19 @@ from typing import Any
 
 import pytest
 from PIL import Image
-from test_shards import CFG, WORDS, N, _ids, _png, _strip, canonical, trl, write_parquet, write_tars
+from support.shard_records import (
+    CFG,
+    WORDS,
+    N,
+    assert_resume_is_exactly_once,
+    batch_ids,
+    canonical,
+    png_bytes,
+    trl,
+    without_meta,
+    write_parquet,
+    write_tars,
+)
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import shards as S
@@ -29,7 +41,7 @@ from neatpack.pipes.lengths import build_length_index
 from neatpack.pipes.media_policy import MediaRefusedError
 from neatpack.pipes.remote import RemoteReadError
 from neatpack.pipes.shards import ParquetSource, TarShardSource
-from neatpack.pipes.testing import assert_exactly_once, same_item
+from neatpack.pipes.testing import same_item
 from neatpack.pipes.tiny import load_tiny_processor
 
 pytest.importorskip("s3fs")
@@ -97,7 +109,7 @@ def samples() -> list[dict[str, Any]]:
     rng = random.Random(8)  # as test_shards.py's fixture: the same records
     return [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
              "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
-             "images": [_png(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
+             "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +135,7 @@ def test_s3_tar_shards_give_the_local_batches(
     assert source.paths[0] == f"{uploaded}/shard-000.tar"
     cfg = NeatVLMConfig(**{**CFG.__dict__, "num_workers": workers})
     got = list(neat_vlm_graph(source, processor, config=cfg))
-    assert same_item(_strip(got), _strip(expected))
+    assert same_item(without_meta(got), without_meta(expected))
 
 
 def test_s3_parquet_gives_the_local_batches(
@@ -135,7 +147,7 @@ def test_s3_parquet_gives_the_local_batches(
     assert len(source) == N
     cfg = NeatVLMConfig(**{**CFG.__dict__, "num_workers": 2})
     got = list(neat_vlm_graph(source, processor, config=cfg))
-    assert same_item(_strip(got), _strip(expected))
+    assert same_item(without_meta(got), without_meta(expected))
 
 
 def test_graph_takes_an_s3_glob_with_the_endpoint_from_the_environment(
@@ -146,7 +158,7 @@ def test_graph_takes_an_s3_glob_with_the_endpoint_from_the_environment(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     got = list(neat_vlm_graph(f"{uploaded}/shard-*.tar", processor, config=CFG))
-    assert same_item(_strip(got), _strip(expected))
+    assert same_item(without_meta(got), without_meta(expected))
 
 
 @pytest.mark.parametrize("kind", ["tar", "parquet"])
@@ -157,16 +169,7 @@ def test_resume_over_s3_shards_is_exactly_once(
     source: Any = (TarShardSource if kind == "tar" else ParquetSource)(
         pattern, storage_options=options
     )
-    cfg = NeatVLMConfig(pack_size=256, batch_size=1, seed=3, num_workers=1, tail="drop")
-    reference = list(neat_vlm_graph(source, processor, config=cfg))
-    first = neat_vlm_graph(source, processor, config=cfg)
-    it = iter(first)
-    head = [next(it) for _ in range(2)]
-    resumed = neat_vlm_graph(source, processor, config=cfg)
-    resumed.load_state_dict(first.state_dict())
-    rest = list(resumed)
-    assert same_item(_strip(head + rest), _strip(reference))
-    assert_exactly_once(_ids(head + rest), range(N), excused=resumed.ledgers[0].tail_dropped)
+    assert_resume_is_exactly_once(source, processor)
 
 
 def test_tar_index_is_cached_by_etag(
@@ -229,7 +232,7 @@ def test_a_failed_read_is_retried_then_reported_for_that_sample(
     cfg = NeatVLMConfig(**{**CFG.__dict__, "on_bad_sample": "skip"})
     loader = neat_vlm_graph(source, processor, config=cfg, lengths=index)
     batches = list(loader)
-    assert _ids(batches) == []
+    assert batch_ids(batches) == []
     assert sorted(loader.ledgers[0].failed) == list(range(N))
 
 
@@ -247,7 +250,7 @@ def _tar(records: dict[str, dict[str, Any]], extra: dict[str, bytes] | None = No
 def test_poisoned_media_references_are_refused_naming_the_sample(
     s3: Any, samples: Any, options: Any, endpoint: str, processor: Any
 ) -> None:
-    png = _png(random.Random(1))
+    png = png_bytes(random.Random(1))
     s3.pipe_file(f"{BUCKET}/set2/imgs/a.png", png)
     s3.chmod(f"{BUCKET}/set2/imgs/a.png", "public-read")  # for the plain http GET below
     s3.pipe_file("other-bucket/a.png", png)
@@ -287,7 +290,7 @@ def test_poisoned_media_references_are_refused_naming_the_sample(
     # Through the graph with on_bad_sample="skip": the poisoned ones are counted, not read.
     cfg = NeatVLMConfig(pack_size=384, batch_size=1, shuffle=False, on_bad_sample="skip")
     loader = neat_vlm_graph(source, processor, config=cfg)
-    got = _ids(list(loader))
+    got = batch_ids(list(loader))
     assert sorted(got) == [0, 1]
     assert sorted(loader.ledgers[0].failed) == list(range(2, len(refs)))
 

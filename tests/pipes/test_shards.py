@@ -13,6 +13,18 @@ from typing import Any
 
 import pytest
 from PIL import Image
+from support.shard_records import (
+    CFG,
+    WORDS,
+    N,
+    assert_resume_is_exactly_once,
+    canonical,
+    png_bytes,
+    trl,
+    without_meta,
+    write_parquet,
+    write_tars,
+)
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import shards as S
@@ -20,21 +32,10 @@ from neatpack.pipes.shards import ParquetSource, ShardIndexError, TarShardSource
 from neatpack.pipes.testing import assert_exactly_once, same_item
 from neatpack.pipes.tiny import load_tiny_processor
 
-N = 10
-WORDS = ("red", "cat", "sits", "on", "a", "mat", "blue", "sky", "the", "dog")
-CFG = NeatVLMConfig(pack_size=384, batch_size=2, shuffle=False, estimate_mode="exact")
-
 
 @pytest.fixture(scope="module")
 def processor() -> Any:
     return load_tiny_processor()
-
-
-def _png(rng: random.Random) -> bytes:
-    buf = io.BytesIO()
-    size = (rng.randint(30, 80), rng.randint(30, 80))
-    Image.new("RGB", size, (rng.randint(0, 255), 60, 90)).save(buf, "PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -42,69 +43,12 @@ def samples() -> list[dict[str, Any]]:
     rng = random.Random(8)
     return [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
              "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
-             "images": [_png(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
-
-
-def trl(s: dict[str, Any]) -> dict[str, Any]:
-    user: list[dict[str, Any]] = [{"type": "image"} for _ in s["images"]]
-    user.append({"type": "text", "text": s["q"]})
-    return {"messages": [{"role": "user", "content": user},
-                         {"role": "assistant", "content": s["a"]}]}  # fmt: skip
-
-
-def canonical(s: dict[str, Any]) -> dict[str, Any]:
-    return {**trl(s), "images": [{"bytes": b, "path": None} for b in s["images"]]}
-
-
-def write_tars(root: Path, samples: list[dict[str, Any]], per: int = 4) -> list[Path]:
-    paths = []
-    for k in range(0, len(samples), per):
-        path = root / f"shard-{k // per:03d}.tar"
-        with tarfile.open(path, "w") as tf:
-            for i in range(k, min(k + per, len(samples))):
-                s, key = samples[i], f"{i:06d}"
-                rec = trl(s)
-                members = {f"{key}.{j}.png": b for j, b in enumerate(s["images"])}
-                if i % 4 == 3:  # explicit references instead of member order
-                    rec["images"] = list(members)
-                members[f"{key}.json"] = json.dumps(rec).encode()
-                for name in sorted(members, key=lambda n: not n.endswith(".json")):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(members[name])
-                    tf.addfile(info, io.BytesIO(members[name]))
-        paths.append(path)
-    return paths
-
-
-def write_parquet(root: Path, samples: list[dict[str, Any]]) -> list[Path]:
-    pq = pytest.importorskip("pyarrow.parquet")
-    import pyarrow as pa
-
-    # Nested as the hub stores it: every block a {type, text} struct (text null on images).
-    rows = [{"messages": [{"role": m["role"], "content": m["content"] if isinstance(
-                 m["content"], list) else [{"type": "text", "text": m["content"]}]}
-                 for m in trl(s)["messages"]],
-             "images": [{"bytes": b, "path": None} for b in s["images"]]}
-            for s in samples]  # fmt: skip
-    paths = []
-    for k, part in enumerate((rows[:6], rows[6:])):
-        path = root / f"part-{k}.parquet"
-        pq.write_table(pa.Table.from_pylist(part), path, row_group_size=3)
-        paths.append(path)
-    return paths
+             "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def expected(samples: list[dict[str, Any]], processor: Any) -> list[dict[str, Any]]:
     return list(neat_vlm_graph([canonical(s) for s in samples], processor, config=CFG))
-
-
-def _strip(bs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in b.items() if k != "meta"} for b in bs]
-
-
-def _ids(bs: list[dict[str, Any]]) -> list[int]:
-    return [i for b in bs for row in b["sample_ids"] for i in row]
 
 
 def test_tar_shards_give_the_canonical_batches(
@@ -115,7 +59,7 @@ def test_tar_shards_give_the_canonical_batches(
     assert len(source) == N
     assert len(source.paths) == 3
     got = list(neat_vlm_graph(source, processor, config=CFG))
-    assert same_item(_strip(got), _strip(expected))
+    assert same_item(without_meta(got), without_meta(expected))
 
 
 def test_parquet_gives_the_canonical_batches(
@@ -124,7 +68,7 @@ def test_parquet_gives_the_canonical_batches(
     source = ParquetSource(write_parquet(tmp_path, samples))
     assert len(source) == N
     got = list(neat_vlm_graph(source, processor, config=CFG))
-    assert same_item(_strip(got), _strip(expected))
+    assert same_item(without_meta(got), without_meta(expected))
 
 
 @pytest.mark.parametrize("kind", ["tar", "parquet"])
@@ -136,16 +80,7 @@ def test_resume_mid_epoch_is_exactly_once(
         source: Any = TarShardSource(sorted(tmp_path.glob("*.tar")))
     else:
         source = ParquetSource(write_parquet(tmp_path, samples))
-    cfg = NeatVLMConfig(pack_size=256, batch_size=1, seed=3, num_workers=1, tail="drop")
-    reference = list(neat_vlm_graph(source, processor, config=cfg))
-    first = neat_vlm_graph(source, processor, config=cfg)
-    it = iter(first)
-    head = [next(it) for _ in range(2)]
-    resumed = neat_vlm_graph(source, processor, config=cfg)
-    resumed.load_state_dict(first.state_dict())
-    rest = list(resumed)
-    assert same_item(_strip(head + rest), _strip(reference))
-    assert_exactly_once(_ids(head + rest), range(N), excused=resumed.ledgers[0].tail_dropped)
+    assert_resume_is_exactly_once(source, processor)
 
 
 def test_tar_index_is_cached_by_shard_fingerprint(
@@ -269,7 +204,7 @@ def test_graph_takes_shard_paths_and_globs(
     parquet = write_parquet(tmp_path, samples)
     for data in (str(tmp_path / "shard-*.tar"), [str(p) for p in tars], parquet):
         got = list(neat_vlm_graph(data, processor, config=CFG))
-        assert same_item(_strip(got), _strip(expected)), data
+        assert same_item(without_meta(got), without_meta(expected)), data
 
 
 def test_doctests_pass() -> None:

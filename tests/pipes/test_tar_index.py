@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from test_shards import WORDS, _png, write_tars
+from support.shard_records import WORDS, png_bytes, write_tars
 
 from neatpack.pipes import tar_index
 from neatpack.pipes.shards import TarShardSource, index_tar
@@ -19,7 +19,7 @@ from neatpack.pipes.tar_index import TarIndex
 def shards(tmp_path: Path) -> list[Path]:
     rng = random.Random(3)
     samples = [{"q": " ".join(rng.choices(WORDS, k=4)), "a": "ok",
-                "images": [_png(rng) for _ in range(i % 3)]} for i in range(7)]  # fmt: skip
+                "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(7)]  # fmt: skip
     return write_tars(tmp_path, samples, per=4)
 
 
