@@ -28,7 +28,7 @@ from neatpack.graphs.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
 from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.leak_probe import packing_boundaries
-from neatpack.pipes.mixture import Mixture, check_mixture_config
+from neatpack.pipes.mixture import Mixture, check_mixture_config, check_mixture_data
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
@@ -122,11 +122,7 @@ def neat_llm_parts(
     """
     cfg = config or NeatLLMConfig()
     if cfg.mixture is not None:
-        if data is not None or lengths is not None:
-            raise ValueError(
-                "NeatLLMConfig(mixture=...) names the data: pass data=None and no lengths "
-                f"(got data of type {type(data).__name__}, lengths={lengths is not None})"
-            )
+        check_mixture_data("NeatLLMConfig", data, lengths)
         from neatpack.graphs.mixture import mixture_llm_parts
 
         return mixture_llm_parts(

@@ -41,7 +41,7 @@ from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.index_workers import index_workers
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
-from neatpack.pipes.mixture import Mixture, check_mixture_config
+from neatpack.pipes.mixture import Mixture, check_mixture_config, check_mixture_data
 from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
@@ -198,11 +198,7 @@ def neat_vlm_parts(
     """
     cfg = config or NeatVLMConfig()
     if cfg.mixture is not None:
-        if data is not None or lengths is not None:
-            raise ValueError(
-                "NeatVLMConfig(mixture=...) names the data: pass data=None and no lengths "
-                f"(got data of type {type(data).__name__}, lengths={lengths is not None})"
-            )
+        check_mixture_data("NeatVLMConfig", data, lengths)
         from neatpack.graphs.mixture import mixture_parts
 
         return mixture_parts(

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
@@ -78,3 +79,10 @@ def test_text_mixture_resumes_mid_epoch_exactly() -> None:
     got = head + run(resumed)
     assert len(got) == len(reference)
     assert all(torch.equal(a, b) for a, b in zip(got, reference, strict=True))
+
+
+def test_data_beside_a_mixture_is_refused() -> None:
+    mix = Mixture(sources=[MixtureSource(name="a", data=[{"input_ids": [1, 2, 3]}], weight=1.0)])
+    cfg = NeatLLMConfig(pack_size=16, mixture=mix)
+    with pytest.raises(ValueError, match=r"NeatLLMConfig\(mixture=\.\.\.\) names the data"):
+        neat_llm_graph([{"input_ids": [1, 2, 3]}], config=cfg)
