@@ -38,7 +38,6 @@ from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.open_data import EstimateChecked, open_source
 from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.index_workers import index_workers
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materialize import MaterializeConfig, Materializer
 from neatpack.pipes.mixture import Mixture, check_mixture_config, check_mixture_data
@@ -99,9 +98,10 @@ class NeatVLMConfig:
     cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size (#20)
     # several weighted sources instead of `data` (#16; pipes/mixture.py, graphs/mixture.py)
     mixture: Mixture | None = None
-    # length index build: 0 in this process, N forked processes over slices (same index), None
-    # one per core once the corpus is large enough (pipes/index_workers.py)
-    index_workers: int | None = 0
+    # length index build: None (default) one forked process per core this rank may use once
+    # its slice is large enough to pay (pipes/index_workers.py), N exactly N, 0 this process;
+    # the index is the same for any number
+    index_workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -233,9 +233,7 @@ def neat_vlm_parts(
             world_size=world_size,
             # a record that cannot be read follows on_bad_sample (skipped or replaced, counted)
             on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
-            num_workers=(
-                index_workers(len(source)) if cfg.index_workers is None else cfg.index_workers
-            ),
+            num_workers=cfg.index_workers,
         )
     index = lengths
     # Overlong samples are known now: say so (by modality, with the fixes) before any batch.

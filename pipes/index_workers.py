@@ -5,7 +5,7 @@ arithmetic), so it scales with processes over slices of the records; the slices 
 concatenated in order, so the index is the same for any number of workers (and its cache
 fingerprint does not depend on it)::
 
-    build_length_index(source, est, num_workers=index_workers(len(source)))
+    build_length_index(source, est, num_workers=None)  # index_workers(this rank's records)
 
 Workers start with ``fork`` where the platform has it (Linux), as the graph's loader workers do
 by default: a forked worker starts in milliseconds, where a spawned one re-imports torch and
@@ -51,15 +51,26 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _local_ranks() -> int:
+    """Training processes on this machine (``LOCAL_WORLD_SIZE``, set by torchrun), at least 1."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def index_workers(num_records: int, *, cpus: int | None = None) -> int:
-    """Worker processes for an index over ``num_records``: 0 (this process) when the records
-    are too few to pay for a pool (< 2 x :data:`MIN_RECORDS_PER_WORKER`) or with a spawn
-    start, else one per usable core, at most one per ``MIN_RECORDS_PER_WORKER`` records.
+    """Worker processes for an index over ``num_records`` (this rank's slice): 0 (this
+    process) when the records are too few to pay for a pool (< 2 x
+    :data:`MIN_RECORDS_PER_WORKER`) or with a spawn start, else one per usable core, at most
+    one per ``MIN_RECORDS_PER_WORKER`` records. ``cpus`` defaults to this process's usable
+    cores divided among the machine's ranks (``LOCAL_WORLD_SIZE``): 8 ranks on 16 cores build
+    their slices with 2 workers each, not 16.
 
     >>> index_workers(1_000, cpus=8), index_workers(40_000, cpus=8), index_workers(10**6, cpus=8)
     (0, 2, 8)
     """
-    n_cpus = _cpus() if cpus is None else cpus
+    n_cpus = _cpus() // _local_ranks() if cpus is None else cpus
     if n_cpus < 2 or index_start_method() != "fork":
         return 0
     by_size = num_records // MIN_RECORDS_PER_WORKER

@@ -32,7 +32,7 @@ import numpy.typing as npt
 from ._record import RecordError, paused_gc
 from .estimate import LengthEstimator
 from .index_split import initialized_dist, side_group, split_points
-from .index_workers import index_start_method
+from .index_workers import index_start_method, index_workers
 
 __all__ = [
     "FORMAT_VERSION",
@@ -222,7 +222,7 @@ def build_length_index(
     rank: int = 0,
     world_size: int = 1,
     group: Any = None,
-    num_workers: int = 0,
+    num_workers: int | None = 0,
     on_error: str = "raise",
 ) -> LengthIndex:
     """Estimate every sample of ``source`` (or load the cached index with the same fingerprint).
@@ -237,7 +237,9 @@ def build_length_index(
     collectively, so ranks never disagree about entering the collective). Estimation errors on
     any rank are raised on every rank. ``num_workers > 0`` splits this process's slice over
     that many worker processes (forked where the platform can, see ``index_workers``; the
-    source and estimator are pickled to them); ``index_workers(len(source))`` picks a number.
+    source and estimator are pickled to them); ``None`` picks the number with
+    ``index_workers(records of this rank)`` (one per core this rank may use, once the slice is
+    large enough to pay for a pool).
     ``on_error``: ``"raise"`` (a bad record stops the build, naming it) or ``"skip"`` (it gets
     length 0 and is listed under the fallback reason ``record_error``: the loader's
     ``on_bad_sample`` policy then skips or replaces it, counted). The cached file does not
@@ -246,8 +248,10 @@ def build_length_index(
     """
     if on_error not in ON_ERROR:
         raise ValueError(f"{on_error=} is not one of {ON_ERROR}")
-    if num_workers < 0:
-        raise ValueError(f"{num_workers=} must be >= 0 (0: estimate in this process)")
+    if num_workers is not None and num_workers < 0:
+        raise ValueError(
+            f"{num_workers=} must be >= 0 (0: estimate in this process), or None for one per core"
+        )
     fp = length_index_fingerprint(source, estimator)
     path = None if cache_dir is None else Path(cache_dir) / f"{fp}.npz"
     cached = _try_load(path, fp)
@@ -271,6 +275,8 @@ def build_length_index(
     n = len(source)
     cuts = split_points(n, world_size, getattr(source, "shard_starts", None))
     lo, hi = (cuts[rank], cuts[rank + 1]) if dist else (0, n)
+    if num_workers is None:
+        num_workers = index_workers(hi - lo)
     error: str | None = None
     empty = np.zeros(0, np.int64)
     part: tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]] = (empty, empty, [])

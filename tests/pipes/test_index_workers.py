@@ -69,6 +69,58 @@ def test_start_method_and_worker_count(monkeypatch: pytest.MonkeyPatch) -> None:
         index_start_method()
 
 
+def test_cores_are_shared_among_the_ranks_of_a_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun starts LOCAL_WORLD_SIZE ranks per machine, each building its own slice: each
+    takes its share of the cores, not all of them (8 ranks x 16 workers on 16 cores)."""
+    from neatpack.pipes import index_workers as mod
+
+    monkeypatch.setattr(mod, "_cpus", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert index_workers(10**6) == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert index_workers(10**6) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert index_workers(10**6) == 0  # one core per rank: the rank's own process
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert index_workers(10**6) == 16
+
+
+def test_the_default_build_uses_a_pool_once_the_slice_pays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``num_workers=None`` (the graphs' default) sizes the pool from this rank's records:
+    a pool for a large slice, none for a small one; the same index either way."""
+    import concurrent.futures
+
+    from neatpack.pipes import index_workers as mod
+    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.lengths import build_length_index
+    from neatpack.pipes.read import JsonlSource
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    pools: list[int] = []
+    real_pool = concurrent.futures.ProcessPoolExecutor
+
+    def spy(workers: int, **kw: object) -> concurrent.futures.ProcessPoolExecutor:
+        pools.append(workers)
+        return real_pool(workers, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", spy)
+    monkeypatch.setattr(mod, "_cpus", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    src = JsonlSource(_corpus(tmp_path / "d.jsonl", 2 * MIN_RECORDS_PER_WORKER + 10))
+    est = LengthEstimator.from_processor(load_tiny_processor("qwen2_vl"), mode="estimate")
+    auto = build_length_index(src, est, progress=False, num_workers=None)
+    assert pools == [2]
+    one = build_length_index(src, est, progress=False, num_workers=0)
+    assert pools == [2]
+    assert (auto.total == one.total).all()
+    assert auto.fingerprint == one.fingerprint
+    small = JsonlSource(_corpus(tmp_path / "s.jsonl", 500))
+    build_length_index(small, est, progress=False, num_workers=None)
+    assert pools == [2]  # 500 records: this process
+
+
 def test_graph_index_workers_option(tmp_path: Path) -> None:
     from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
     from neatpack.pipes.tiny import load_tiny_processor
