@@ -18,21 +18,26 @@ from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.watchdog import init_worker, quiet_forked_iterator_gc
 from neatpack.pipes.source import PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, StepChain, pack_meta
+from neatpack.pipes.transfer import activate, to_transfer
 
 __all__ = ["GraphParts", "map_stage", "pack_meta"]
 
 
 class InWorker:
     """``fn`` with the worker set-up first (``init_worker``: die with the parent, one torch
-    thread per worker, keep freed memory), so any step run by ``map_stage`` gets it. Picklable
-    when ``fn`` is."""
+    thread per worker, keep freed memory), so any step run by ``map_stage`` gets it; in a
+    worker process its result leaves through a reused shared-memory segment
+    (``pipes/transfer.py``). Picklable when ``fn`` is."""
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn, self.owner_pid = fn, os.getpid()
 
     def __call__(self, item: Any) -> Any:
         init_worker(self.owner_pid)
-        return self.fn(item)
+        if os.getpid() == self.owner_pid:  # thread workers
+            return self.fn(item)
+        activate()  # the batch leaves through a reused segment (pipes/transfer.py)
+        return to_transfer(self.fn(item))
 
 
 def map_stage(

@@ -101,7 +101,8 @@ class LengthIndex:
         """Load and verify (format version, fingerprint, checksum over the arrays); a torn or
         corrupt file raises ``ValueError`` instead of returning wrong lengths."""
         try:
-            with np.load(path, allow_pickle=False) as z:
+            # opened here: np.load leaves its own file open when the zip is torn
+            with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
                 meta = json.loads(z["meta"].tobytes())
                 index = cls(
                     total=z["total"].astype(np.int64, copy=False),

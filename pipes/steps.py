@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .materialize import Materializer
+from .transfer import active as transfer_active
 
 __all__ = [
     "Collater",
@@ -155,7 +156,9 @@ class Collater:
                 # every rank: make the first pad token a one-token document with no labels.
                 p["attention_mask"] = mask.clone()
                 p["attention_mask"][0] = 1
-        shared = os.getpid() != self.owner_pid
+        # A worker writes pixels into torch's shared memory itself, unless its batch leaves
+        # through a transfer segment (pipes/transfer.py), which copies it there anyway.
+        shared = os.getpid() != self.owner_pid and not transfer_active()
         if self.handler is None:
             batch = dict(
                 neat_packed_vlm_collater(rows, shared_memory=shared, **self.collate_kwargs)

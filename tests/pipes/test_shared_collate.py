@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from multiprocessing.reduction import ForkingPickler
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,14 +57,25 @@ def test_shared_collate_equals_plain_collate(setup: tuple[JsonlSource, Any, Any]
     assert not plain["pixel_values"].is_shared()
 
 
-def _run_in_child(step: InWorker, refs: list[dict[str, Any]], q: Any) -> None:
-    batch = step(refs)
-    q.put((bool(batch["pixel_values"].is_shared()), int(batch["pixel_values"].shape[0])))
-
-
-def test_batch_step_shares_pixels_only_in_worker_processes(
-    setup: tuple[JsonlSource, Any, list[list[int]]], tmp_path: Path
+def _run_in_child(
+    step: InWorker, refs: list[dict[str, Any]], q: Any, done: Any, arena: str
 ) -> None:
+    os.environ["NEATPACK_WORKER_ARENA"] = arena
+    out = step(refs)
+    if arena == "0":  # torch's path: the collater wrote the pixels into shared memory itself
+        q.put((type(out).__name__, bool(out["pixel_values"].is_shared()), out))
+    else:
+        q.put((type(out).__name__, None, out))  # travels as one segment (pipes/transfer.py)
+    done.wait(60)  # as a loader worker lives on: the receiver fetches descriptors from it
+
+
+@pytest.mark.parametrize("arena", ["1", "0"])
+def test_a_worker_batch_reaches_the_main_process_equal(
+    setup: tuple[JsonlSource, Any, list[list[int]]], arena: str
+) -> None:
+    """The step as map_stage runs it in a worker process: its batch crosses a real queue to
+    this process and equals the batch the same step makes here. Through a transfer segment
+    (the default) or, with it off, with pixels the collater put in shared memory itself."""
     src, proc, groups = setup
     cfg = MaterializeConfig(pack_size=4096)
     estimated = torch.zeros(len(src), dtype=torch.long).numpy()
@@ -79,14 +89,25 @@ def test_batch_step_shares_pixels_only_in_worker_processes(
         for k, ids in enumerate(groups)
     ]
     inline = step([dict(r) for r in refs])
-    assert not inline["pixel_values"].is_shared()  # the owner process: no shared memory
+    assert isinstance(inline, dict)  # the owner process: the batch itself
+    assert not inline["pixel_values"].is_shared()  # and no shared memory
     ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_run_in_child, args=(step, refs, q))
+    q, done = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_run_in_child, args=(step, refs, q, done, arena))
     p.start()
-    shared, rows = q.get(timeout=120)
+    kind, shared, got = q.get(timeout=120)
+    done.set()
     p.join(timeout=30)
     assert p.exitcode == 0
     assert os.getpid() == collate.owner_pid
-    assert shared
-    assert rows == inline["pixel_values"].shape[0]
+    assert kind == ("TransferBatch" if arena == "1" else "dict")
+    if arena == "0":
+        assert shared
+    assert type(got) is dict
+    assert list(got) == list(inline)  # same keys, same order
+    for key, value in inline.items():
+        if isinstance(value, torch.Tensor):
+            assert got[key].dtype == value.dtype, key
+            assert torch.equal(got[key], value), key
+        else:
+            assert got[key] == value, key

@@ -72,14 +72,14 @@ from neatpack.graphs.watchdog import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 torch.empty(64 << 20, dtype=torch.uint8).fill_(1)  # warm: the first one always faults
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(8):
+for _ in range(16):
     torch.empty(64 << 20, dtype=torch.uint8).fill_(1)  # 64 MiB, freed at once
 print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
 def test_workers_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
-    """Eight 64 MiB tensors allocated and freed in turn (in a fresh interpreter, so no pages
+    """Sixteen 64 MiB tensors allocated and freed in turn (in a fresh interpreter, so no pages
     are shared copy-on-write with a parent): with glibc's defaults each one maps fresh pages
     (16k faults each); a process that keeps freed memory reuses them."""
     got = {}
@@ -91,9 +91,10 @@ def test_workers_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
         applied, faults = out.stdout.split()
         got[mode] = (applied == "True", int(faults))
     assert got["keep"][0]  # glibc: the settings applied
-    assert got["default"][1] > 8 * 10_000  # default malloc: every allocation faults its pages in
-    # observed: 16-33k (one or two allocations faulted in, then reused) against 131k
-    assert got["keep"][1] <= got["default"][1] / 3, got
+    assert got["default"][1] > 16 * 10_000  # default malloc: every allocation faults its pages in
+    # observed: 16-49k (one to three allocations faulted in while the heap settles, then
+    # reused) against 262k
+    assert got["keep"][1] <= got["default"][1] / 4, got
 
 
 def test_worker_malloc_tuning_can_be_turned_off(monkeypatch: Any) -> None:

@@ -1,0 +1,140 @@
+"""Worker batches reach the trainer's process through segments the worker reuses
+(``pipes/transfer.py``): the same batches as without workers, never overwritten while the
+trainer holds them (or a slice of them), and reused once it lets them go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torchdata.nodes import IterableWrapper
+
+from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.graphs.stages import map_stage
+from neatpack.pipes import transfer
+from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.tiny import load_tiny_processor
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
+    d = tmp_path_factory.mktemp("transfer")
+    return write_corpus(d, num_samples=72, seed=4), d / "media", load_tiny_processor("qwen2_vl")
+
+
+def _cfg(media: Path, workers: int) -> NeatVLMConfig:
+    return NeatVLMConfig(
+        pack_size=1024, batch_size=2, media_root=str(media), num_workers=workers, prefetch=1
+    )
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert list(a) == list(b)
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            assert v.dtype == b[k].dtype, k
+            assert torch.equal(v, b[k]), k
+        else:
+            assert v == b[k], k
+
+
+def test_held_batches_are_never_overwritten(corpus: tuple[Path, Path, Any]) -> None:
+    """Every batch of the epoch kept in a list: each holds its own segment (none is reused
+    while held), and all equal the batches made without workers."""
+    data, media, proc = corpus
+    ref = list(neat_vlm_graph(data, proc, config=_cfg(media, 0)))
+    before = transfer.segments_seen()
+    held = list(neat_vlm_graph(data, proc, config=_cfg(media, 2)))
+    assert len(held) == len(ref) > 6
+    assert transfer.segments_seen() - before == len(held)  # one live segment per held batch
+    for a, b in zip(held, ref, strict=True):
+        _same(a, b)
+
+
+def test_released_segments_are_reused_and_slices_outlive_their_batch(
+    corpus: tuple[Path, Path, Any],
+) -> None:
+    """Batches dropped as they come: the workers cycle through a few segments, not one per
+    batch. A slice kept from an early batch keeps that segment leased: its values stay put
+    while later batches are written."""
+    data, media, proc = corpus
+    ref = list(neat_vlm_graph(data, proc, config=_cfg(media, 0)))
+    before = transfer.segments_seen()
+    kept, n = None, 0
+    for i, batch in enumerate(neat_vlm_graph(data, proc, config=_cfg(media, 2))):
+        _same(batch, ref[i])
+        if i == 1:
+            kept = batch["pixel_values"][3:9]  # a view into the segment
+        n += 1
+        del batch
+    used = transfer.segments_seen() - before
+    assert n == len(ref) > 6
+    assert used < n  # reused: without reuse every batch would take a new one
+    assert kept is not None
+    assert torch.equal(kept, ref[1]["pixel_values"][3:9])
+
+
+def test_switched_off_gives_the_same_batches(
+    corpus: tuple[Path, Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, media, proc = corpus
+    monkeypatch.setenv("NEATPACK_WORKER_ARENA", "0")  # read by the (forked) workers
+    ref = list(neat_vlm_graph(data, proc, config=_cfg(media, 0)))
+    before = transfer.segments_seen()
+    got = list(neat_vlm_graph(data, proc, config=_cfg(media, 2)))
+    assert transfer.segments_seen() == before  # torch's own path carried them
+    for a, b in zip(got, ref, strict=True):
+        _same(a, b)
+
+
+def _odd_batch(i: int) -> dict[str, Any]:
+    """Values of every kind a step may return."""
+    g = torch.Generator().manual_seed(i)
+    return {
+        "ints": torch.arange(10 * (i + 1)).view(-1, 5),
+        "flags": torch.rand(7, generator=g) > 0.5,
+        "half": torch.randn(3, 4, generator=g).to(torch.bfloat16),
+        "scalar": torch.tensor(3.5 + i),
+        "empty": torch.zeros(0, 4),
+        "transposed": torch.randn(4, 6, generator=g).t(),  # not contiguous
+        "list": [torch.randn(2, 3, generator=g), torch.ones(5, dtype=torch.int32)],
+        "mixed": [torch.ones(2), "text"],  # not all tensors: pickled as usual
+        "meta": {"id": i, "t": torch.tensor([i])},
+        "n": i,
+    }
+
+
+def _ident(x: int) -> dict[str, Any]:
+    return _odd_batch(x)
+
+
+def test_every_kind_of_value_arrives_equal() -> None:
+    node = map_stage(IterableWrapper(range(6)), _ident, num_workers=2)
+    before = transfer.segments_seen()
+    got = list(node)
+    assert transfer.segments_seen() > before  # they came through segments
+    for i, b in enumerate(got):
+        want = _odd_batch(i)
+        assert list(b) == list(want)
+        for k in ("ints", "flags", "half", "scalar", "empty", "transposed"):
+            assert b[k].dtype == want[k].dtype, k
+            assert b[k].shape == want[k].shape, k
+            assert torch.equal(b[k], want[k]), k
+        assert all(torch.equal(x, y) for x, y in zip(b["list"], want["list"], strict=True))
+        assert torch.equal(b["mixed"][0], want["mixed"][0])
+        assert b["mixed"][1] == "text"
+        assert b["meta"]["id"] == i
+        assert torch.equal(b["meta"]["t"], want["meta"]["t"])
+        assert b["n"] == i
+
+
+def test_only_worker_processes_use_segments() -> None:
+    """In the trainer's own process (no workers, or thread workers) a step's batch is
+    returned as it is."""
+    assert not transfer.active()
+    batch = _odd_batch(0)
+    assert transfer.to_transfer(batch) is batch
+    threads = list(map_stage(IterableWrapper(range(3)), _ident, num_workers=2, method="thread"))
+    assert all(type(b) is dict for b in threads)
