@@ -211,6 +211,13 @@ class NeatLoader:
         return int(self._position["epoch"])
 
     def __iter__(self) -> Iterator[Batch]:
+        # A new iter() ends the previous epoch iterator now, like close(): left open, it would
+        # stop this new epoch's threads from its ``finally`` whenever it is dropped later
+        # (``it = iter(loader)`` twice: the second iterator then ends at once).
+        previous = self._active() if self._active is not None else None
+        if previous is not None and hasattr(previous, "close"):
+            previous.close()
+        self._active = None
         if not self._continue:
             self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
             self._group_size = self.source.world_size
