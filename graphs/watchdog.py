@@ -10,6 +10,10 @@ one has died, hands the mapper an error in place of the missing item, so the tra
 
 within about a second. The reverse case, the main process killed while its workers live on,
 is handled by :func:`die_with_parent`, which each worker calls on its first item.
+
+Stopping a graph (:func:`stop_graph`: ``close()``, a new ``iter()``, a dropped loader,
+interpreter exit) stops its threads first and its worker processes only after them: a worker
+that exits while a thread still receives its item breaks that thread (see :func:`stop_graph`).
 """
 
 from __future__ import annotations
@@ -234,15 +238,15 @@ def stop_graph(root: BaseNode[Any], timeout: float = STOP_TIMEOUT_S) -> list[thr
     to stop. Returns the threads still alive; they are joined again at interpreter exit.
     Idempotent.
 
-    The order matters. A ``ParallelMapper``'s sort thread (or, out of order, its consumer)
+    The order matters. A ``ParallelMapper``'s sort thread (neatpack's graphs run in order)
     receives each item from a worker process, and torch sends the item's tensors as file
     descriptors: unpickling a tensor connects to the *sending worker's* resource sharer. Stop
     the workers at the same moment as the threads (torchdata's own ``_shutdown`` does) and a
     worker can exit while the sort thread is still receiving its last item: "Exception in
     thread (_sort_worker) ... rebuild_storage_fd ... ConnectionResetError" (or ``EOFError``,
     ``FileNotFoundError``), printed by a loader dropped mid-epoch. Threads poll their stop
-    event every 0.1 s, so they are gone soon after; workers stopped after them have nobody
-    left to send to.
+    event every 0.1 s and finish the item they are receiving, so they are gone soon after;
+    workers stopped only then leave no thread mid-receive.
 
     ``timeout=0`` (a loader or iterator dropped, ``break``) must not block the caller: a small
     daemon reaper thread holds the graph's mapper iterators (so torchdata's ``__del__``, which
@@ -265,9 +269,9 @@ def stop_graph(root: BaseNode[Any], timeout: float = STOP_TIMEOUT_S) -> list[thr
     reaper = threading.Thread(
         target=_reap, args=(alive, mappers, STOP_TIMEOUT_S), name="neatpack-stop", daemon=True
     )
+    reaper.start()  # started first: a thread not yet started looks finished to _join
     with _lingering_lock:  # interpreter exit joins it (_shutdown_all)
         _lingering.add(reaper)
-    reaper.start()
     return alive
 
 
