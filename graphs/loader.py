@@ -19,7 +19,8 @@ saved. Resume costs the same at 0 % and at 95 % of an epoch: nothing is replayed
 Epochs: each ``iter(loader)`` runs one epoch. After ``load_state_dict`` the next ``iter`` continues
 the saved epoch (a state saved inside the loop after the epoch's last batch continues with an
 empty remainder; a state saved after the loop continues with the next epoch), so a trainer that
-reads ``loader.epoch`` never gains or loses an epoch.
+reads ``loader.epoch`` never gains or loses an epoch. A new ``iter(loader)`` ends the previous
+iterator (it yields nothing more): one graph serves one epoch iterator at a time.
 
 Leaving a loader: ``break``, an exception, dropping the loader or the iterator, ``Ctrl-C`` and
 interpreter exit all stop the graph's background threads (prefetch, pin memory, mapper
