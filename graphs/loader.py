@@ -19,7 +19,8 @@ saved. Resume costs the same at 0 % and at 95 % of an epoch: nothing is replayed
 Epochs: each ``iter(loader)`` runs one epoch. After ``load_state_dict`` the next ``iter`` continues
 the saved epoch (a state saved inside the loop after the epoch's last batch continues with an
 empty remainder; a state saved after the loop continues with the next epoch), so a trainer that
-reads ``loader.epoch`` never gains or loses an epoch.
+reads ``loader.epoch`` never gains or loses an epoch. A new ``iter(loader)`` ends the previous
+iterator (it yields nothing more): one graph serves one epoch iterator at a time.
 
 Leaving a loader: ``break``, an exception, dropping the loader or the iterator, ``Ctrl-C`` and
 interpreter exit all stop the graph's background threads (prefetch, pin memory, mapper
@@ -211,6 +212,13 @@ class NeatLoader:
         return int(self._position["epoch"])
 
     def __iter__(self) -> Iterator[Batch]:
+        # A new iter() ends the previous epoch iterator now, like close(): left open, it would
+        # stop this new epoch's threads from its ``finally`` whenever it is dropped later
+        # (``it = iter(loader)`` twice: the second iterator then ends at once).
+        previous = self._active() if self._active is not None else None
+        if previous is not None and hasattr(previous, "close"):
+            previous.close()
+        self._active = None
         if not self._continue:
             self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
             self._group_size = self.source.world_size

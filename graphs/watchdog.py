@@ -10,6 +10,10 @@ one has died, hands the mapper an error in place of the missing item, so the tra
 
 within about a second. The reverse case, the main process killed while its workers live on,
 is handled by :func:`die_with_parent`, which each worker calls on its first item.
+
+Stopping a graph (:func:`stop_graph`: ``close()``, a new ``iter()``, a dropped loader,
+interpreter exit) stops its threads first and its worker processes only after them: a worker
+that exits while a thread still receives its item breaks that thread (see :func:`stop_graph`).
 """
 
 from __future__ import annotations
@@ -122,9 +126,10 @@ def _shutdown_all() -> None:
     A daemon thread still running when the interpreter finalizes is killed by ``pthread_exit``
     the next time it takes the GIL; inside a torch op (a prefetch thread building a batch) that
     unwinds through C++ and aborts the process: "terminate called without an active exception",
-    exit code 134. So every thread is joined here, before finalization. Each mapper iterator is
-    also dropped from its node, so its ``__del__`` does not run during teardown, after
-    ``multiprocessing``'s globals are gone.
+    exit code 134. So every thread is joined here, before finalization, threads first and worker
+    processes after them as :func:`stop_graph` explains (with the reapers of graphs dropped
+    earlier). Each mapper iterator is also dropped from its node, so its ``__del__`` does not run
+    during teardown, after ``multiprocessing``'s globals are gone.
     """
     roots = list(_exit_roots or ())
     for root in roots:
@@ -173,6 +178,7 @@ def _join(threads: list[threading.Thread], timeout: float) -> list[threading.Thr
         if t.is_alive():
             alive.append(t)
     with _lingering_lock:
+        _lingering.difference_update([t for t in _lingering if not t.is_alive()])
         _lingering.update(alive)
     return alive
 
@@ -180,12 +186,15 @@ def _join(threads: list[threading.Thread], timeout: float) -> list[threading.Thr
 def graph_threads(root: BaseNode[Any]) -> list[threading.Thread]:
     """The live background threads of ``root``'s graph: prefetch / pin-memory threads, and each
     ``ParallelMapper``'s reader, sort and (``method="thread"``) worker threads."""
-    return [t for t in _threads(root, stop=False) if t.is_alive()]
+    threads, _ = _signal_threads(root, stop=False)
+    return [t for t in threads if t.is_alive()]
 
 
-def _threads(root: BaseNode[Any], *, stop: bool) -> list[threading.Thread]:
-    """The graph's background threads; with ``stop``, each is told to stop first."""
+def _signal_threads(root: BaseNode[Any], *, stop: bool) -> tuple[list[threading.Thread], list[Any]]:
+    """The graph's background threads and its ``_ParallelMapperIter`` objects; with ``stop``,
+    each thread is told to stop (the worker processes are not: see :func:`stop_graph`)."""
     threads: list[threading.Thread] = []
+    mappers: list[Any] = []
     for _, _, obj in _walk(root):
         if hasattr(obj, "_stop_event") and hasattr(obj, "_thread"):  # Prefetcher, PinMemory
             if stop:
@@ -194,20 +203,76 @@ def _threads(root: BaseNode[Any], *, stop: bool) -> list[threading.Thread]:
         elif hasattr(obj, "_workers") and hasattr(obj, "_out_q"):  # a ParallelMapper
             if stop:
                 obj._stop.set()
-                obj._mp_stop.set()
+            mappers.append(obj)
             for name in ("_read_thread", "_sort_thread"):
                 t = getattr(obj, name, None)
                 if isinstance(t, threading.Thread):
                     threads.append(t)
             threads.extend(w for w in obj._workers if isinstance(w, threading.Thread))
-    return threads
+    return threads, mappers
+
+
+def _stop_workers(mappers: list[Any]) -> None:
+    """Tell the worker processes of ``mappers`` to stop (each finishes the items queued to it)."""
+    for it in mappers:
+        with contextlib.suppress(Exception):  # a mapper torn down half-way: nothing to stop
+            it._mp_stop.set()
+
+
+def _reap(threads: list[threading.Thread], mappers: list[Any], timeout: float) -> None:
+    """The body of a ``timeout=0`` :func:`stop_graph`'s reaper thread: wait for ``threads``
+    (at most ``timeout`` s), then stop the worker processes and let go of ``mappers`` (their
+    ``__del__`` joins the workers here, not in the thread that dropped the loader)."""
+    try:
+        _join(threads, timeout)
+    finally:
+        _stop_workers(mappers)
+        mappers.clear()
+        with _lingering_lock:
+            _lingering.discard(threading.current_thread())
 
 
 def stop_graph(root: BaseNode[Any], timeout: float = STOP_TIMEOUT_S) -> list[threading.Thread]:
-    """Tell every background thread of ``root``'s graph to stop, then wait up to ``timeout``
-    seconds for them (each finishes the item it is building). Returns the threads still alive;
-    they are joined again at interpreter exit. ``timeout=0`` only signals. Idempotent."""
-    return _join(_threads(root, stop=True), timeout)
+    """Tell every background thread of ``root``'s graph to stop, wait up to ``timeout`` seconds
+    for them (each finishes the item it is building), and only then tell the worker processes
+    to stop. Returns the threads still alive; they are joined again at interpreter exit.
+    Idempotent.
+
+    The order matters. A ``ParallelMapper``'s sort thread (neatpack's graphs run in order)
+    receives each item from a worker process, and torch sends the item's tensors as file
+    descriptors: unpickling a tensor connects to the *sending worker's* resource sharer. Stop
+    the workers at the same moment as the threads (torchdata's own ``_shutdown`` does) and a
+    worker can exit while the sort thread is still receiving its last item: "Exception in
+    thread (_sort_worker) ... rebuild_storage_fd ... ConnectionResetError" (or ``EOFError``,
+    ``FileNotFoundError``), printed by a loader dropped mid-epoch. Threads poll their stop
+    event every 0.1 s and finish the item they are receiving, so they are gone soon after;
+    workers stopped only then leave no thread mid-receive.
+
+    ``timeout=0`` (a loader or iterator dropped, ``break``) must not block the caller: a small
+    daemon reaper thread holds the graph's mapper iterators (so torchdata's ``__del__``, which
+    stops workers and threads together, cannot run early), waits for the threads up to
+    ``STOP_TIMEOUT_S``, then stops the workers. Every wait is bounded: a thread still alive
+    at the deadline does not keep the workers running.
+
+        stop_graph(loader.root)       # close(), the next iter(): threads, then workers
+        stop_graph(loader.root, 0.0)  # a dropped loader: returns now, a reaper does the rest
+    """
+    threads, mappers = _signal_threads(root, stop=True)
+    if timeout > 0:
+        alive = _join(threads, timeout)
+        _stop_workers(mappers)
+        return alive
+    alive = _join(threads, 0.0)
+    if not alive:
+        _stop_workers(mappers)
+        return alive
+    reaper = threading.Thread(
+        target=_reap, args=(alive, mappers, STOP_TIMEOUT_S), name="neatpack-stop", daemon=True
+    )
+    reaper.start()  # started first: a thread not yet started looks finished to _join
+    with _lingering_lock:  # interpreter exit joins it (_shutdown_all)
+        _lingering.add(reaper)
+    return alive
 
 
 _CHILD_ATTRS = ("source", "_it", "root", "_source")

@@ -115,6 +115,18 @@ def test_resume_at_every_batch_is_exact(workers: int) -> None:
             assert same_item(list(resumed), reference[epoch + 1])
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_new_iter_ends_the_previous_iterator(workers: int) -> None:
+    reference = run_epochs(make_loader(workers=workers), 2)
+    loader = make_loader(workers=workers)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)  # the next epoch; the first iterator ends here
+    assert list(first) == []  # it no longer takes batches from the graph
+    del first  # before the fix its cleanup stopped the second iterator's threads
+    assert same_item(list(second), reference[1])
+
+
 def test_state_after_the_loop_continues_with_next_epoch() -> None:
     reference = run_epochs(make_loader(), 2)
     loader = make_loader()
