@@ -10,7 +10,8 @@ alone; torchcodec needs the system's FFmpeg shared libraries and does not load w
   the stream's ``fps`` and the file's ``total_frames``. ``keep(total_frames, fps)`` names the
   frame indices wanted (the processor's own ``sample_frames``: ``pipes/tokenize.py``): every
   frame is still decoded in order (a P/B frame needs the ones before it, and the index of a
-  frame is its place in decode order, as transformers counts it, variable frame rate included),
+  frame is its place in the decoded sequence, as transformers counts it, variable frame rate
+  included),
   but only the kept ones are converted to RGB and held (``to_ndarray`` is ~2/3 of the decode
   time; ``benchmarks/bench_video_decode.py``), and ``frames_indices`` lists them. The processor
   then gets exactly the frames it would have sampled from the full decode. Without ``keep``
@@ -69,12 +70,14 @@ MAX_VIDEO_BYTES: Final = 8 * 2**30
 
 DECODE_ONLY_KEPT = True
 """``decode_video`` converts and holds only the frames its ``keep`` names. Set
-``neatpack.pipes.video.DECODE_ONLY_KEPT = False`` (before the loader starts its workers) to
-return every frame and let the processor sample them itself, as before: same outputs, slower
-(``benchmarks/bench_video_decode.py`` compares the two)."""
+``neatpack.pipes.video.DECODE_ONLY_KEPT = False`` to return every frame and let the processor
+sample them itself, as before: same outputs, slower (``benchmarks/bench_video_decode.py``
+compares the two). It is read in the process that decodes: set it before the loader forks its
+workers (the default context), or in each worker under spawn / forkserver."""
 
 FramePicker = Callable[[int, float], Sequence[int]]
-"""``keep(total_frames, fps) -> frame indices`` (0-based, in decode order; repeats allowed)."""
+"""``keep(total_frames, fps) -> frame indices`` (0-based places in the decoded sequence, in the
+order wanted; repeats allowed)."""
 
 
 class DecodedVideo(list[Any]):
