@@ -11,8 +11,20 @@ or does not load (torchcodec needs the system's FFmpeg shared libraries) is repo
 torchcodec can borrow the FFmpeg 8 that PyAV's wheel bundles: symlink `av.libs/libavcodec-*.so.62`
 etc. to their plain sonames in a folder and put it and `av.libs` on `LD_LIBRARY_PATH`.
 
-    python benchmarks/bench_video_decode.py            # 640x360, 240 frames per file
-    python benchmarks/bench_video_decode.py --quick    # 160x120, 24 frames
+`kept_frames`: decoding only the frames the processor keeps (`pipes/video.py` `keep=`, the
+default) against every frame (`DECODE_ONLY_KEPT = False`, the old path), side by side in this
+run, with the tiny Qwen3-VL processor (2 fps sampling):
+
+* `decode_ms` per file above: `decode_video` all frames vs the kept ones (best of `--repeats`);
+* `loader`: `--clips` mp4 clips (30 fps, `--clip-size`, 60-120 frames) through
+  `neat_vlm_graph` with 0 workers, the length index built beforehand; per mode (alternating,
+  after one warm-up round, best of `--repeats`): `decode_s` (time in `decode_video`),
+  `iter_s`, `tokens_per_s` (real tokens / `iter_s`); `identical`: both modes' batches are
+  `torch.equal`.
+
+    python benchmarks/bench_video_decode.py            # 640x360, 240 frames per file; 64 clips
+    python benchmarks/bench_video_decode.py --quick    # 160x120, 24 frames; 4 clips
+    python benchmarks/bench_video_decode.py --kept-only    # the kept_frames section alone
 """
 
 from __future__ import annotations
@@ -104,6 +116,102 @@ def child(decoder: str, path: str, repeats: int) -> dict[str, Any]:
             "peak_rss_over_import_mb": round(rss - base, 1)}  # fmt: skip
 
 
+def _keep_qwen3(processor: Any) -> Any:
+    from transformers.video_utils import VideoMetadata
+
+    def keep(total: int, fps: float) -> list[int]:
+        md = VideoMetadata(total_num_frames=total, fps=fps, frames_indices=list(range(total)))
+        return [int(i) for i in processor.video_processor.sample_frames(metadata=md)]
+
+    return keep
+
+
+def _best_ms(fn: Any, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000, 2)
+
+
+def kept_frames(
+    files: dict[str, str], clips: int, size: tuple[int, int], repeats: int, tmp: str
+) -> dict[str, Any]:
+    import random
+
+    import torch
+
+    from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+    from neatpack.pipes import video
+    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.lengths import build_length_index
+    from neatpack.pipes.read import SequenceSource
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    proc = load_tiny_processor("qwen3_vl")
+    keep = _keep_qwen3(proc)
+    out: dict[str, Any] = {"decode_ms": {}}
+    for ext, path in files.items():
+        video.decode_video(path)  # warm-up: first open, imports
+        kept = video.decode_video(path, keep=keep)
+        out["decode_ms"][ext] = {
+            "frames": kept.total_frames, "kept": len(kept),
+            "all_frames": _best_ms(lambda p=path: video.decode_video(p), repeats),
+            "kept_frames": _best_ms(lambda p=path: video.decode_video(p, keep=keep), repeats),
+        }  # fmt: skip
+    rnd = random.Random(1)
+    records = []
+    for i in range(clips):
+        path = os.path.join(tmp, f"clip{i}.mp4")
+        encode(path, rnd.randint(60, 120), size[0], size[1], fps=30)
+        user = [{"type": "video", "video": path}, {"type": "text", "text": "what moves?"}]
+        records.append({"messages": [{"role": "user", "content": user},
+                                     {"role": "assistant", "content": "a bar"}]})  # fmt: skip
+    est = LengthEstimator.from_processor(proc, mode="exact")
+    index = build_length_index(SequenceSource(records), est, progress=False)
+    real_decode = video.decode_video
+    decode_s = [0.0]
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return real_decode(*a, **k)
+        finally:
+            decode_s[0] += time.perf_counter() - t0
+
+    cfg = NeatVLMConfig(pack_size=4096, batch_size=1, num_workers=0, seed=0)
+    rows: dict[str, dict[str, Any]] = {"all_frames": {}, "kept_frames": {}}
+    batches: dict[str, list[Any]] = {}
+    try:
+        video.decode_video = timed  # type: ignore[assignment]  # 0 workers: this process
+        for rep in range(repeats + 1):  # round 0 warms up (imports, first opens): not kept
+            for mode in rows:
+                video.DECODE_ONLY_KEPT = mode == "kept_frames"
+                decode_s[0] = 0.0
+                t0 = time.perf_counter()
+                got = list(neat_vlm_graph(records, proc, config=cfg, lengths=index))
+                took = time.perf_counter() - t0
+                row = rows[mode]
+                if rep and took < row.get("iter_s", float("inf")):
+                    tokens = sum(int((b["doc_ids"] > 0).sum()) for b in got)
+                    row.update(iter_s=round(took, 3), decode_s=round(decode_s[0], 3),
+                               decode_share=round(decode_s[0] / took, 3),
+                               tokens=tokens, tokens_per_s=round(tokens / took))  # fmt: skip
+                batches[mode] = got
+    finally:
+        video.decode_video = real_decode  # type: ignore[assignment]
+        video.DECODE_ONLY_KEPT = True
+    keys = ("input_ids", "labels", "pixel_values_videos", "video_grid_thw")
+    a, b = batches["all_frames"], batches["kept_frames"]
+    same = len(a) == len(b) and all(
+        x["sample_ids"] == y["sample_ids"] and all(torch.equal(x[k], y[k]) for k in keys)
+        for x, y in zip(a, b, strict=True)
+    )
+    out["loader"] = {**rows, "identical": same, "clips": clips, "clip_size": list(size)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -112,13 +220,17 @@ def main() -> None:
     ap.add_argument("--height", type=int, default=360)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--child", nargs=2, metavar=("DECODER", "PATH"))
+    ap.add_argument("--clips", type=int, default=64)
+    ap.add_argument("--clip-size", type=int, nargs=2, default=(320, 240), metavar=("W", "H"))
+    ap.add_argument("--kept-only", action="store_true", help="only the kept_frames section")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.repeats)))
         return
     if args.quick:
-        args.frames, args.width, args.height, args.repeats = 24, 160, 120, 1
-    params = {k: getattr(args, k) for k in ("frames", "width", "height", "repeats")}
+        args.frames, args.width, args.height, args.repeats, args.clips = 24, 160, 120, 1, 4
+        args.clip_size = (160, 120)
+    params = {k: getattr(args, k) for k in ("frames", "width", "height", "repeats", "clips")}
     metrics: dict[str, Any] = {}
     try:
         import av  # noqa: F401
@@ -126,9 +238,12 @@ def main() -> None:
         metrics["error"] = "PyAV is needed to encode the test videos: pip install 'neatpack[video]'"
     else:
         with tempfile.TemporaryDirectory() as tmp:
+            files = {}
             for ext in CODECS:
-                path = os.path.join(tmp, f"bench.{ext}")
+                path = files[ext] = os.path.join(tmp, f"bench.{ext}")
                 encode(path, args.frames, args.width, args.height)
+                if args.kept_only:
+                    continue
                 row = {}
                 for dec in DECODERS:
                     cmd = [sys.executable, __file__, "--child", dec, path]
@@ -136,6 +251,8 @@ def main() -> None:
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                     row[dec] = json.loads(out.stdout)
                 metrics[ext] = row
+            size = (args.clip_size[0], args.clip_size[1])
+            metrics["kept_frames"] = kept_frames(files, args.clips, size, args.repeats, tmp)
     env = {"python": platform.python_version(), "cpus": os.cpu_count(), "threads_per_decode": 1}
     print(json.dumps({"benchmark": "video_decode", "params": params, "metrics": metrics,
                       "env": env}))  # fmt: skip

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -142,15 +142,18 @@ def _decode_error(sample_id: Any, where: str, exc: BaseException) -> SampleError
     )
 
 
-def load_video(src: Any, *, sample_id: Any) -> Any:
+def load_video(
+    src: Any, *, sample_id: Any, keep: Callable[[int, float], Sequence[int]] | None = None
+) -> Any:
     """A video is a list of frames (PIL images -> RGB, arrays as given), an existing file path
-    or encoded bytes (both decoded here by ``pipes/video.py``, PyAV: ``neatpack[video]``)."""
+    or encoded bytes (both decoded here by ``pipes/video.py``, PyAV: ``neatpack[video]``; with
+    ``keep(total_frames, fps) -> indices`` only those frames, see ``decode_video``)."""
     if isinstance(src, str | os.PathLike | bytes):
         from .video import decode_video
 
         if not isinstance(src, bytes):
             src = existing_media_file(src, "video", sample_id)
-        return decode_video(src, sample_id)
+        return decode_video(src, sample_id, keep=keep)
     if isinstance(src, Sequence) and len(src) > 0:
         frames: list[Any] = []
         for k, f in enumerate(src):

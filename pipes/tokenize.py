@@ -31,7 +31,8 @@ sample with no media, so every rank's vision tower runs. Its whole
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -72,27 +73,62 @@ def _fake_block(ids: Tensor, mm: Tensor, n_tokens: int, tok: Any) -> Tensor:
     return torch.arange(lo, hi)
 
 
+def _known_fps(meta: Any, k: int, total: int, fps: float | None) -> float | None:
+    """The block's ``fps``, else ``videos_meta[k][3]`` when that entry counts ``total`` frames."""
+    m = meta[k] if isinstance(meta, list | tuple) and k < len(meta) else None
+    if fps is None and isinstance(m, list | tuple) and len(m) >= 4 and m[0] == total:
+        fps = float(m[3]) if isinstance(m[3], int | float) and m[3] > 0 else None
+    return fps
+
+
 def video_metadata_of(
     record: Mapping[str, Any], videos: list[Any], video_fps: list[float | None]
 ) -> list[dict[str, Any]] | None:
     """Frame-list videos with a known frame rate: the block's ``fps``, else ``videos_meta[k][3]``
-    when that entry counts exactly these frames. ``None`` (processor default, Qwen's 24 fps)
-    when any video is a file (its decoder reads the real metadata) or has no known rate."""
+    when that entry counts exactly these frames, else a decoded file's stream rate. ``None``
+    (processor default, Qwen's 24 fps) when any video has no known rate. A file decoded to its
+    kept frames only (``DecodedVideo.frames_indices``) keeps its place in the whole file:
+    ``total_num_frames`` and ``frames_indices`` are the file's, as the processor's own sampling
+    would have set them."""
     meta = record.get("videos_meta") or []
     out: list[dict[str, Any]] = []
     for k, (frames, fps) in enumerate(zip(videos, video_fps, strict=True)):
         if not isinstance(frames, list):
             return None
-        m = meta[k] if k < len(meta) else None
-        if fps is None and isinstance(m, list | tuple) and len(m) >= 4 and m[0] == len(frames):
-            fps = float(m[3]) if isinstance(m[3], int | float) and m[3] > 0 else None
+        total = getattr(frames, "total_frames", None) or len(frames)
+        fps = _known_fps(meta, k, total, fps)
         if fps is None:  # a decoded file (pipes/video.py): its stream's rate
             fps = getattr(frames, "fps", None)
         if fps is None:
             return None
-        n = len(frames)
-        out.append({"fps": fps, "total_num_frames": n, "frames_indices": list(range(n))})
+        kept = getattr(frames, "frames_indices", None)
+        indices = list(range(total)) if kept is None else list(kept)
+        out.append({"fps": fps, "total_num_frames": total, "frames_indices": indices})
     return out
+
+
+def _frame_picker(
+    video_processor: Any, record: Mapping[str, Any], k: int, fps: float | None, sid: Any
+) -> Callable[[int, float], list[int]]:
+    """``keep(total_frames, stream_fps)`` for ``decode_video``: the indices the video processor's
+    own ``sample_frames`` picks from a file of ``total_frames`` at the rate ``video_metadata_of``
+    gives it (the block's ``fps`` / ``videos_meta`` / the stream's), i.e. the frames it would
+    keep from the full decode. Its failure is the processor's (``video_error``)."""
+    from transformers.video_utils import VideoMetadata
+
+    def keep(total: int, stream_fps: float) -> list[int]:
+        rate = _known_fps(record.get("videos_meta"), k, total, fps)
+        md = VideoMetadata(
+            total_num_frames=total,
+            fps=stream_fps if rate is None else rate,
+            frames_indices=list(range(total)),
+        )
+        try:
+            return [int(i) for i in video_processor.sample_frames(metadata=md)]
+        except Exception as exc:
+            raise _processor_error(sid, True, exc) from exc
+
+    return keep
 
 
 @dataclass
@@ -132,13 +168,25 @@ def prepare_conversation(
         image_src = [Image.new("RGB", (FAKE_IMAGE_SIZE, FAKE_IMAGE_SIZE), (255, 255, 255))]
         n_fake = 1
     images = [load_image(s, sample_id=sid, max_image_pixels=max_image_pixels) for s in image_src]
-    videos = [load_video(v, sample_id=sid) for v in video_src]
+    vp = getattr(processor, "video_processor", None)
+    if sample_frames is None:
+        sample_frames = bool(getattr(vp, "do_sample_frames", False))
+    # Files only (a frame list is already in memory): decode just the frames the processor keeps
+    pick = (
+        sample_frames
+        and callable(getattr(vp, "sample_frames", None))
+        and all(isinstance(v, str | os.PathLike | bytes) for v in video_src)
+    )
+    videos = [
+        load_video(
+            v, sample_id=sid, keep=_frame_picker(vp, record, k, video_fps[k], sid) if pick else None
+        )
+        for k, v in enumerate(video_src)
+    ]
     kwargs: dict[str, Any] = {}
     if videos:
-        if sample_frames is None:
-            vp = getattr(processor, "video_processor", None)
-            sample_frames = bool(getattr(vp, "do_sample_frames", False))
-        kwargs["videos"], kwargs["do_sample_frames"] = videos, sample_frames
+        presampled = all(getattr(v, "frames_indices", None) is not None for v in videos)
+        kwargs["videos"], kwargs["do_sample_frames"] = videos, sample_frames and not presampled
         metadata = video_metadata_of(record, videos, video_fps)
         if metadata is not None:
             kwargs["video_metadata"] = metadata

@@ -6,16 +6,39 @@ alone; torchcodec needs the system's FFmpeg shared libraries and does not load w
 * ``probe_video(src)`` -> ``[frames, height, width, fps, duration]``, the ``videos_meta`` entry,
   from the container: stream headers, plus a demux-only packet count when the container stores
   no frame count (webm, mkv). No frame is decoded.
-* ``decode_video(src)`` -> a ``DecodedVideo``: the RGB frames (HxWx3 uint8 arrays) and the
-  stream's ``fps``. The processor then samples frames exactly as it would from the file (its
-  own ``sample_frames`` on ``total_num_frames`` and ``fps``), so the estimate from
-  ``probe_video``'s metadata matches. The container is opened per call, inside the worker: no
-  decoder state exists before the fork.
+* ``decode_video(src, keep=None)`` -> a ``DecodedVideo``: the RGB frames (HxWx3 uint8 arrays),
+  the stream's ``fps`` and the file's ``total_frames``. ``keep(total_frames, fps)`` names the
+  frame indices wanted (the processor's own ``sample_frames``: ``pipes/tokenize.py``): every
+  frame is still decoded in order (a P/B frame needs the ones before it, and the index of a
+  frame is its place in the decoded sequence, as transformers counts it, variable frame rate
+  included),
+  but only the kept ones are converted to RGB and held (``to_ndarray`` is ~2/3 of the decode
+  time; ``benchmarks/bench_video_decode.py``), and ``frames_indices`` lists them. The processor
+  then gets exactly the frames it would have sampled from the full decode. Without ``keep``
+  (or with ``DECODE_ONLY_KEPT = False``) every frame is returned. The container is opened per
+  call, inside the worker: no decoder state exists before the fork.
+
+>>> import av
+>>> buf = io.BytesIO()
+>>> with av.open(buf, "w", format="mp4") as c:   # 2 s at 30 fps: frame i is grey level 4*i
+...     s = c.add_stream("libx264", rate=30)
+...     s.width, s.height, s.pix_fmt = 32, 32, "yuv420p"
+...     for i in range(60):
+...         grey = np.full((32, 32, 3), 4 * i, np.uint8)
+...         for p in s.encode(av.VideoFrame.from_ndarray(grey, format="rgb24")):
+...             c.mux(p)
+...     for p in s.encode():
+...         c.mux(p)
+>>> v = decode_video(buf.getvalue(), keep=lambda total, fps: [0, 15, 30, 45])   # 2 per s
+>>> len(v), v.total_frames, v.fps, v.frames_indices
+(4, 60, 30.0, [0, 15, 30, 45])
+>>> [round(float(f.mean()) / 4) for f in v]   # the frames at those places
+[0, 15, 30, 45]
 
 Bad videos raise ``SampleError(reason="video_error")`` naming the sample: unreadable or corrupt
 (``corrupt``), no video stream / zero frames (``empty``), fewer frames decoded than the
-container lists (``truncated``), and decoded size over ``MAX_VIDEO_BYTES`` (``too large``):
-each is counted by the loader's ``on_bad_sample`` policy like any bad sample.
+container lists (``truncated``), and kept frames' size over ``MAX_VIDEO_BYTES`` (``too
+large``): each is counted by the loader's ``on_bad_sample`` policy like any bad sample.
 """
 
 from __future__ import annotations
@@ -23,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, Final
 
@@ -30,17 +54,40 @@ import numpy as np
 
 from .errors import SampleError
 
-__all__ = ["MAX_VIDEO_BYTES", "DecodedVideo", "decode_video", "probe_video", "require_av"]
+__all__ = [
+    "DECODE_ONLY_KEPT",
+    "MAX_VIDEO_BYTES",
+    "DecodedVideo",
+    "FramePicker",
+    "decode_video",
+    "probe_video",
+    "require_av",
+]
 
 MAX_VIDEO_BYTES: Final = 8 * 2**30
-"""Refuse a video whose decoded RGB frames would exceed this (8 GiB: 1,000 frames of 1080p
-are 6.2 GiB). Raise it (``neatpack.pipes.video.MAX_VIDEO_BYTES = ...``) if you have the RAM."""
+"""Refuse a video whose kept RGB frames would exceed this (8 GiB: 1,000 frames of 1080p are
+6.2 GiB). Raise it (``neatpack.pipes.video.MAX_VIDEO_BYTES = ...``) if you have the RAM."""
+
+DECODE_ONLY_KEPT = True
+"""``decode_video`` converts and holds only the frames its ``keep`` names. Set
+``neatpack.pipes.video.DECODE_ONLY_KEPT = False`` to return every frame and let the processor
+sample them itself, as before: same outputs, slower (``benchmarks/bench_video_decode.py``
+compares the two). It is read in the process that decodes: set it before the loader forks its
+workers (the default context), or in each worker under spawn / forkserver."""
+
+FramePicker = Callable[[int, float], Sequence[int]]
+"""``keep(total_frames, fps) -> frame indices`` (0-based places in the decoded sequence, in the
+order wanted; repeats allowed)."""
 
 
 class DecodedVideo(list[Any]):
-    """Frames (HxWx3 uint8) of a decoded file; ``fps`` is the stream's average frame rate."""
+    """Frames (HxWx3 uint8) of a decoded file. ``fps``: the stream's average frame rate;
+    ``total_frames``: frames in the file; ``frames_indices``: which of them these are, in order
+    (``None``: every frame)."""
 
     fps: float | None = None
+    total_frames: int | None = None
+    frames_indices: list[int] | None = None
 
 
 def require_av() -> Any:
@@ -99,41 +146,69 @@ def probe_video(src: str | bytes, sample_id: Any = None) -> list[float]:
     return [float(frames), float(height), float(width), fps, frames / fps]
 
 
-def decode_video(src: str | bytes, sample_id: Any = None) -> DecodedVideo:
-    """Every frame of the first video stream as RGB arrays, with the stream's fps."""
+def _kept(keep: FramePicker, frames: int, fps: float, src: str | bytes) -> list[int]:
+    indices = [int(i) for i in keep(frames, fps)]
+    bad = [i for i in indices if not 0 <= i < frames]
+    if not indices or bad:
+        raise ValueError(
+            f"keep({frames}, {fps}) for {_where(src)} gave frame indices {indices[:8]!r} "
+            f"(out of range: {bad[:8]!r}); a frame picker must name 1+ frames in [0, {frames})"
+        )
+    return indices
+
+
+def decode_video(
+    src: str | bytes, sample_id: Any = None, *, keep: FramePicker | None = None
+) -> DecodedVideo:
+    """The RGB frames of the first video stream, with its fps and frame count: every frame, or
+    with ``keep`` (and ``DECODE_ONLY_KEPT``) only the frames ``keep(total_frames, fps)`` names,
+    in that order. Every frame is still decoded and counted (a short file is ``truncated``)."""
     av = require_av()
     expected = probe_video(src, sample_id)
     frames, h, w = int(expected[0]), int(expected[1]), int(expected[2])
-    size = frames * h * w * 3
+    indices = _kept(keep, frames, expected[3], src) if keep and DECODE_ONLY_KEPT else None
+    wanted = None if indices is None else set(indices)
+    held = frames if wanted is None else len(wanted)
+    size = held * h * w * 3
     if size > MAX_VIDEO_BYTES:
         raise SampleError(
             sample_id,
             "video_error",
-            f"{_where(src)} is too large: {frames} frames of {w}x{h} decode to "
+            f"{_where(src)} is too large: {held} frames of {w}x{h} decode to "
             f"{size / 2**30:.1f} GiB, over MAX_VIDEO_BYTES={MAX_VIDEO_BYTES / 2**30:.1f} GiB; "
             "cut or downscale it, or raise neatpack.pipes.video.MAX_VIDEO_BYTES",
         )
     out = DecodedVideo()
+    kept: dict[int, Any] = {}
+    n = 0
     try:
         with _open(av, src) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
-            out.fps = expected[3]
-            out.extend(f.to_ndarray(format="rgb24") for f in container.decode(stream))
+            out.fps, out.total_frames = expected[3], frames
+            for f in container.decode(stream):
+                if wanted is None:
+                    out.append(f.to_ndarray(format="rgb24"))
+                elif n in wanted:  # the costly RGB conversion only for the kept frames
+                    kept[n] = f.to_ndarray(format="rgb24")
+                n += 1
     except (av.error.FFmpegError, OSError, ValueError) as e:
         raise SampleError(
             sample_id,
             "video_error",
-            f"{_where(src)} is corrupt after {len(out)} of {frames} frames "
+            f"{_where(src)} is corrupt after {n} of {frames} frames "
             f"({type(e).__name__}: {e}); re-encode or drop it",
         ) from e
-    if len(out) != frames:
+    if n != frames:
         raise SampleError(
             sample_id,
             "video_error",
-            f"{_where(src)} is truncated: {len(out)} frames decoded, the container lists "
+            f"{_where(src)} is truncated: {n} frames decoded, the container lists "
             f"{frames}; re-encode or drop it",
         )
+    if indices is not None:
+        out.extend(kept[i] for i in indices)
+        out.frames_indices = indices
     if out and not isinstance(out[0], np.ndarray):  # pragma: no cover - PyAV contract
         raise TypeError(f"PyAV returned {type(out[0]).__name__} frames")
     return out
