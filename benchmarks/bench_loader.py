@@ -1,6 +1,8 @@
 """Loader throughput and resume cost, side by side in one run.
 
 * ``neat_vlm_graph`` with 0, 1 and 2 worker processes: batches/s and real packed tokens/s;
+  and with the most workers again with batches handed over by torch's own tensor path
+  (``NEATPACK_WORKER_ARENA=0``) instead of reused segments (``pipes/transfer.py``);
 * a map-style ``torch.utils.data.DataLoader`` over a PackedDatasetWrapper-style dataset (each
   item materializes one pack of the same plan with the same processor), at the same workers;
 * the bare single-process processor (chat template + processor call) on the same samples;
@@ -203,11 +205,20 @@ def _config(args: argparse.Namespace, root: Path, workers: int) -> NeatVLMConfig
     )
 
 
-def _run_one(args: argparse.Namespace, what: str) -> dict[str, float]:
+def _run_one(
+    args: argparse.Namespace, what: str, env: dict[str, str] | None = None
+) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--one", what, "--root", args.root,
            "--samples", str(args.samples), "--pack-size", str(args.pack_size),
            "--batch-size", str(args.batch_size)] + (["--quick"] if args.quick else [])  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900)
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+        env={**os.environ, **(env or {})},
+    )
     result: dict[str, float] = json.loads(out.stdout)
     return result
 
@@ -255,6 +266,16 @@ def main() -> None:
         metrics["dataloader"][f"workers_{w}"] = best(dl_runs)
     metrics["bare_processor"] = best([_run_one(args, "bare:0") for _ in range(args.repeats)])
     top = max(workers_list)
+    # The same top-worker graph with batches handed over by torch's own tensor path (a fresh
+    # shared-memory file per tensor per batch) instead of reused segments (pipes/transfer.py).
+    torch_path = best(
+        [_run_one(args, f"neat:{top}", {"NEATPACK_WORKER_ARENA": "0"}) for _ in range(args.repeats)]
+    )
+    metrics["neat_torch_transfer"] = {f"workers_{top}": torch_path}
+    metrics["ratio_transfer_segments_vs_torch_path"] = {
+        rate: metrics["neat"][f"workers_{top}"][rate] / torch_path[rate]
+        for rate in ("tokens_per_s", "steady_tokens_per_s")
+    }
     for rate in ("tokens_per_s", "steady_tokens_per_s"):
         tag = "" if rate == "tokens_per_s" else "steady_"
         metrics[f"{tag}ratio_neat_vs_dataloader"] = {

@@ -242,6 +242,19 @@ def plan_peer(args: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": round(dt, 2), "packs": len(bins), "records": len(lengths)}
 
 
+def _importable(neatpack: Any, root: Path) -> str:
+    """A folder from which the peer's python imports this neatpack (for the tiny processor):
+    the installed package's parent, or for an editable install (the repository root is the
+    package) a folder holding a ``neatpack`` link to it."""
+    pkg = Path(neatpack.pipes.__file__).resolve().parent.parent
+    if pkg.name == "neatpack":
+        return str(pkg.parent)
+    site = root / "site"
+    site.mkdir(exist_ok=True)
+    (site / "neatpack").symlink_to(pkg, target_is_directory=True)
+    return str(site)
+
+
 def _child(python: str, what: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     cmd = [python, __file__, "--one", what, "--root", args.root, "--pack-size",
            str(args.pack_size), "--workers", str(args.workers), "--packing-ratio",
@@ -296,6 +309,7 @@ def main() -> None:
     if args.quick:
         args.samples, args.pack_size, args.plan_records = 48, 4096, 20_000
     import neatpack
+    import neatpack.pipes
     from neatpack.pipes.synth import write_corpus
 
     args.root = tempfile.mkdtemp(prefix="neatpack-bench-peer-")
@@ -303,8 +317,7 @@ def main() -> None:
     args.plan_file = Path(args.root) / "plan.jsonl"
     if args.plan_records:  # 0: no plan comparison
         plan_corpus(args.plan_file, args.plan_records)
-    site = str(Path(neatpack.__path__[0]).parent)  # neatpack itself, for the peer's processor
-    peer_env = {**os.environ, "PYTHONPATH": site}
+    peer_env = {**os.environ, "PYTHONPATH": _importable(neatpack, Path(args.root))}
     runs: dict[str, list[dict[str, Any]]] = {"neat": [], "peer": []}
     for _ in range(args.repeats):  # alternating, each in a fresh process
         runs["neat"].append(_child(sys.executable, "neat", args, dict(os.environ)))

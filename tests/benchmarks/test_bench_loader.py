@@ -27,6 +27,8 @@ def test_bench_loader_quick() -> None:
     assert "steady_ratio_neat_vs_dataloader" in m
     assert m["cpu_ratio_neat_0_workers_vs_bare_processor"] > 0
     assert set(m["resume_first_batch_s"]) == {"0%", "50%", "95%"}
+    assert m["neat_torch_transfer"]["workers_1"]["tokens_per_s"] > 0
+    assert m["ratio_transfer_segments_vs_torch_path"]["tokens_per_s"] > 0
 
 
 def test_bench_utilization_quick() -> None:
