@@ -223,7 +223,7 @@ def build_length_index(
     rank: int = 0,
     world_size: int = 1,
     group: Any = None,
-    num_workers: int | None = 0,
+    num_workers: int | None = None,
     on_error: str = "raise",
 ) -> LengthIndex:
     """Estimate every sample of ``source`` (or load the cached index with the same fingerprint).
@@ -238,9 +238,10 @@ def build_length_index(
     collectively, so ranks never disagree about entering the collective). Estimation errors on
     any rank are raised on every rank. ``num_workers > 0`` splits this process's slice over
     that many worker processes (forked where the platform can, see ``index_workers``; the
-    source and estimator are pickled to them); ``None`` picks the number with
-    ``index_workers(records of this rank)`` (one per core this rank may use, once the slice is
-    large enough to pay for a pool).
+    source and estimator are pickled to them), ``0`` keeps it in this process, and ``None`` (the
+    default) picks the number with ``index_workers(records of this rank)``: one per core this
+    rank may use, once the slice is large enough to pay for a pool (32,768 records); the index
+    is the same for any number.
     ``on_error``: ``"raise"`` (a bad record stops the build, naming it) or ``"skip"`` (it gets
     length 0 and is listed under the fallback reason ``record_error``: the loader's
     ``on_bad_sample`` policy then skips or replaces it, counted). The cached file does not
