@@ -21,24 +21,9 @@ from neatpack.pipes.tokenize import tokenize_conversation
 
 av = pytest.importorskip("av")
 
+from support.video_files import CODECS, encode, truncated_mp4  # noqa: E402
+
 from neatpack.pipes.video import decode_video, probe_video  # noqa: E402
-
-CODECS = {"mp4": "libx264", "webm": "libvpx", "mkv": "mpeg4"}
-
-
-def encode(path: Path, n: int = 20, w: int = 64, h: int = 56, fps: int = 8) -> Path:
-    """A test video of ``n`` frames: a moving bar, so frames differ."""
-    with av.open(str(path), "w") as c:
-        s = c.add_stream(CODECS[path.suffix[1:]], rate=fps)
-        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-        for i in range(n):
-            a = np.full((h, w, 3), 30, np.uint8)
-            a[:, (i * 3) % w, :] = 250
-            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -187,19 +172,7 @@ def test_datasets_video_feature_is_read_undecoded(videos: dict[str, Path]) -> No
 
 
 def test_truncated_video_is_refused_naming_the_sample(tmp_path: Path) -> None:
-    path = tmp_path / "fs.mp4"
-    with av.open(str(path), "w", options={"movflags": "faststart"}) as c:  # index up front
-        s = c.add_stream("libx264", rate=8)
-        s.width, s.height, s.pix_fmt = 64, 56, "yuv420p"
-        for i in range(30):
-            a = np.random.default_rng(i).integers(0, 255, (56, 64, 3), np.uint8)
-            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    data = path.read_bytes()
-    cut = tmp_path / "cut.mp4"
-    cut.write_bytes(data[: len(data) * 6 // 10])
+    cut = truncated_mp4(tmp_path)
     assert probe_video(str(cut))[0] == 30  # the index still lists every frame
     with pytest.raises(SampleError, match=r"sample_id=3 \[video_error\].*truncated: \d+ frames"):
         decode_video(str(cut), 3)

@@ -8,7 +8,6 @@ processors; outputs compared with ``torch.equal``."""
 from __future__ import annotations
 
 import doctest
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -27,41 +26,18 @@ from neatpack.pipes.tokenize import prepare_conversation, tokenize_conversation
 
 av = pytest.importorskip("av")
 
+from support.video_files import encode, truncated_mp4  # noqa: E402
+
 from neatpack.pipes import video  # noqa: E402
 from neatpack.pipes.video import decode_video, probe_video  # noqa: E402
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-CODECS = {"mp4": "libx264", "webm": "libvpx"}
-
-
-def encode(path: Path, n: int, fps: int, *, vfr: bool = False, w: int = 64, h: int = 56) -> str:
-    """``n`` frames of a moving bar at ``fps``; ``vfr``: 50 fps bursts of three frames with
-    100 ms gaps between them (millisecond timestamps), a variable frame rate."""
-    with av.open(str(path), "w") as c:
-        s = c.add_stream(CODECS[path.suffix[1:]], rate=fps)
-        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-        if vfr:
-            s.time_base = s.codec_context.time_base = Fraction(1, 1000)
-        t = 0
-        for i in range(n):
-            a = np.full((h, w, 3), 30, np.uint8)
-            a[:, (i * 3) % w, :] = 250
-            a[: h // 2, :, 1] = (i * 9) % 256  # every frame differs
-            frame = av.VideoFrame.from_ndarray(a, format="rgb24")
-            if vfr:
-                frame.pts, frame.time_base = t, Fraction(1, 1000)
-                t += 20 if i % 3 else 100
-            for p in s.encode(frame):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("kept")
-    return {
+    paths = {
         "90f_30fps": encode(root / "a.mp4", 90, 30),
         "50f_24fps": encode(root / "b.mp4", 50, 24),
         "20f_8fps": encode(root / "c.mp4", 20, 8),
@@ -69,6 +45,7 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "60f_vfr": encode(root / "vfr.mp4", 60, 30, vfr=True),
         "40f_10fps_webm": encode(root / "d.webm", 40, 10),  # no frame count in the container
     }
+    return {k: str(v) for k, v in paths.items()}
 
 
 def processor(family: str) -> Any:
@@ -189,7 +166,7 @@ def test_without_sampling_every_frame_is_kept(clips: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_clip_too_short_to_sample_fails_as_before(family: str, tmp_path: Path) -> None:
-    one = encode(tmp_path / "one.mp4", 1, 30)
+    one = str(encode(tmp_path / "one.mp4", 1, 30))
     proc = processor(family)
     errors = []
     for kept_only in (True, False):
@@ -218,18 +195,7 @@ def test_decode_video_keep(clips: dict[str, str]) -> None:
 
 def test_kept_frames_are_still_counted_and_sized(clips: dict[str, str], tmp_path: Path) -> None:
     path = Path(clips["90f_30fps"])
-    cut = tmp_path / "cut.mp4"
-    with av.open(str(tmp_path / "fs.mp4"), "w", options={"movflags": "faststart"}) as c:
-        s = c.add_stream("libx264", rate=8)
-        s.width, s.height, s.pix_fmt = 64, 56, "yuv420p"
-        for i in range(30):
-            a = np.random.default_rng(i).integers(0, 255, (56, 64, 3), np.uint8)
-            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    data = (tmp_path / "fs.mp4").read_bytes()
-    cut.write_bytes(data[: len(data) * 6 // 10])
+    cut = truncated_mp4(tmp_path)
     with pytest.raises(SampleError, match=r"sample_id=3 \[video_error\].*truncated"):
         decode_video(str(cut), 3, keep=lambda total, fps: [0])  # the first frame is there
     one_frame = 56 * 64 * 3
