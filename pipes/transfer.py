@@ -17,7 +17,9 @@ is freed (a ``weakref.finalize`` on the mapping, which ``torch.frombuffer`` keep
 long as any view of it lives, slices included). The worker fills only segments whose flag is
 clear, so a batch the trainer still holds (a list of batches, a slice kept for logging) is
 never overwritten; when none is free it makes a new one. In steady state a worker cycles
-through a few segments (in flight + prefetched + the one the step holds) and faults nothing.
+through a few segments (in flight + prefetched + the one the step holds) and faults nothing;
+beyond :data:`KEEP_FREE` free ones (after the trainer held many batches at once) it closes
+the smallest.
 
 Only process workers use it (``activate`` is called in the worker by the graph's stage
 wrapper); thread workers and the trainer's own process hand batches over as they are.
@@ -44,12 +46,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["activate", "active", "enabled", "segments_seen", "to_transfer"]
+__all__ = ["KEEP_FREE", "activate", "active", "enabled", "segments_seen", "to_transfer"]
 
 _HEADER = mmap.PAGESIZE  # the lease flag lives in the first page; tensors start after it
 _ALIGN = 64
 _GROW = 1.25  # a new segment has room for a batch this much larger than the one that made it
 _ROUND = 2 << 20
+#: Free segments a worker keeps mapped for its next batches (the largest ones); more are closed.
+KEEP_FREE = 2
 
 _active_pid = -1
 _ids = itertools.count()
@@ -107,15 +111,23 @@ class _Pool:
         fits = [s for s in free if s.capacity >= nbytes]
         if fits:
             seg = min(fits, key=lambda s: s.capacity)
+            free.remove(seg)
         else:  # the free ones are too small for batches this size: replace them
-            for s in free:
-                self.segments.remove(s)
-                s.close()
+            self._drop(free)
+            free = []
             size = -(-int(nbytes * _GROW) // _ROUND) * _ROUND
             seg = _Segment(max(size, _ROUND))
             self.segments.append(seg)
         seg.map[0] = 1
+        # Batches the trainer held for a while (and then freed) leave many free segments:
+        # keep a few for the next batches, give the rest back.
+        self._drop(sorted(free, key=lambda s: s.capacity)[:-KEEP_FREE] if KEEP_FREE else free)
         return seg
+
+    def _drop(self, segments: list[_Segment]) -> None:
+        for s in segments:
+            self.segments.remove(s)
+            s.close()
 
 
 _pool: _Pool | None = None

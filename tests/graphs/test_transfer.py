@@ -138,3 +138,21 @@ def test_only_worker_processes_use_segments() -> None:
     assert transfer.to_transfer(batch) is batch
     threads = list(map_stage(IterableWrapper(range(3)), _ident, num_workers=2, method="thread"))
     assert all(type(b) is dict for b in threads)
+
+
+def test_a_worker_keeps_only_a_few_free_segments() -> None:
+    """After the trainer held many batches at once and freed them, the worker keeps
+    ``KEEP_FREE`` free segments (the largest) and closes the rest, instead of holding every
+    segment it ever made."""
+    pool = transfer._Pool()
+    held = [pool.take(n << 20) for n in (1, 3, 2, 5, 4)]
+    assert len(pool.segments) == 5  # all leased: one each
+    for seg in held:
+        seg.map[0] = 0  # the trainer's process freed them
+    again = pool.take(1 << 20)
+    assert again.leased()
+    free = [s for s in pool.segments if not s.leased()]
+    assert len(free) == transfer.KEEP_FREE
+    assert sorted(s.capacity for s in free) == sorted(s.capacity for s in held)[-2:]
+    for s in pool.segments:
+        s.close()
