@@ -95,7 +95,7 @@ class _Segment:
         return self.map[0] != 0
 
     def close(self) -> None:
-        self.map.close()
+        self.map.close()  # BufferError while a tensor here views it (nothing is closed then)
         os.close(self.fd)
 
 
@@ -126,8 +126,11 @@ class _Pool:
 
     def _drop(self, segments: list[_Segment]) -> None:
         for s in segments:
+            try:
+                s.close()
+            except BufferError:  # a tensor of this process still views it: keep it for now
+                continue
             self.segments.remove(s)
-            s.close()
 
 
 _pool: _Pool | None = None
