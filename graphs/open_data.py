@@ -26,7 +26,8 @@ def open_source(
 ) -> RecordSource:
     """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source; tar /
     Parquet shards (a path, a glob or a list of paths or fsspec URLs ending ``.tar`` /
-    ``.parquet``; the tar offset index cached in ``cache_dir``, split over the ranks)."""
+    ``.parquet``; the tar offset index cached in ``cache_dir``, split over the ranks). A JSONL
+    file's line index is cached in ``cache_dir`` too (``JsonlSource``)."""
     from neatpack.pipes.shards import shard_source
 
     shards = shard_source(data, media_root, cache_dir=cache_dir, rank=rank, world_size=world_size)
@@ -40,7 +41,7 @@ def open_source(
             )
         if path.suffix == ".json":
             return JsonListSource(path, media_root=media_root)
-        return JsonlSource(path, media_root=media_root)
+        return JsonlSource(path, media_root=media_root, cache_dir=cache_dir)
     if isinstance(data, RecordSource):
         return data
     if isinstance(data, Sequence):

@@ -262,3 +262,54 @@ def test_a_video_blocks_fps_survives_the_reader(tmp_path: Path) -> None:
         {"type": "image", "image": f"{root}/a.jpg"},
     ]
     assert parse_conversation(rec, ()).video_fps == [2.5]
+
+
+def test_jsonl_line_index_is_cached_by_file_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``cache_dir`` the line index and content hash of an unchanged file come from the
+    cache (the file is not read again); any write to the file, even one that keeps its size
+    and sets its mtime back, changes its ctime and so is read afresh."""
+    import hashlib
+    import time
+
+    from neatpack.pipes import read as read_mod
+
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"t{i}"}]}) for i in range(6)]
+    path.write_text("\n".join(lines[:3]) + "\n\n" + "\n".join(lines[3:]) + "\n")  # a blank line
+    cache = tmp_path / "cache"
+    first = JsonlSource(path, cache_dir=cache)
+    assert len(list(cache.glob("jsonl-index-*.npz"))) == 1
+    scans: list[Path] = []
+    real = read_mod._index_jsonl
+
+    def counting(p: Path) -> Any:
+        scans.append(p)
+        return real(p)
+
+    monkeypatch.setattr(read_mod, "_index_jsonl", counting)
+    again = JsonlSource(path, cache_dir=cache)
+    assert scans == []  # from the cache
+    assert again.content_fingerprint() == first.content_fingerprint()
+    assert again.content_fingerprint() == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert [again.raw(i) for i in range(6)] == [json.loads(x) for x in lines]
+    assert again.line_number(3) == 5  # the blank line kept its place
+    assert again.blank_lines == 1
+
+    st = os.stat(path)
+    time.sleep(0.01)
+    path.write_text(path.read_text().replace("t1", "X1"))  # same size, new content
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime set back: ctime still moved
+    changed = JsonlSource(path, cache_dir=cache)
+    assert scans == [path]
+    assert changed.content_fingerprint() == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert changed.content_fingerprint() != first.content_fingerprint()
+    assert changed.raw(1)["messages"][0]["content"] == "X1"
+
+    for f in cache.glob("jsonl-index-*.npz"):
+        f.write_bytes(b"torn")  # a torn cache file: rebuilt, not trusted
+    JsonlSource(path, cache_dir=cache)
+    assert len(scans) == 2
+    JsonlSource(path, cache_dir=cache)
+    assert len(scans) == 2  # and cached again
