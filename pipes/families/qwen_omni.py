@@ -59,6 +59,7 @@ from .chat_template import (
     media_token_types,
     processor_failure,
 )
+from .processor_compat import image_token_counts, processor_default, video_token_counts
 from .registry import Handler, register_handler
 
 __all__ = [
@@ -385,13 +386,8 @@ def omni_estimate(
     lengths = audio_lengths(record, blocks, rate)
     audio = rule.audio_tokens(processor, lengths)
     sizes = image_sizes(conv, record.get("images_meta"), sid)
-    image = (
-        processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
-    )
-    vsizes = _video_sizes(conv, record.get("videos_meta"), sid)
-    video = (
-        processor._get_num_multimodal_tokens(video_sizes=vsizes).num_video_tokens if vsizes else []
-    )
+    image = image_token_counts(processor, sizes)
+    video = video_token_counts(processor, _video_sizes(conv, record.get("videos_meta"), sid))
     image = [*image, *video]  # both: one placeholder in the text, expanded to its count
     if mode == "exact":
         text = processor.apply_chat_template(conv, tokenize=False)
@@ -458,7 +454,7 @@ def qwen_omni_mrope(sample: Mapping[str, Any], processor: Any) -> Tensor:
     keep = torch.as_tensor(sample.get("attention_mask", torch.ones_like(mm))).reshape(-1).bool()
     types = mm[keep].tolist()
     merge = int(processor.image_processor.merge_size)
-    pps = processor.position_id_per_seconds
+    pps = processor_default(processor, "position_id_per_seconds")
     grids: dict[int, list[list[int]]] = {
         code: [] if g is None else torch.as_tensor(g).tolist()
         for code, g in ((1, sample.get("image_grid_thw")), (2, sample.get("video_grid_thw")))

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from neatpack.pipes.families import tokenize_with_handler
+from neatpack.pipes.families.processor_compat import video_token_counts
 from neatpack.pipes.families.qwen_omni import qwen_omni_pack_media
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
@@ -158,7 +159,7 @@ def check_videos(
         s = tokenize(rec, proc)
         videos = _blocks(rec, "video")
         sizes = [[len(v["video"]), v["video"][0].height, v["video"][0].width] for v in videos]
-        want = proc._get_num_multimodal_tokens(video_sizes=sizes).num_video_tokens
+        want = video_token_counts(proc, sizes)
         assert _runs(s, 2) == list(want) == (s["video_grid_thw"].prod(-1) // 4).tolist()
         fps = videos[0].get("fps", default_fps)
         assert s["video_second_per_grid"].tolist() == pytest.approx([2 / fps])
