@@ -305,7 +305,8 @@ def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
     videos, ``input_features`` / ``input_features_mask`` of its audio, right-padded in time to
     the longest (mask False: the audio tower reads only masked-in frames). With explicit masks
     the model needs no ``mm_token_type_ids``. Video frames are ``[frames, patches, dim]``
-    (transformers 5.2x) or ``[videos, frames, patches, dim]`` (5.17, joined on the frame axis)."""
+    (transformers 5.2x) or ``[videos, frames, patches, dim]`` (5.17, joined as
+    ``[frames, 1, patches, dim]``)."""
     out: dict[str, Tensor] = {}
     frames = max((int(s["input_features"].shape[1]) for s in samples
                   if s.get("input_features") is not None), default=0)  # fmt: skip
@@ -327,9 +328,10 @@ def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
 
 def _join_video_frames(out: dict[str, Tensor], key: str, parts: list[Tensor]) -> None:
     if parts[0].dim() == 4:  # transformers 5.17: [videos, frames, ...], frame counts may differ
-        # the model flattens dims 0-1 and concatenates every video's tokens in order, so one
-        # "video" of all the frames gives the same embeddings
-        out[key] = torch.cat([p.reshape(1, -1, *p.shape[2:]) for p in parts], dim=1)
+        # as [frames, 1, ...]: the model flattens dims 0-1 and concatenates every item's tokens
+        # in order, so one-frame "videos" give the same embeddings, and frames stay on dim 0
+        # (the pipeline-parallel split counts them there, as for 5.2x)
+        out[key] = torch.cat([p.reshape(-1, 1, *p.shape[2:]) for p in parts], dim=0)
     else:  # 5.2x: [frames, ...]
         out[key] = torch.cat(parts, dim=0)
 

@@ -408,8 +408,10 @@ def qwen_omni_position_ids(sample: Mapping[str, Any], model: Any) -> Tensor:
     plain ``0..L-1`` on all rows when there is no image or video)."""
     ids = torch.as_tensor(sample["input_ids"]).reshape(1, -1)
     fam = sample.get("feature_attention_mask")
+    # transformers 5.2x: on the text model; 5.17: only on the thinker itself
+    rope_index = getattr(model.model, "get_rope_index", None) or model.get_rope_index
     with torch.no_grad():
-        pos, _ = model.model.get_rope_index(
+        pos, _ = rope_index(
             ids,
             image_grid_thw=sample.get("image_grid_thw"),
             video_grid_thw=sample.get("video_grid_thw"),

@@ -23,6 +23,7 @@ from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
 from support.family_checks import label_spans, runs
+from support.versions import knows_its_media_ids
 
 WORDS = (
     "the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "every",
@@ -172,6 +173,8 @@ def check_videos(
                                                  else b for b in m["content"]])
                                 for m in rec["conversation"]]  # fmt: skip
         assert estimate(meta, proc) == real
+        if not knows_its_media_ids(proc):  # transformers 5.17: it marks nothing
+            continue
         theirs = proc.create_mm_token_type_ids(s["input_ids"][None].tolist())
         assert torch.equal(torch.as_tensor(theirs)[0].long(), s["mm_token_type_ids"])
 

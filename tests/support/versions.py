@@ -16,7 +16,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["TRUNCATED_VIDEO_TIME", "rope_index_truncates_video_time"]
+__all__ = [
+    "TRUNCATED_VIDEO_TIME",
+    "batches_unequal_videos",
+    "counts_tokens",
+    "knows_its_media_ids",
+    "rope_index_truncates_video_time",
+]
 
 TRUNCATED_VIDEO_TIME = (
     "this transformers' Qwen2.5-VL get_rope_index truncates second_per_grid_ts to an int "
@@ -37,3 +43,28 @@ def rope_index_truncates_video_time(model: Any) -> bool:
     )
     per_second = float(model.config.vision_config.tokens_per_second)
     return bool(per_second * 0.5 >= 1 and pos[0, 0, 1] == pos[0, 0, 2])
+
+
+def knows_its_media_ids(processor: Any) -> bool:
+    """False where the processor has no media token ids of its own (transformers 5.17's Omni
+    processors: ``image_token_ids == [None]``, so their ``create_mm_token_type_ids`` marks
+    nothing); neatpack then takes the ids from the tokenizer."""
+    return None not in list(getattr(processor, "image_token_ids", [None]))
+
+
+def counts_tokens(processor: Any) -> bool:
+    """Whether the processor has ``_get_num_multimodal_tokens`` (5.17's Omni ones do not)."""
+    return hasattr(processor, "_get_num_multimodal_tokens")
+
+
+def batches_unequal_videos(processor: Any) -> bool:
+    """Whether the video processor takes videos of different frame counts in one call
+    (transformers 5.17's Gemma 4 one stacks them and raises)."""
+    from PIL import Image
+
+    frame = Image.new("RGB", (32, 32))
+    try:
+        processor.video_processor(videos=[[frame], [frame, frame]], return_tensors="pt")
+    except RuntimeError:
+        return False
+    return True
