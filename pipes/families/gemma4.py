@@ -441,6 +441,7 @@ GEMMA4_HANDLER = register_handler(
     Handler(
         "gemma4",
         tokenize_gemma4,
+        min_transformers="5.5",  # Gemma4Processor is new in 5.5
         modalities=GEMMA4_MODALITIES,
         pack_media=gemma4_pack_media,
         packed_mask=gemma4_packed_masks,

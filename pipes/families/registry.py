@@ -186,12 +186,16 @@ def check_processor_class(processor: Any) -> None:
     if getattr(transformers, saved, None) is not None:
         return  # the class exists: a tokenizer loaded on purpose (text only)
     handler = HANDLERS[PROCESSOR_HANDLERS[saved]]
-    need = handler.min_transformers or "a newer 5.x"
+    fix = (
+        f"pip install 'transformers>={handler.min_transformers}' (the family needs "
+        f"{handler.min_transformers} or later)"
+        if handler.min_transformers
+        else "pip install --upgrade transformers"
+    )
     raise ValueError(
         f"{type(processor).__name__} was saved by {saved} (family {handler.name!r}), but "
         f"transformers {transformers.__version__} has no {saved}, so AutoProcessor loaded only "
-        f"the tokenizer and every image and audio would be lost. Fix: pip install "
-        f"'transformers>={need}' (the family needs {need} or later)"
+        f"the tokenizer and every image and audio would be lost. Fix: {fix}"
     )
 
 
