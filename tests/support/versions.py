@@ -26,8 +26,9 @@ __all__ = [
 
 TRUNCATED_VIDEO_TIME = (
     "this transformers' Qwen2.5-VL get_rope_index truncates second_per_grid_ts to an int "
-    "(transformers 5.17.0; 5.0 and 5.18+ do not): 1.5 s per frame pair becomes 1 s, 0.5 s becomes 0, so "
-    "the model's own positions differ from the model's design, which neatpack follows"
+    "(transformers 5.17.0; not 5.0.0, 5.10.1, 5.18+): 1.5 s per frame pair becomes 1 s, "
+    "0.5 s becomes 0, so the model's own positions differ from the model's design, which "
+    "neatpack follows"
 )
 
 
