@@ -42,15 +42,17 @@ build_venv() {
         # sys.path), so this venv's transformers / tokenizers / huggingface_hub win
         site_packages "$BASE_VENV" >"$(site_packages "$venv")/zz_base.pth"
         "$venv/bin/pip" install -q "transformers==$version"
-        "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$root"
+        "$venv/bin/pip" install -q --no-deps -e "$root"
     else
         "$venv/bin/pip" install -q -e "$root[test,dev]" "transformers==$version"
     fi
+    touch "$venv/.complete"
 }
 
 for version in "$@"; do
     venv=$venv_root/tf-$version
-    if [ ! -x "$venv/bin/python" ]; then
+    if [ ! -f "$venv/.complete" ]; then
+        rm -rf "$venv"  # a build that stopped half-way
         echo "== building $venv (transformers $version)"
         mkdir -p "$venv_root"
         build_venv "$version" "$venv"
