@@ -321,8 +321,10 @@ def check_packing(
     batch = _synthetic_batch(model, boundaries=True, mask_format=mask_format)
     try:
         report = probe_packing_leak(model, batch, tolerance=tolerance)
-    except ValueError as error:
-        if "packed sequences" not in str(error):
+    except (ValueError, NotImplementedError) as error:
+        # 5.2x: ValueError "... packed sequences"; older 5.x (5.10): NotImplementedError
+        # "`seq_idx` support requires fast path support" from the Mamba torch fallback
+        if "packed sequences" not in str(error) and "seq_idx" not in str(error):
             raise
         # transformers refuses boundaries its torch fallback cannot honour: measure what a
         # batch without them does (what packing with boundaries off would train on).

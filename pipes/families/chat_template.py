@@ -41,6 +41,7 @@ from neatpack.pipes.labels import RoleMarkers, conversation_labels, resolve_role
 from neatpack.pipes.media import SampleError, load_image, load_video
 
 from ._shared import check_modalities
+from .processor_compat import media_ids
 from .registry import Handler, register_handler
 
 __all__ = [
@@ -55,18 +56,13 @@ __all__ = [
 ]
 
 
+MEDIA_CODES = ((1, "image"), (2, "video"), (3, "audio"))  # mm_token_type_ids code, modality
+
+
 def media_token_ids(processor: Any) -> dict[int, list[int]]:
-    """``{1: image ids, 2: video ids, 3: audio ids}`` from the processor (None entries dropped)."""
-    out: dict[int, list[int]] = {}
-    for code, kind in ((1, "image"), (2, "video"), (3, "audio")):
-        try:
-            ids = getattr(processor, f"{kind}_token_ids", None) or []
-        except AttributeError:
-            ids = []
-        if isinstance(ids, int):  # transformers 5.17 tokenizers: one id, not a list
-            ids = [ids]
-        out[code] = [int(i) for i in ids if i is not None]
-    return out
+    """``{1: image ids, 2: video ids, 3: audio ids}`` from the processor, or its tokenizer
+    where the processor knows no id (``processor_compat.media_ids``)."""
+    return {code: media_ids(processor, kind) for code, kind in MEDIA_CODES}
 
 
 def processor_failure(sid: Any, exc: Exception, kind: str = "processor_error") -> SampleError:
@@ -156,8 +152,12 @@ def tokenize_default(
     modalities: frozenset[str] = frozenset({"image", "video"}),
     text_hook: Callable[[str], str] | None = None,
     image_token_count: ImageTokenCount | None = None,
+    call_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One Record -> one Sample through any chat-template processor (module docstring).
+
+    ``call_kwargs``: extra keyword arguments of the processor call (e.g. Gemma 3's
+    ``images_kwargs`` for pan-and-scan: call-time kwargs win on every transformers 5.x).
 
     ``text_hook``: rewrites the templated text before the processor sees it (a family hook,
     e.g. Gemma 4's thinking-channel prefix); ``markers`` must then describe the rewritten turns.
@@ -179,6 +179,7 @@ def tokenize_default(
         kwargs["images"] = images
     if videos:
         kwargs["videos"] = videos
+    kwargs.update(call_kwargs or {})
     try:
         text = processor.apply_chat_template(conv, tokenize=False)
         if text_hook is not None:

@@ -51,6 +51,7 @@ from neatpack.pipes.estimate import LengthEstimator, SampleEstimate
 from neatpack.pipes.mask import to_4d_additive_mask
 
 from .chat_template import tokenize_default
+from .processor_compat import set_call_defaults
 from .registry import Handler, register_handler
 
 __all__ = [
@@ -97,20 +98,25 @@ def gemma3_pan_and_scan(
     transformers merges ``Gemma3Processor.images_kwargs`` (``do_pan_and_scan=False``...) OVER the
     image processor's own attributes, so setting ``image_processor.do_pan_and_scan = True`` is
     silently ignored; the processor's ``images_kwargs`` is what every call (and this module's
-    token counts and estimator) reads. Defaults are the processor's (crops of >= 256 pixels)."""
+    token counts and estimator) reads. transformers 5.17 reads its class's
+    ``valid_processor_kwargs._defaults`` instead: ``processor_compat.set_call_defaults`` writes
+    both, and ``tokenize_gemma3`` also passes the settings with each call (what 5.0 honours).
+    Defaults are the processor's (crops of >= 256 pixels)."""
     if min_crop_size < 1 or max_num_crops < 2 or not min_ratio_to_activate >= 1.0:
         raise ValueError(
             f"pan-and-scan needs {min_crop_size=} >= 1, {max_num_crops=} >= 2 and "
             f"{min_ratio_to_activate=} >= 1.0"
         )
-    processor.images_kwargs = {
-        **getattr(processor, "images_kwargs", {}),
-        "do_pan_and_scan": True,
-        "pan_and_scan_min_crop_size": int(min_crop_size),
-        "pan_and_scan_max_num_crops": int(max_num_crops),
-        "pan_and_scan_min_ratio_to_activate": float(min_ratio_to_activate),
-    }
-    return processor
+    return set_call_defaults(
+        processor,
+        "images_kwargs",
+        {
+            "do_pan_and_scan": True,
+            "pan_and_scan_min_crop_size": int(min_crop_size),
+            "pan_and_scan_max_num_crops": int(max_num_crops),
+            "pan_and_scan_min_ratio_to_activate": float(min_ratio_to_activate),
+        },
+    )
 
 
 def gemma3_pan_and_scan_settings(processor: Any) -> PanAndScan | None:
@@ -123,6 +129,15 @@ def gemma3_pan_and_scan_settings(processor: Any) -> PanAndScan | None:
         int(kw["pan_and_scan_max_num_crops"]),
         float(kw["pan_and_scan_min_ratio_to_activate"]),
     )
+
+
+def _pan_and_scan_kwargs(pas: PanAndScan) -> dict[str, Any]:
+    return {
+        "do_pan_and_scan": True,
+        "pan_and_scan_min_crop_size": pas.min_crop_size,
+        "pan_and_scan_max_num_crops": pas.max_num_crops,
+        "pan_and_scan_min_ratio_to_activate": pas.min_ratio_to_activate,
+    }
 
 
 def gemma3_num_crops(processor: Any, height: int, width: int) -> int:
@@ -163,6 +178,9 @@ def gemma3_soft_tokens(processor: Any, images: list[Any]) -> int:
 def tokenize_gemma3(record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
     """The default path, images only, soft tokens checked per crop (``gemma3_soft_tokens``)."""
     options.setdefault("image_token_count", gemma3_soft_tokens)
+    pas = gemma3_pan_and_scan_settings(processor)
+    if pas is not None:  # call-time kwargs win on every 5.x (5.0 reads no stored default)
+        options.setdefault("call_kwargs", {"images_kwargs": _pan_and_scan_kwargs(pas)})
     return tokenize_default(record, processor, modalities=frozenset({"image"}), **options)
 
 

@@ -40,6 +40,7 @@ are block-causal.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
@@ -72,6 +73,7 @@ __all__ = [
     "gemma4_pack_media",
     "gemma4_packed_masks",
     "gemma4_video_metadata",
+    "gemma4_video_tokens",
     "inject_thinking_prefix",
     "tokenize_gemma4",
 ]
@@ -232,6 +234,26 @@ def _video_frames(record: Mapping[str, Any]) -> list[Any]:
     return videos
 
 
+def gemma4_video_tokens(proc: Any, frames: int, height: int, width: int) -> int:
+    """Soft tokens of a ``frames``-frame ``height`` x ``width`` video (all its frames).
+
+    ``_get_num_multimodal_tokens(video_sizes=...)`` where the processor takes ``video_sizes``
+    (transformers 5.2x). transformers 5.17's takes none, and calling it with one anyway writes
+    the keyword into the class-wide image defaults, breaking every later call: there the video
+    processor runs on ONE blank frame of that size (its ``num_soft_tokens_per_video`` is per
+    frame), times ``frames``."""
+    fn = proc._get_num_multimodal_tokens
+    if "video_sizes" in inspect.signature(fn).parameters:
+        counts = fn(video_sizes=[(frames, height, width)]).num_video_tokens
+        if counts is not None:
+            return int(counts[0])
+    from PIL import Image
+
+    frame = Image.new("RGB", (int(width), int(height)))
+    out = proc.video_processor(videos=[[frame]], return_tensors="pt")
+    return int(out["num_soft_tokens_per_video"].reshape(-1)[0]) * int(frames)
+
+
 def _check_video_tokens(sample: Mapping[str, Any], record: Mapping[str, Any], proc: Any) -> None:
     """Video tokens in the text == the real patches of ``video_position_ids`` / pooling**2 (what
     the tower returns) == ``_get_num_multimodal_tokens`` for frame lists."""
@@ -247,8 +269,7 @@ def _check_video_tokens(sample: Mapping[str, Any], record: Mapping[str, Any], pr
     ]
     want = None
     if sizes and len(sizes) == len(_video_frames(record)):
-        counts = proc._get_num_multimodal_tokens(video_sizes=sizes).num_video_tokens
-        want = None if counts is None else sum(counts)  # None: transformers 5.17 cannot say
+        want = sum(gemma4_video_tokens(proc, *size) for size in sizes)
     if found != from_patches or (want is not None and found != want):
         raise SampleError(
             sid,
@@ -283,7 +304,9 @@ def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
     images, ``pixel_values_videos`` / ``video_position_ids`` / ``num_frames_per_video`` of its
     videos, ``input_features`` / ``input_features_mask`` of its audio, right-padded in time to
     the longest (mask False: the audio tower reads only masked-in frames). With explicit masks
-    the model needs no ``mm_token_type_ids``."""
+    the model needs no ``mm_token_type_ids``. Video frames are ``[frames, patches, dim]``
+    (transformers 5.2x) or ``[videos, frames, patches, dim]`` (5.17, joined as
+    ``[frames, 1, patches, dim]``)."""
     out: dict[str, Tensor] = {}
     frames = max((int(s["input_features"].shape[1]) for s in samples
                   if s.get("input_features") is not None), default=0)  # fmt: skip
@@ -295,9 +318,22 @@ def gemma4_pack_media(samples: Any) -> dict[str, Tensor]:
             parts = [torch.nn.functional.pad(p, (0, 0, 0, frames - p.shape[1])) for p in parts]
         elif key == "input_features_mask":
             parts = [torch.nn.functional.pad(p, (0, frames - p.shape[1])) for p in parts]
+        elif key in ("pixel_values_videos", "video_position_ids") and parts[:1]:
+            _join_video_frames(out, key, parts)
+            continue
         if parts:
             out[key] = torch.cat(parts, dim=0)
     return out
+
+
+def _join_video_frames(out: dict[str, Tensor], key: str, parts: list[Tensor]) -> None:
+    if parts[0].dim() == 4:  # transformers 5.17: [videos, frames, ...], frame counts may differ
+        # as [frames, 1, ...]: the model flattens dims 0-1 and concatenates every item's tokens
+        # in order, so one-frame "videos" give the same embeddings, and frames stay on dim 0
+        # (the pipeline-parallel split counts them there, as for 5.2x)
+        out[key] = torch.cat([p.reshape(-1, 1, *p.shape[2:]) for p in parts], dim=0)
+    else:  # 5.2x: [frames, ...]
+        out[key] = torch.cat(parts, dim=0)
 
 
 # -- the length estimate (Handler.estimate): exact mode == the real length ------------------------
@@ -340,7 +376,7 @@ def _media_texts(record: Mapping[str, Any], proc: Any) -> dict[str, list[str]]:
                 "needs the frames (their count and size)"
             )
         n, h, w = len(v), int(v[0].height), int(v[0].width)
-        total = proc._get_num_multimodal_tokens(video_sizes=[(n, h, w)]).num_video_tokens[0]
+        total = gemma4_video_tokens(proc, n, h, w)
         video_texts.append(_video_text(proc, n, total // n, vmeta["fps"]))
     _, _, blocks = split_audio_blocks(record)
     seconds = record.get("audios_meta") or [None] * len(blocks)
@@ -405,6 +441,7 @@ GEMMA4_HANDLER = register_handler(
     Handler(
         "gemma4",
         tokenize_gemma4,
+        min_transformers="5.5",  # Gemma4Processor is new in 5.5
         modalities=GEMMA4_MODALITIES,
         pack_media=gemma4_pack_media,
         packed_mask=gemma4_packed_masks,

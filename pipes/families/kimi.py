@@ -100,6 +100,7 @@ KIMI_K25_HANDLER = register_handler(
     Handler(
         "kimi_k25",
         tokenize_default,
+        min_transformers="5.13",  # Kimi_K25Processor is new in 5.13
         modalities=frozenset({"image"}),
         pack_media=kimi_k25_pack_media,
         description="Kimi K2.5: the default path, images pre-expanded by the processor to "

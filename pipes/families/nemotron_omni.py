@@ -169,6 +169,7 @@ NEMOTRON_OMNI_HANDLER = register_handler(
         modalities=frozenset({"image", "audio"}),
         pack_media=nemotron_omni_pack_media,
         packed_mask=nemotron_omni_packed_masks,
+        min_transformers="5.18",  # NemotronH_Omni_Reasoning_V3Processor is new in 5.18
         description="Nemotron-H Omni: images (<img> runs from image_grid_hw) + audio (Parakeet "
         "features, 16 kHz checked); packs need nemotron_omni.nemotron_omni_pack_media; "
         "Mamba layers are not isolated per document (pipes/families/nemotron_omni.py)",

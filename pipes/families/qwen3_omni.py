@@ -48,6 +48,7 @@ from typing import Any, Final
 from neatpack.pipes.labels import RoleMarkers
 from neatpack.pipes.media import SampleError
 
+from .processor_compat import processor_default
 from .qwen_omni import (
     OMNI_MODALITIES,
     OmniRule,
@@ -72,7 +73,7 @@ _CHUNK_TOKENS: Final = 13  # tokens of one full 2 * n_window-frame chunk (conv3(
 def _tokens(processor: Any, frames: int) -> int:
     """Audio tokens for ``frames`` mel frames: 13 per full chunk plus the remainder's three
     stride-2 convolutions (``(n - 1) // 2 + 1`` each; 0 frames give 0)."""
-    chunk = 2 * int(getattr(processor, "n_window", 50))
+    chunk = 2 * int(processor_default(processor, "n_window", 50))
     rest = frames % chunk
     for _ in range(3):
         rest = (rest - 1) // 2 + 1
@@ -118,14 +119,15 @@ def tokenize_qwen3_omni(
     )
     seconds = sample.get("video_second_per_grid")
     if seconds is not None:
-        steps = seconds.float() * float(processor.position_id_per_seconds)
+        pps = processor_default(processor, "position_id_per_seconds")
+        steps = seconds.float() * float(pps)
         if not bool((steps == steps.round()).all()):
             raise SampleError(
                 sample["sample_id"],
                 "bad_media",
                 f"video time step {steps.tolist()} position ids per frame pair "
                 f"(video_second_per_grid {seconds.tolist()} x position_id_per_seconds "
-                f"{processor.position_id_per_seconds}) is fractional; packed rows hold integer "
+                f"{pps}) is fractional; packed rows hold integer "
                 "positions: give the frames at fps 0.5, 1 or 2 (resample them beforehand)",
             )
     return sample

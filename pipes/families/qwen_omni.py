@@ -59,6 +59,7 @@ from .chat_template import (
     media_token_types,
     processor_failure,
 )
+from .processor_compat import image_token_counts, processor_default, video_token_counts
 from .registry import Handler, register_handler
 
 __all__ = [
@@ -385,13 +386,8 @@ def omni_estimate(
     lengths = audio_lengths(record, blocks, rate)
     audio = rule.audio_tokens(processor, lengths)
     sizes = image_sizes(conv, record.get("images_meta"), sid)
-    image = (
-        processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens if sizes else []
-    )
-    vsizes = _video_sizes(conv, record.get("videos_meta"), sid)
-    video = (
-        processor._get_num_multimodal_tokens(video_sizes=vsizes).num_video_tokens if vsizes else []
-    )
+    image = image_token_counts(processor, sizes)
+    video = video_token_counts(processor, _video_sizes(conv, record.get("videos_meta"), sid))
     image = [*image, *video]  # both: one placeholder in the text, expanded to its count
     if mode == "exact":
         text = processor.apply_chat_template(conv, tokenize=False)
@@ -412,8 +408,10 @@ def qwen_omni_position_ids(sample: Mapping[str, Any], model: Any) -> Tensor:
     plain ``0..L-1`` on all rows when there is no image or video)."""
     ids = torch.as_tensor(sample["input_ids"]).reshape(1, -1)
     fam = sample.get("feature_attention_mask")
+    # transformers 5.2x: on the text model; 5.17: only on the thinker itself
+    rope_index = getattr(model.model, "get_rope_index", None) or model.get_rope_index
     with torch.no_grad():
-        pos, _ = model.model.get_rope_index(
+        pos, _ = rope_index(
             ids,
             image_grid_thw=sample.get("image_grid_thw"),
             video_grid_thw=sample.get("video_grid_thw"),
@@ -458,7 +456,7 @@ def qwen_omni_mrope(sample: Mapping[str, Any], processor: Any) -> Tensor:
     keep = torch.as_tensor(sample.get("attention_mask", torch.ones_like(mm))).reshape(-1).bool()
     types = mm[keep].tolist()
     merge = int(processor.image_processor.merge_size)
-    pps = processor.position_id_per_seconds
+    pps = processor_default(processor, "position_id_per_seconds")
     grids: dict[int, list[list[int]]] = {
         code: [] if g is None else torch.as_tensor(g).tolist()
         for code, g in ((1, sample.get("image_grid_thw")), (2, sample.get("video_grid_thw")))

@@ -37,6 +37,7 @@ __all__ = [
     "EstimatorFactory",
     "Handler",
     "PositionsFn",
+    "check_processor_class",
     "get_handler",
     "packed_model_inputs",
     "register_handler",
@@ -75,6 +76,8 @@ class Handler:
     ``mrope`` family other than Qwen-VL (Qwen-Omni); ``media_axis``: the dim of ``pack_media``'s
     tensors that holds the items (pipeline-parallel split; Idefics3 tiles are on 1);
     ``graph_refused``: why ``neat_vlm_graph`` cannot serve the family (None: it can).
+    ``min_transformers``: the oldest transformers release that has the family's processor class
+    (None: every 5.x); an older one loads only the tokenizer, which ``get_handler`` refuses.
 
     >>> h = Handler("mine", lambda record, processor: {}, media_axis=1)
     >>> h.media_axis, h.graph_refused, h.estimate is None
@@ -94,6 +97,7 @@ class Handler:
     positions: PositionsFn | None = None
     media_axis: int = 0
     graph_refused: str | None = None
+    min_transformers: str | None = None
 
     def __call__(self, record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
         check_modalities(record, processor, self.modalities)
@@ -139,7 +143,12 @@ def register_handler(
 
 
 def get_handler(processor: Any, name: str | None = None) -> Handler:
-    """The handler for ``processor``: explicit ``name``, else by class name, else the default."""
+    """The handler for ``processor``: explicit ``name``, else by class name, else the default.
+
+    A bare tokenizer saved by a registered processor class that the installed transformers
+    lacks (``AutoProcessor`` silently falls back to the tokenizer, which would drop every
+    image and audio) is a ``ValueError`` naming the transformers release the family needs."""
+    check_processor_class(processor)
     if name is not None:
         if name not in HANDLERS:
             raise ValueError(f"unknown handler {name=}; registered: {sorted(HANDLERS)}")
@@ -157,6 +166,37 @@ def get_handler(processor: Any, name: str | None = None) -> Handler:
             f"register_handler(Handler('<name>', <tokenize fn>), processor_classes=({cls!r},))"
         )
     return handler
+
+
+def check_processor_class(processor: Any) -> None:
+    """Refuse a tokenizer standing in for a registered processor this transformers lacks.
+
+    ``tokenizer_config.json`` records the ``processor_class`` it was saved with; when that class
+    is registered here but ``transformers`` has no such name (a family newer than the installed
+    release), ``AutoProcessor.from_pretrained`` returns the bare tokenizer."""
+    if hasattr(processor, "tokenizer"):
+        return  # a processor, not a bare tokenizer
+    saved = (getattr(processor, "init_kwargs", None) or {}).get("processor_class")
+    if not isinstance(saved, str) or saved == type(processor).__name__:
+        return
+    if saved not in PROCESSOR_HANDLERS:
+        return
+    import transformers
+
+    if getattr(transformers, saved, None) is not None:
+        return  # the class exists: a tokenizer loaded on purpose (text only)
+    handler = HANDLERS[PROCESSOR_HANDLERS[saved]]
+    fix = (
+        f"pip install 'transformers>={handler.min_transformers}' (the family needs "
+        f"{handler.min_transformers} or later)"
+        if handler.min_transformers
+        else "pip install --upgrade transformers"
+    )
+    raise ValueError(
+        f"{type(processor).__name__} was saved by {saved} (family {handler.name!r}), but "
+        f"transformers {transformers.__version__} has no {saved}, so AutoProcessor loaded only "
+        f"the tokenizer and every image and audio would be lost. Fix: {fix}"
+    )
 
 
 def resolve_handler(handler: str | Handler) -> Handler:

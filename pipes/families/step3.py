@@ -175,6 +175,7 @@ STEP3_HANDLER = register_handler(
     Handler(
         "step3",
         tokenize_step3,
+        min_transformers="5.16",  # Step3p7Processor is new in 5.16
         modalities=frozenset({"image"}),
         pack_media=step3_pack_media,
         description="Step3 (Step-3.7) crops: global view + sliding-window crops per image, "

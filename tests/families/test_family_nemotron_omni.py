@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from support.audio_family_records import RATE, _audio_rec, _tone, audio_family_records, write_wav
 from support.family_checks import estimate_error
-from support.tiny import load_tiny_nemotron_omni_processor
+from support.tiny import load_tiny_family_processor, load_tiny_nemotron_omni_processor
 from support.tiny_family_models import tiny_nemotron_omni_model
 
 from neatpack.pipes.families import get_handler, packed_model_inputs, tokenize_with_handler
@@ -50,6 +50,29 @@ def _records(n: int, seed: int, tmp: Path) -> list[dict[str, Any]]:
 def test_the_registry_picks_nemotron_omni(nemo: Any) -> None:
     assert type(nemo).__name__ == "NemotronH_Omni_Reasoning_V3Processor"
     assert get_handler(nemo).name == "nemotron_omni"
+
+
+def test_a_transformers_without_the_processor_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before 5.18 transformers has no ``NemotronH_Omni_Reasoning_V3Processor`` and
+    ``AutoProcessor`` silently returns the bare tokenizer: neatpack refuses it, naming the
+    release to install, instead of treating the family as text only. On a transformers that has
+    the class, its absence is simulated (the tokenizer alone, the class name hidden)."""
+    import transformers
+
+    loaded = load_tiny_family_processor("nemotron_omni")
+    tok = getattr(loaded, "tokenizer", loaded)
+    if type(loaded).__name__ == "NemotronH_Omni_Reasoning_V3Processor":
+        monkeypatch.setattr(transformers, "NemotronH_Omni_Reasoning_V3Processor", None)
+    else:  # a transformers older than 5.18: what AutoProcessor really returns
+        assert type(loaded).__name__.endswith("Tokenizer")
+    with pytest.raises(ValueError, match=r"transformers>=5\.18") as info:
+        get_handler(tok)
+    assert "NemotronH_Omni_Reasoning_V3Processor" in str(info.value)
+    rec = _records(1, seed=3, tmp=tmp_path)[0]
+    with pytest.raises(ValueError, match=r"every image and audio would be lost"):
+        tokenize_with_handler(rec, tok)
 
 
 def test_labels_and_media_token_counts(nemo: Any, tmp_path: Path) -> None:

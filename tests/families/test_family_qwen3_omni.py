@@ -35,8 +35,10 @@ from support.omni_records import (
 )
 from support.tiny import ASSETS, load_tiny_qwen3_omni_processor
 from support.tiny_family_models import tiny_qwen3_omni_model
+from support.versions import counts_tokens, knows_its_media_ids
 
 from neatpack.pipes.families import get_handler, tokenize_with_handler
+from neatpack.pipes.families.processor_compat import image_token_counts
 from neatpack.pipes.families.qwen3_omni import (
     QWEN3_OMNI,
     qwen3_omni_audio_tokens,
@@ -79,7 +81,8 @@ def test_the_processor_is_real_and_registered(omni3: Any) -> None:
         {"role": "assistant", "content": "quiet"}]}  # fmt: skip
     s = tokenize_with_handler(rec, omni3)
     assert int((s["mm_token_type_ids"] == 3).sum()) == 13
-    assert omni3._get_num_multimodal_tokens(audio_lengths=[RATE]).num_audio_tokens == [13]
+    if counts_tokens(omni3):  # transformers 5.2x
+        assert omni3._get_num_multimodal_tokens(audio_lengths=[RATE]).num_audio_tokens == [13]
     assert "librosa" not in sys.modules
     assert "torchaudio" not in sys.modules
 
@@ -103,8 +106,8 @@ def test_media_token_counts_match_the_processor(omni3: Any, tmp_path: Path) -> N
         s = tokenize_with_handler(rec, omni3)
         n_aud = len(_blocks(rec, "audio"))
         if rec["images_meta"]:
-            want_img = omni3._get_num_multimodal_tokens(image_sizes=rec["images_meta"])
-            assert _runs(s, 1) == list(want_img.num_image_tokens)
+            want_img = image_token_counts(omni3, rec["images_meta"])
+            assert _runs(s, 1) == want_img
             assert _runs(s, 1) == (s["image_grid_thw"].prod(-1) // 4).tolist()
         lengths = [round(d * RATE) for d in rec["audios_meta"]]
         if n_aud:
@@ -114,6 +117,8 @@ def test_media_token_counts_match_the_processor(omni3: Any, tmp_path: Path) -> N
             frames = [n // 160 if n == longest else -(-n // 160) for n in lengths]
             assert s["input_features"].shape == (n_aud, 128, longest // 160)
             assert s["feature_attention_mask"].sum(-1).tolist() == frames
+            if not counts_tokens(omni3):  # transformers 5.17: nothing to compare with
+                continue
             floor = omni3._get_num_multimodal_tokens(audio_lengths=lengths).num_audio_tokens
             assert got[lengths.index(longest)] == floor[lengths.index(longest)]
             assert all(0 <= g - f <= 1 for g, f in zip(got, floor, strict=True))
@@ -122,9 +127,12 @@ def test_media_token_counts_match_the_processor(omni3: Any, tmp_path: Path) -> N
             assert "input_features" not in s
         text = omni3.tokenizer.decode(s["input_ids"][s["mm_token_type_ids"] == 0])
         assert text.count("<|audio_start|>") == n_aud
+        if not knows_its_media_ids(omni3):
+            continue
         theirs = omni3.create_mm_token_type_ids(s["input_ids"][None].tolist())
         assert torch.equal(torch.as_tensor(theirs)[0].long(), s["mm_token_type_ids"])
-    assert short_by_one >= 1  # the floor/ceil difference really occurs in these samples
+    # the floor/ceil difference really occurs in these samples (5.17 has no counter to compare)
+    assert short_by_one >= 1 or not counts_tokens(omni3)
 
 
 def test_long_audio_is_kept_whole(omni3: Any) -> None:

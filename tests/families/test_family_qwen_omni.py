@@ -36,6 +36,7 @@ from support.omni_records import (
 )
 from support.tiny import ASSETS, load_tiny_qwen_omni_processor
 from support.tiny_family_models import tiny_qwen_omni_model
+from support.versions import counts_tokens, knows_its_media_ids
 
 from neatpack.pipes.families import get_handler, tokenize_with_handler
 from neatpack.pipes.families.qwen_omni import (
@@ -100,7 +101,11 @@ def test_media_token_counts_match_the_processor(omni: Any, tmp_path: Path) -> No
             assert _runs(s, 1) == []
         lengths = [round(d * RATE) for d in rec["audios_meta"]]
         if n_aud:
-            want = omni._get_num_multimodal_tokens(audio_lengths=lengths).num_audio_tokens
+            want = (
+                omni._get_num_multimodal_tokens(audio_lengths=lengths).num_audio_tokens
+                if counts_tokens(omni)
+                else [qwen_omni_audio_tokens(omni, n) for n in lengths]  # transformers 5.17
+            )
             assert _runs(s, 3) == list(want) == [qwen_omni_audio_tokens(omni, n) for n in lengths]
             assert s["input_features"].shape == (n_aud, 128, 3000)
             frames = s["feature_attention_mask"].sum(-1)
@@ -112,6 +117,8 @@ def test_media_token_counts_match_the_processor(omni: Any, tmp_path: Path) -> No
         text = omni.tokenizer.decode(s["input_ids"][s["mm_token_type_ids"] == 0])
         assert text.count("<|audio_bos|>") == n_aud
         assert text.count("<|vision_bos|>") == n_img
+        if not knows_its_media_ids(omni):  # transformers 5.17: it marks nothing
+            continue
         theirs = omni.create_mm_token_type_ids(s["input_ids"][None].tolist())
         assert torch.equal(torch.as_tensor(theirs)[0].long(), s["mm_token_type_ids"])
 

@@ -69,11 +69,11 @@ def test_check_packing_names_layers_and_fix() -> None:
     assert "causal-conv1d" in msg
     assert "pad instead of packing" in msg
     assert "allow_packing_leak=True" in msg
-    # transformers 5.x refuses seq_idx / cu_seqlens on its torch fallbacks: the probe says so
-    assert "refuses" in msg
     report = check_packing(model, allow_leak=True)
     assert report.leaks
-    assert report.boundaries_refused is not None
+    # transformers 5.24 refuses seq_idx / cu_seqlens on its torch fallbacks (5.17 takes and
+    # ignores them: the leak is measured with them): the message says which happened
+    assert ("refuses" in msg) == (report.boundaries_refused is not None)
     with pytest.raises(PackingLeakError, match="mamba-ssm"):
         check_packing(tiny_hybrid_model("bamba"))
     assert not check_packing(tiny_model("qwen2")).leaks

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.versions import TRUNCATED_VIDEO_TIME, rope_index_truncates_video_time
 
 from neatpack.pipes.mrope import MRopeConfig, compute_mrope_position_ids, mrope_position_ids
 from neatpack.pipes.tiny_models import tiny_model
@@ -98,11 +99,19 @@ def _ours(cfg: MRopeConfig, case: dict[str, Any], attention_mask: Any = None) ->
     )
 
 
+def _fractional_time(case: dict[str, Any]) -> bool:
+    seconds = case["second_per_grid_ts"]
+    return seconds is not None and bool((seconds != seconds.round()).any())
+
+
 def test_matches_get_rope_index_on_generated_cases(model: Any) -> None:
     cfg = MRopeConfig.from_model_config(model.config)
+    truncates = rope_index_truncates_video_time(model)  # transformers 5.17.0 (TRUNCATED_...)
     n_media = 0
     for seed in range(N_CASES):
         case = _make_case(cfg.family, seed)
+        if truncates and _fractional_time(case):
+            continue  # the reference itself is wrong there: TRUNCATED_VIDEO_TIME
         ref = _reference(model, case)
         got = _ours(cfg, case)
         assert torch.equal(got, ref), (cfg.family, seed)
@@ -137,6 +146,8 @@ def test_masked_fake_image_matches_model(model: Any) -> None:
 def test_user_get_rope_index_callable(model: Any) -> None:
     cfg = MRopeConfig.from_model_config(model.config)
     case = _make_case(cfg.family, 7)
+    if rope_index_truncates_video_time(model) and _fractional_time(case):
+        pytest.skip(TRUNCATED_VIDEO_TIME)
     sample = {k: v for k, v in case.items() if v is not None}
     if sample.get("video_grid_thw") is not None:
         sample["video_grid_thw"] = sample["video_grid_thw"].clone()

@@ -72,6 +72,17 @@ def test_loads_offline_and_expands_image(family: str, monkeypatch: pytest.Monkey
     assert out["pixel_values"].shape == (math.prod(grid[0].tolist()), 3 * 2 * patch * patch)
     mm = out["mm_token_type_ids"][0]
     assert torch.equal(mm == 1, out["input_ids"][0] == tok.convert_tokens_to_ids("<|image_pad|>"))
+    # the template's {% generation %} markers give transformers' assistant mask. Checked on the
+    # text turn alone: transformers 5.17.0's processor returns an all-zero mask once an image is
+    # expanded (neatpack's labels come from role markers, not from this mask)
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}]}, conv[1]]
+    out = proc.apply_chat_template(
+        text_only,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+        return_assistant_tokens_mask=True,
+    )
     labelled = tok.decode(out["input_ids"][0][out["assistant_masks"][0].bool()])
     assert labelled == "A red box.<|im_end|>"
 

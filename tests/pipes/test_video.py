@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.versions import TRUNCATED_VIDEO_TIME, rope_index_truncates_video_time
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import SequenceSource
@@ -207,6 +208,10 @@ def test_video_file_pack_equals_separate_runs_on_tiny_qwen2_5_vl(videos: dict[st
     batch = next(iter(neat_vlm_graph(source, proc, config=cfg)))
     assert sorted(batch["sample_ids"][0]) == [0, 1, 2]  # one row: the video and both texts
     model = tiny_model("qwen2_5_vl", processor=proc)
+    if rope_index_truncates_video_time(model) and bool(
+        (batch["second_per_grid_ts"] != batch["second_per_grid_ts"].round()).any()
+    ):
+        pytest.skip(TRUNCATED_VIDEO_TIME)  # the run-alone reference is wrong on that release
     media = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
     def run_packed(**over: Any) -> torch.Tensor:

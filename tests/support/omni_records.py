@@ -17,11 +17,13 @@ import torch
 from PIL import Image
 
 from neatpack.pipes.families import tokenize_with_handler
+from neatpack.pipes.families.processor_compat import video_token_counts
 from neatpack.pipes.families.qwen_omni import qwen_omni_pack_media
 from neatpack.pipes.mask import to_4d_additive_mask
 from neatpack.pipes.media import SampleError
 from neatpack.pipes.pack import build_pack
 from support.family_checks import label_spans, runs
+from support.versions import knows_its_media_ids
 
 WORDS = (
     "the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "every",
@@ -158,7 +160,7 @@ def check_videos(
         s = tokenize(rec, proc)
         videos = _blocks(rec, "video")
         sizes = [[len(v["video"]), v["video"][0].height, v["video"][0].width] for v in videos]
-        want = proc._get_num_multimodal_tokens(video_sizes=sizes).num_video_tokens
+        want = video_token_counts(proc, sizes)
         assert _runs(s, 2) == list(want) == (s["video_grid_thw"].prod(-1) // 4).tolist()
         fps = videos[0].get("fps", default_fps)
         assert s["video_second_per_grid"].tolist() == pytest.approx([2 / fps])
@@ -171,6 +173,8 @@ def check_videos(
                                                  else b for b in m["content"]])
                                 for m in rec["conversation"]]  # fmt: skip
         assert estimate(meta, proc) == real
+        if not knows_its_media_ids(proc):  # transformers 5.17: it marks nothing
+            continue
         theirs = proc.create_mm_token_type_ids(s["input_ids"][None].tolist())
         assert torch.equal(torch.as_tensor(theirs)[0].long(), s["mm_token_type_ids"])
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from neatpack.pipes.families.processor_compat import media_ids, processor_default
+
 __all__ = [
     "WITH_AUDIO",
     "init_tiny_model",
@@ -342,17 +344,17 @@ def tiny_qwen3_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager")
         audio_config={
             "num_mel_bins": int(processor.feature_extractor.feature_size), "encoder_layers": 2,
             "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
-            "output_dim": 64, "n_window": int(getattr(processor, "n_window", 50)),
+            "output_dim": 64, "n_window": int(processor_default(processor, "n_window", 50)),
             "downsample_hidden_size": 16,
             # at 0.02 this tiny tower's output has std 0.006 and barely depends on its input
             # (zeroed features move the logits by 1e-4); at 0.2 the audio really counts
             "initializer_range": 0.2,
         },
-        audio_token_id=int(processor.audio_token_id),
-        image_token_id=int(processor.image_token_id),
-        video_token_id=int(processor.video_token_id),
+        audio_token_id=media_ids(processor, "audio")[0],
+        image_token_id=media_ids(processor, "image")[0],
+        video_token_id=media_ids(processor, "video")[0],
         audio_start_token_id=int(tok.convert_tokens_to_ids(processor.audio_bos_token)),
-        position_id_per_seconds=int(processor.position_id_per_seconds),
+        position_id_per_seconds=int(processor_default(processor, "position_id_per_seconds")),
         # not a declared field, but get_rope_index reads config.vision_start_token_id
         vision_start_token_id=int(tok.convert_tokens_to_ids(processor.vision_bos_token)),  # type: ignore[call-arg]
     )  # fmt: skip
@@ -393,9 +395,9 @@ def tiny_qwen_omni_model(processor: Any, *, seed: int = 0, attn: str = "eager") 
             "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
             "output_dim": 64,
         },
-        audio_token_index=int(processor.audio_token_id),
-        image_token_index=int(processor.image_token_id),
-        video_token_index=int(processor.video_token_id),
+        audio_token_index=media_ids(processor, "audio")[0],
+        image_token_index=media_ids(processor, "image")[0],
+        video_token_index=media_ids(processor, "video")[0],
         audio_start_token_id=int(tok.convert_tokens_to_ids(processor.audio_bos_token)),
         audio_end_token_id=int(tok.convert_tokens_to_ids(processor.audio_eos_token)),
         # not a declared field, but get_rope_index reads config.vision_start_token_id
