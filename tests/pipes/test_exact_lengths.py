@@ -125,3 +125,45 @@ def test_png_header_read_decodes_no_pixels_and_keeps_late_exif(
 
         assert ImageOps.exif_transpose(im).size == (30, 90)
     assert np.array_equal(np.asarray(Image.open(plain)).shape, (30, 90, 3))
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_backend_encode_equals_the_tokenizer_call(family: str, tmp_path: Path) -> None:
+    """``encode_ids`` takes the Rust backend's ``encode_batch_fast`` and gives exactly the ids
+    of ``tokenizer(texts, add_special_tokens=False)``, for templated conversations with image
+    placeholders and special tokens; a backend set to truncate, pad or split special tokens
+    goes through the transformers call instead (its own result, not the raw backend's)."""
+    import copy
+
+    from neatpack.pipes.exact_lengths import encode_ids
+
+    proc = load_tiny_processor(family)
+    src = JsonlSource(write_corpus(tmp_path, num_samples=40, seed=9), media_root=tmp_path / "media")
+    texts = list(proc.apply_chat_template([src[i]["conversation"] for i in range(40)],
+                                          tokenize=False))  # fmt: skip
+    texts += ["", "<|im_start|>user\n<|image_pad|><|image_pad|>x<|im_end|>", "é 漢字 \t\n  a"]
+    tok = proc.tokenizer
+    want = tok(texts, add_special_tokens=False)["input_ids"]
+    backend = tok.backend_tokenizer
+    calls: list[int] = []
+    real = backend.encode_batch_fast
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(backend, name)
+
+        def encode_batch_fast(self, *a: Any, **k: Any) -> Any:
+            calls.append(len(a[0]))
+            return real(*a, **k)
+
+    # the fast path, seen through a wrapper that counts its calls
+    wrapped = type("Wrapped", (), {"backend_tokenizer": Spy(), "split_special_tokens": False,
+                                   "__call__": lambda self, t, **k: tok(t, **k)})()  # fmt: skip
+    assert encode_ids(wrapped, texts) == want
+    assert calls == [len(texts)]
+    assert encode_ids(tok, texts) == want  # the real tokenizer object
+    # a backend set to truncate: the transformers call (which switches that off) decides
+    trunc = copy.deepcopy(tok)
+    trunc.backend_tokenizer.enable_truncation(8)
+    assert trunc.backend_tokenizer.encode_batch_fast(texts[:1])[0].ids != want[0]  # it would cut
+    assert encode_ids(trunc, texts) == want
