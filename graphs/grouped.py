@@ -34,7 +34,7 @@ from neatpack.pipes.sample_collate import pad_collate_fn
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
 from neatpack.pipes.steps import StepChain, pack_meta
 from neatpack.pipes.tokenize import tokenize_conversations
-from neatpack.pipes.transfer import active as transfer_active
+from neatpack.pipes.transfer import collate_into_shared_memory
 
 __all__ = ["GroupedConfig", "grouped_plan", "grouped_vlm_graph"]
 
@@ -121,7 +121,7 @@ class GroupStep:
         batch = dict(
             pad_collate_fn(
                 samples, self.processor, self.cfg.max_length, truncate=self.cfg.truncate,
-                shared_memory=os.getpid() != self.owner_pid and not transfer_active(),
+                shared_memory=collate_into_shared_memory(self.owner_pid),
             )
         )  # fmt: skip
         real = int(sum(int(s["input_ids"].numel()) - 1 for s in samples))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .materialize import Materializer
-from .transfer import active as transfer_active
+from .transfer import collate_into_shared_memory
 
 __all__ = [
     "Collater",
@@ -156,9 +156,7 @@ class Collater:
                 # every rank: make the first pad token a one-token document with no labels.
                 p["attention_mask"] = mask.clone()
                 p["attention_mask"][0] = 1
-        # A worker writes pixels into torch's shared memory itself, unless its batch leaves
-        # through a transfer segment (pipes/transfer.py), which copies it there anyway.
-        shared = os.getpid() != self.owner_pid and not transfer_active()
+        shared = collate_into_shared_memory(self.owner_pid)
         if self.handler is None:
             batch = dict(
                 neat_packed_vlm_collater(rows, shared_memory=shared, **self.collate_kwargs)

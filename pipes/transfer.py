@@ -46,7 +46,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["KEEP_FREE", "activate", "active", "enabled", "segments_seen", "to_transfer"]
+__all__ = [
+    "KEEP_FREE",
+    "activate",
+    "active",
+    "collate_into_shared_memory",
+    "enabled",
+    "segments_seen",
+    "to_transfer",
+]
 
 _HEADER = mmap.PAGESIZE  # the lease flag lives in the first page; tensors start after it
 _ALIGN = 64
@@ -75,6 +83,13 @@ def activate() -> None:
 def active() -> bool:
     """Whether this process was activated (a forked child of an active worker is not)."""
     return _active_pid == os.getpid()
+
+
+def collate_into_shared_memory(owner_pid: int) -> bool:
+    """Whether a collating step should write pixels straight into torch's shared memory: in a
+    worker process (not ``owner_pid``, the trainer's) whose batches leave by torch's own path.
+    Through a segment they are copied there anyway, so a plain heap tensor is cheaper."""
+    return os.getpid() != owner_pid and not active()
 
 
 class _Segment:
@@ -154,7 +169,8 @@ def _is_plain(t: Any) -> bool:
     )
 
 
-Entry = tuple[Any, int | None, int, torch.dtype, tuple[int, ...]]
+#: ``(key, index in its list or None, byte offset, byte size, dtype, shape)`` of one tensor
+Entry = tuple[Any, int | None, int, int, torch.dtype, tuple[int, ...]]
 
 
 class TransferBatch:
@@ -198,15 +214,15 @@ def to_transfer(batch: Any) -> Any:
     off = 0
     for k, i, t in picked:
         off = -(-off // _ALIGN) * _ALIGN
-        entries.append((k, i, off, t.dtype, tuple(t.shape)))
-        off += t.numel() * t.element_size()
+        n = t.numel() * t.element_size()
+        entries.append((k, i, off, n, t.dtype, tuple(t.shape)))
+        off += n
     try:
         seg = _this_pool().take(off)
     except OSError:  # no memory for a segment: torch's own path
         return batch
     buf = torch.frombuffer(seg.map, dtype=torch.uint8, offset=_HEADER, count=max(off, 1))
-    for (_, _, start, dtype, shape), (_, _, t) in zip(entries, picked, strict=True):
-        n = t.numel() * t.element_size()
+    for (_, _, start, n, dtype, shape), (_, _, t) in zip(entries, picked, strict=True):
         if n:
             buf[start : start + n].view(dtype).view(shape).copy_(t)
     keys = {k for k, _, _ in picked}
@@ -218,8 +234,7 @@ def _assemble(
     buf: torch.Tensor, entries: list[Entry], order: list[Any], rest: Mapping[Any, Any]
 ) -> dict[Any, Any]:
     got: dict[Any, Any] = {}
-    for k, i, start, dtype, shape in entries:
-        n = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
+    for k, i, start, n, dtype, shape in entries:
         t = (
             buf[_HEADER + start : _HEADER + start + n].view(dtype).view(shape)
             if n
@@ -230,13 +245,6 @@ def _assemble(
         else:
             got.setdefault(k, []).append(t)
     return {k: got[k] if k in got else rest[k] for k in order}
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 _seen: set[tuple[int, int]] = set()
