@@ -32,7 +32,7 @@ from ._media_meta import EstimateError
 if TYPE_CHECKING:
     from .estimate import LengthEstimator, SampleEstimate
 
-__all__ = ["encode_ids", "exact_samples", "templated_text_tokens_batch"]
+__all__ = ["exact_samples", "templated_text_tokens_batch"]
 
 
 def templated_text_tokens_batch(
@@ -41,7 +41,7 @@ def templated_text_tokens_batch(
     """``templated_text_tokens`` of each conversation, with one template call and one
     tokenizer call for the whole list (same template, same tokenizer call form: the counts are
     those of the one-at-a-time function)."""
-    from ._template_probe import placeholder_ids, tokenizer_of
+    from ._template_probe import encode_ids, placeholder_ids, tokenizer_of
 
     if not conversations:
         return []
@@ -56,30 +56,6 @@ def templated_text_tokens_batch(
     if not placeholders:
         return [len(row) for row in ids]
     return [len(row) - sum(row.count(p) for p in placeholders) for row in ids]
-
-
-def encode_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """``tokenizer(texts, add_special_tokens=False)["input_ids"]``.
-
-    For a fast tokenizer this goes straight to its Rust backend's ``encode_batch_fast``. That
-    gives the same ids without the offsets, the attention masks and the BatchEncoding the
-    transformers call builds around them: 123 -> 55 µs a record here, most of an exact-mode
-    index build. It is taken only when the backend is in the state that call leaves it in: no
-    truncation, no padding, special tokens kept whole. Anything else goes through the
-    transformers call.
-    """
-    backend: Any = getattr(tokenizer, "backend_tokenizer", None)
-    fast = getattr(backend, "encode_batch_fast", None)
-    if (
-        fast is None
-        or backend.truncation is not None
-        or backend.padding is not None
-        or getattr(backend, "encode_special_tokens", False)
-        or getattr(tokenizer, "split_special_tokens", False)
-    ):
-        ids: list[list[int]] = tokenizer(texts, add_special_tokens=False)["input_ids"]
-        return ids
-    return [e.ids for e in fast(texts, add_special_tokens=False)]
 
 
 def exact_samples(

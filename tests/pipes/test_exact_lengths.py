@@ -135,7 +135,7 @@ def test_backend_encode_equals_the_tokenizer_call(family: str, tmp_path: Path) -
     goes through the transformers call instead (its own result, not the raw backend's)."""
     import copy
 
-    from neatpack.pipes.exact_lengths import encode_ids
+    from neatpack.pipes._template_probe import encode_ids
 
     proc = load_tiny_processor(family)
     src = JsonlSource(write_corpus(tmp_path, num_samples=40, seed=9), media_root=tmp_path / "media")
