@@ -18,7 +18,6 @@ import hashlib
 import itertools
 import json
 import os
-import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from ._record import RecordError, paused_gc
 from .estimate import LengthEstimator
 from .index_split import initialized_dist, side_group, split_points
 from .index_workers import index_start_method, index_workers
+from .npz_files import read_npz, write_npz
 
 __all__ = [
     "FORMAT_VERSION",
@@ -74,44 +74,33 @@ class LengthIndex:
         return h.hexdigest()
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Atomic write: a temp file in the same folder, then ``os.replace``."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Atomic write (``write_npz``)."""
         meta = {
             "format_version": FORMAT_VERSION,
             "fingerprint": self.fingerprint,
             "fallback_counts": self.fallback_counts,
             "checksum": self._checksum(),
         }
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(self)}.tmp")
-        try:
-            with tmp.open("wb") as f:
-                np.savez(
-                    f, total=self.total, visual=self.visual, fallback_ids=self.fallback_ids,
-                    meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                )  # fmt: skip
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_npz(
+            path, total=self.total, visual=self.visual, fallback_ids=self.fallback_ids,
+            meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+        )  # fmt: skip
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], fingerprint: str | None = None) -> LengthIndex:
         """Load and verify (format version, fingerprint, checksum over the arrays); a torn or
         corrupt file raises ``ValueError`` instead of returning wrong lengths."""
+        z = read_npz(path, ("meta", "total", "visual", "fallback_ids"), what="length index file")
         try:
-            # opened here: np.load leaves its own file open when the zip is torn
-            with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
-                meta = json.loads(z["meta"].tobytes())
-                index = cls(
-                    total=z["total"].astype(np.int64, copy=False),
-                    visual=z["visual"].astype(np.int64, copy=False),
-                    fingerprint=str(meta["fingerprint"]),
-                    fallback_ids=z["fallback_ids"].astype(np.int64, copy=False),
-                    fallback_counts={str(k): int(v) for k, v in meta["fallback_counts"].items()},
-                )
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            meta = json.loads(z["meta"].tobytes())
+            index = cls(
+                total=z["total"].astype(np.int64, copy=False),
+                visual=z["visual"].astype(np.int64, copy=False),
+                fingerprint=str(meta["fingerprint"]),
+                fallback_ids=z["fallback_ids"].astype(np.int64, copy=False),
+                fallback_counts={str(k): int(v) for k, v in meta["fallback_counts"].items()},
+            )
+        except (ValueError, KeyError) as e:
             raise ValueError(f"length index file {path} is unreadable: {e!r}") from e
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: format {meta.get('format_version')}, not {FORMAT_VERSION}")

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import re
-import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -33,6 +32,7 @@ import numpy.typing as npt
 
 from ._record import RecordError, paused_gc, to_record
 from .contracts import Record
+from .npz_files import read_npz, write_npz
 
 __all__ = [
     "HFDatasetSource",
@@ -307,28 +307,24 @@ def _index_jsonl_cached(path: Path, cache_dir: str | os.PathLike[str] | None) ->
         return _index_jsonl(path)
     ident = _file_identity(path)
     cache = Path(cache_dir) / f"jsonl-index-{hashlib.sha256(ident.encode()).hexdigest()}.npz"
+    fields = ("starts", "ends", "lines", "blanks", "digest", "identity")
     try:
-        with open(cache, "rb") as f, np.load(f, allow_pickle=False) as z:
-            starts, ends, lines = z["starts"], z["ends"], z["lines"]
-            blanks, digest, saved = int(z["blanks"]), str(z["digest"]), str(z["identity"])
-        if saved == ident and len(starts) == len(ends) and len(lines) in (0, len(starts)):
-            return starts, ends, (lines if blanks else None), blanks, digest
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
-        pass  # absent, torn or foreign: build it again
+        z = read_npz(cache, fields, what="JSONL line index cache")
+    except ValueError:
+        z = None  # absent, torn or foreign: build it again
+    if z is not None and str(z["identity"]) == ident:
+        starts, ends, lines, blanks = z["starts"], z["ends"], z["lines"], int(z["blanks"])
+        if len(starts) == len(ends) and len(lines) in (0, len(starts)):
+            return starts, ends, (lines if blanks else None), blanks, str(z["digest"])
     starts, ends, lines, blanks, digest = built = _index_jsonl(path)
     if _file_identity(path) != ident:
         return built  # written to while it was read: this result is for no file state; no cache
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
-        kept = np.zeros(0, np.int64) if lines is None else lines
-        np.savez(
-            tmp, starts=starts, ends=ends, lines=kept, blanks=np.asarray(blanks),
+    kept = np.zeros(0, np.int64) if lines is None else lines
+    with contextlib.suppress(OSError):  # a read-only cache: the next start reads the file again
+        write_npz(
+            cache, starts=starts, ends=ends, lines=kept, blanks=np.asarray(blanks),
             digest=np.asarray(digest), identity=np.asarray(ident),
         )  # fmt: skip
-        os.replace(tmp, cache)
-    except OSError:
-        pass  # a read-only cache: the next start reads the file again
     return built
 
 

@@ -14,13 +14,13 @@ the same facts in five arrays (~60 bytes a sample with short keys) and builds on
 from __future__ import annotations
 
 import os
-import zipfile
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .npz_files import read_npz, write_npz
 
 __all__ = ["TarIndex"]
 
@@ -77,17 +77,9 @@ class TarIndex:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Written to a temporary file and renamed: a reader never sees half a file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, **{f: getattr(self, f) for f in self.FIELDS})
-        os.replace(tmp, path)
+        write_npz(path, **{f: getattr(self, f) for f in self.FIELDS})
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TarIndex:
         """``ValueError`` for a torn or foreign file (the caller rebuilds)."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                return cls(**{f: z[f] for f in cls.FIELDS})
-        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
-            raise ValueError(f"tar index cache {os.fspath(path)!r} is unreadable ({e})") from e
+        return cls(**read_npz(path, cls.FIELDS, what="tar index cache"))
