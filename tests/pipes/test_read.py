@@ -313,3 +313,32 @@ def test_jsonl_line_index_is_cached_by_file_identity(
     assert len(scans) == 2
     JsonlSource(path, cache_dir=cache)
     assert len(scans) == 2  # and cached again
+
+
+def test_the_graph_reads_an_unchanged_jsonl_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through ``neat_vlm_graph`` with a ``cache_dir``: the second start takes the line index
+    and hash from the cache (the file is not scanned again) and plans the same packs."""
+    from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+    from neatpack.pipes import read as read_mod
+    from neatpack.pipes.synth import write_corpus
+    from neatpack.pipes.tiny import load_tiny_processor
+
+    data = write_corpus(tmp_path / "c", num_samples=30, seed=1)
+    cfg = NeatVLMConfig(pack_size=2048, media_root=str(tmp_path / "c" / "media"),
+                        cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    proc = load_tiny_processor("qwen2_vl")
+    scans: list[Path] = []
+    real = read_mod._index_jsonl
+
+    def counting(p: Path) -> Any:
+        scans.append(p)
+        return real(p)
+
+    monkeypatch.setattr(read_mod, "_index_jsonl", counting)
+    first = neat_vlm_graph(data, proc, config=cfg)
+    again = neat_vlm_graph(data, proc, config=cfg)
+    assert scans == [Path(data)]
+    plan = [first.source.plan_for(1).pack(k) for k in range(len(first))]
+    assert plan == [again.source.plan_for(1).pack(k) for k in range(len(again))]
