@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
@@ -230,7 +231,7 @@ def _call(processor: Any, batch: Sequence[Prepared]) -> list[dict[str, Any]]:
         if grid is None:
             continue
         grid = torch.as_tensor(grid)
-        pixels = out.get(pv_key)
+        pixels = _pixel_rows(out.get(pv_key))
         if len(batch) == 1 or pixels is None or sum(count) != grid.shape[0]:
             if len(batch) != 1:  # cannot split by sample; the caller falls back to one by one
                 raise ValueError(f"{kind} grid {tuple(grid.shape)} vs {count} {kind}s per sample")
@@ -248,6 +249,21 @@ def _call(processor: Any, batch: Sequence[Prepared]) -> list[dict[str, Any]]:
     if "second_per_grid_ts" in out and len(batch) == 1:
         rows[0]["second_per_grid_ts"] = out["second_per_grid_ts"]
     return rows
+
+
+def _pixel_rows(pixels: Any) -> Any:
+    """A processor's pixels as one ``[rows, C*T*P*P]`` tensor. Without ``return_tensors`` (a
+    batched call) ``Qwen2VLImageProcessorPil`` returns a list of numpy rows, one per patch, which
+    the model refuses; the torchvision processor already returns a tensor. Ragged values (per
+    image arrays of different widths) stay as they are, for the caller that handles them."""
+    if pixels is None or isinstance(pixels, Tensor):
+        return pixels
+    if isinstance(pixels, np.ndarray):
+        return torch.from_numpy(pixels)
+    rows = [np.asarray(r) for r in pixels]
+    if not rows or len({(r.dtype, r.ndim, r.shape[-1]) for r in rows}) != 1:
+        return pixels
+    return torch.from_numpy(np.stack(rows) if rows[0].ndim == 1 else np.concatenate(rows))
 
 
 def tokenize_conversation(

@@ -33,7 +33,7 @@ from neatpack.pipes.loss import label_counts
 from neatpack.pipes.packed_dataset import neat_pack_dataset_vlm
 from neatpack.pipes.read import JsonlSource
 from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.tiny import load_tiny_processor, tiny_processor_dir
 from neatpack.pipes.tiny_models import tiny_model
 from neatpack.pipes.tokenize import tokenize_conversation
 
@@ -125,7 +125,17 @@ def test_vlm_graph_loss_is_next_token_ce(fmt: str, corpus: Path, proc: Any, vl_m
         vl_model.set_attn_implementation("eager")
 
 
-def test_grouped_graph_loss(corpus: Path, proc: Any, vl_model: Any) -> None:
+@pytest.mark.parametrize("backend", ["torchvision", "pil"])
+def test_grouped_graph_loss(backend: str, corpus: Path, proc: Any, vl_model: Any) -> None:
+    """``pil``: ``Qwen2VLImageProcessorPil`` (what transformers gives without torchvision) returns
+    a batched call's pixels as a list of numpy rows; the model must still get one tensor."""
+    if backend == "pil":
+        from transformers import AutoProcessor
+
+        folder = str(tiny_processor_dir("qwen2_vl"))
+        # use_fast=False, not backend="pil": the video processor has no PIL backend.
+        proc = AutoProcessor.from_pretrained(folder, local_files_only=True, use_fast=False)
+        assert type(proc.image_processor).__name__ == "Qwen2VLImageProcessorPil"
     cfg = GroupedConfig(batch_size=3, media_root=str(corpus.parent / "media"), prefetch=0)
     batch = next(iter(grouped_vlm_graph(corpus, proc, config=cfg)))
     source = JsonlSource(corpus, corpus.parent / "media")
