@@ -226,6 +226,20 @@ def test_datasets_image_feature_plans_without_decoding(
     assert loads  # the workers did decode
 
 
+def test_disk_backed_dataset_is_not_copied(
+    corpus: Any, processor: Any, expected: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A dataset opened with ``load_from_disk``: turning decoding off changes only metadata;
+    ``ds.cast`` wrote a whole ``cache-*.arrow`` copy beside it (151 MB became 302 MB)."""
+    datasets = pytest.importorskip("datasets")
+    _, samples = corpus
+    _dataset(samples).save_to_disk(str(tmp_path / "ds"))
+    ds = datasets.load_from_disk(str(tmp_path / "ds"))
+    before = sorted(p.name for p in (tmp_path / "ds").iterdir())
+    assert same_item(_strip(batches(ds, processor)), _strip(expected))
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == before
+
+
 def test_datasets_corrupt_pixels_fail_in_the_worker_naming_the_sample(
     corpus: Any, processor: Any
 ) -> None:
