@@ -107,6 +107,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "tokenize_nemotron_omni",
     ),
     "text_pack": ("CROSS_ENTROPY_IGNORE_IDX", "neat_pack_dataset"),
+    "varlen_attention": ("check_boundaries", "register_varlen_attention", "varlen_attention"),
     "boundaries": (
         "add_boundaries",
         "boundary_kwargs",

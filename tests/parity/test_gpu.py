@@ -3,24 +3,25 @@ skip without CUDA, and CI has none, so they are run on a lent GPU machine and re
 
 * **Flash-attention varlen.** A ``flash_attention_2`` batch carries ``cu_seq_lens_q/k`` and
   ``max_length_q/k``; transformers hands them to its attention function. The function
-  registered here is PyTorch's own FlashAttention-2 varlen kernel
-  (``torch.nn.attention.varlen.varlen_attn``), so no flash-attn build is needed and the
-  kernel sees exactly the boundaries neatpack computed. ``model(**model_inputs(batch)).loss``
-  on a packed batch must equal each sample run alone (sdpa, unpacked, the model's own loss).
+  registered here is neatpack's ``register_varlen_attention()`` over PyTorch's own
+  FlashAttention-2 varlen kernel (``torch.nn.attention.varlen.varlen_attn``), so no flash-attn
+  build is needed. Every kernel call must get its own tensor's boundaries (the CPU twin of
+  these checks is tests/parity/test_varlen_attention.py), the vision tower's features must
+  equal sdpa's, and ``model(**model_inputs(batch)).loss`` on a packed batch must equal each
+  sample run alone (sdpa, unpacked, the model's own loss).
 * **Pinned memory.** ``pin_memory=True`` puts every batch tensor in page-locked memory and
   resumes exactly like an unpinned graph.
 """
 
 from __future__ import annotations
 
-import inspect
-import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import neatpack.pipes.varlen_attention as va
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
 from neatpack.graphs.train import model_inputs
@@ -29,68 +30,10 @@ from neatpack.pipes.synth import write_corpus
 from neatpack.pipes.tiny import load_tiny_processor
 from neatpack.pipes.tiny_models import tiny_model
 from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.varlen_attention import register_varlen_attention
 
 pytestmark = pytest.mark.gpu
-VARLEN = "neatpack_torch_varlen"
-
-
-def _varlen_attention(
-    module: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Any,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function contract ([B, H, S, D] in, [B, S, H, D] out) over
-    PyTorch's varlen flash kernel, fed the batch's own ``cu_seq_lens_*``."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
-        return _vision_attention(module, query, key, value, scaling, **kwargs)
-    b, hq, s, d = query.shape
-    hk = key.shape[1]
-    q = query.transpose(1, 2).reshape(b * s, hq, d)
-    k = key.transpose(1, 2).reshape(b * s, hk, d).repeat_interleave(hq // hk, dim=1)
-    v = value.transpose(1, 2).reshape(b * s, hk, d).repeat_interleave(hq // hk, dim=1)
-    cu_q = kwargs["cu_seq_lens_q"]
-    cu_k = kwargs.get("cu_seq_lens_k", cu_q)
-    max_q = int(kwargs.get("max_length_q") or int((cu_q[1:] - cu_q[:-1]).max()))
-    max_k = int(kwargs.get("max_length_k") or max_q)
-    params = inspect.signature(varlen_attn).parameters
-    extra: dict[str, Any] = {"scale": scaling}
-    if "is_causal" in params:  # older torch
-        extra["is_causal"] = True
-    else:
-        extra["window_size"] = (-1, 0)
-    out = varlen_attn(
-        q, k, v, cu_q.to(q.device, torch.int32), cu_k.to(q.device, torch.int32),
-        max_q, max_k, **extra,
-    )  # fmt: skip
-    return out.reshape(b, s, hq, d), None
-
-
-def _vision_attention(
-    module: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scaling: float | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """The vision tower (not packed text, not what these tests are about): plain sdpa per
-    image, as transformers does for sdpa."""
-    cu = kwargs.get("cu_seq_lens_q")
-    bounds = [0, query.shape[2]] if cu is None else [int(c) for c in cu]
-    outs = [
-        torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, a:e], key[:, :, a:e], value[:, :, a:e], scale=scaling
-        )
-        for a, e in itertools.pairwise(bounds)
-    ]
-    return torch.cat(outs, dim=2).transpose(1, 2), None
+TEXT_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -101,11 +44,27 @@ def _cuda() -> None:
 
 @pytest.fixture(scope="module")
 def varlen_registered() -> str:
-    from transformers import AttentionInterface
-
     pytest.importorskip("torch.nn.attention.varlen")
-    AttentionInterface.register(VARLEN, _varlen_attention)
-    return VARLEN
+    return register_varlen_attention()
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, list[int]]]:
+    """(causal, tokens, boundaries) of every call into the varlen kernel."""
+    seen: list[tuple[bool, int, list[int]]] = []
+    real = va._kernel
+
+    def recording(q: Any, k: Any, v: Any, cu: Any, causal: bool, scale: Any) -> Any:
+        seen.append((causal, int(q.shape[0]), [int(c) for c in cu]))
+        return real(q, k, v, cu, causal, scale)
+
+    monkeypatch.setattr(va, "_kernel", recording)
+    return seen
+
+
+def _features(out: Any) -> Any:
+    """Per-image features of ``get_image_features`` (an output object or, on some 5.x, a tuple)."""
+    return getattr(out, "pooler_output", out)
 
 
 def _on(batch: dict[str, Any]) -> dict[str, Any]:
@@ -165,26 +124,59 @@ def test_varlen_flash_kernel_text_loss(varlen_registered: str) -> None:
     assert checked >= 3
 
 
-def test_varlen_flash_kernel_qwen2_vl_loss(varlen_registered: str, tmp_path: Path) -> None:
-    """Qwen2-VL: mRoPE positions + the vision tower, packed rows through the varlen kernel."""
+def test_varlen_flash_kernel_qwen2_vl_loss(
+    varlen_registered: str,
+    kernel_calls: list[tuple[bool, int, list[int]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Qwen2-VL: mRoPE positions + the vision tower, packed rows through the varlen kernel.
+
+    transformers 5.17 hands the text's ``cu_seq_lens_*`` to every vision-tower call (60 of 60
+    on the H200 run), 5.24 does not; the tower's ``forward`` gets them here on every release.
+    Each kernel call must attend by its own tensor's boundaries (the pack's documents in the
+    text layers, one image per vision call) and the tower's features must equal sdpa's. The
+    function this file registered before split every image by the text's boundaries on 5.17
+    and still passed the loss check alone."""
     proc = load_tiny_processor("qwen2_vl")
     corpus = write_corpus(tmp_path, num_samples=10, seed=3)
     media = str(corpus.parent / "media")
     cfg = NeatVLMConfig(pack_size=1024, batch_size=1, media_root=media, prefetch=0,
                         attn_implementation="flash_attention_2")  # fmt: skip
     model = tiny_model("qwen2_vl", processor=proc).to("cuda", torch.bfloat16)
+    visual = model.model.visual
+    tower = visual.forward
+    forwarded: dict[str, Any] = {}  # the text boundaries, as 5.17 passes them to the tower
+    monkeypatch.setattr(visual, "forward", lambda *a, **kw: tower(*a, **{**kw, **forwarded}))
     source = JsonlSource(corpus, media)
     checked = 0
     for batch in neat_vlm_graph(corpus, proc, config=cfg):
         ids = batch["sample_ids"][0]
-        if len(ids) < 2:
+        if len(ids) < 2 or "pixel_values" not in batch:
             continue
-        model.set_attn_implementation(varlen_registered)
         inputs = model_inputs(_on(batch))
-        if "pixel_values" in inputs:
-            inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+        inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+        pv, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+        forwarded.clear()
+        model.set_attn_implementation("sdpa")
         with torch.no_grad():
+            want_features = _features(model.model.get_image_features(pv, grid))
+        forwarded.update({k: inputs[k] for k in TEXT_KEYS})
+        model.set_attn_implementation(varlen_registered)
+        kernel_calls.clear()
+        with torch.no_grad():
+            got_features = _features(model.model.get_image_features(pv, grid))
             got = float(model(**inputs).loss)
+        # bf16 hides a wrong split of this tiny tower (0.7 % of the features' norm): the
+        # recorded boundaries below are the decisive check, the fp32 twin on CPU the exact one.
+        for g, w in zip(got_features, want_features, strict=True):
+            torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+        text_cu = batch["cu_seq_lens_q"].tolist()
+        images = [int(t * h * w) for t, h, w in batch["image_grid_thw"].tolist()]
+        vision = [(False, n, [0, n]) for n in images] * model.config.vision_config.depth
+        layers = model.config.text_config.num_hidden_layers
+        assert kernel_calls == vision * 2 + [(True, text_cu[-1], text_cu)] * layers
+        forwarded.clear()
         samples = []
         for sid in ids:
             smp = tokenize_conversation(source[sid], proc)

@@ -134,7 +134,7 @@ def test_grouped_graph_loss(backend: str, corpus: Path, proc: Any, vl_model: Any
 
         folder = str(tiny_processor_dir("qwen2_vl"))
         # use_fast=False, not backend="pil": the video processor has no PIL backend.
-        proc = AutoProcessor.from_pretrained(folder, local_files_only=True, use_fast=False)
+        proc = AutoProcessor.from_pretrained(folder, local_files_only=True, use_fast=False)  # type: ignore[no-untyped-call]
         assert type(proc.image_processor).__name__ == "Qwen2VLImageProcessorPil"
     cfg = GroupedConfig(batch_size=3, media_root=str(corpus.parent / "media"), prefetch=0)
     batch = next(iter(grouped_vlm_graph(corpus, proc, config=cfg)))

@@ -1,0 +1,161 @@
+"""neatpack's varlen attention function on CPU: the boundaries each attention call attends by.
+
+A real tiny Qwen2-VL forward on ``neat_vlm_graph``'s ``flash_attention_2`` batches, with
+``register_varlen_attention()`` set as the model's attention. Off CUDA the function runs its
+per-document sdpa reference in place of the kernel, with the same checks and the same splits,
+so what is checked here is what the GPU kernel gets (tests/parity/test_gpu.py runs the kernel).
+
+transformers 5.17 forwards the model's keyword arguments, the text's ``cu_seq_lens_q/k``
+included, to every vision-tower attention call; 5.24 (here) does not. ``_forward_text_kwargs``
+does what 5.17 does, so both releases' call patterns are checked on this one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import neatpack.pipes.varlen_attention as va
+from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.graphs.train import model_inputs
+from neatpack.pipes import check_boundaries, register_varlen_attention
+from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.tokenize import tokenize_conversation
+
+pytestmark = pytest.mark.parity
+TOL = 1e-4
+TEXT_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+@pytest.fixture(scope="module")
+def proc() -> Any:
+    return load_tiny_processor("qwen2_vl")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"), num_samples=10, seed=3)
+
+
+@pytest.fixture(scope="module")
+def batch(corpus: Path, proc: Any) -> dict[str, Any]:
+    media = str(corpus.parent / "media")
+    cfg = NeatVLMConfig(pack_size=1024, batch_size=1, media_root=media, prefetch=0,
+                        shuffle=False, attn_implementation="flash_attention_2")  # fmt: skip
+    for b in neat_vlm_graph(corpus, proc, config=cfg):
+        if len(b["sample_ids"][0]) > 1 and int(b["image_grid_thw"].shape[0]) > 1:
+            return b
+    raise AssertionError("no packed batch with several images")
+
+
+@pytest.fixture
+def model(proc: Any) -> Any:
+    return tiny_model("qwen2_vl", processor=proc)
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, list[int]]]:
+    """(causal, tokens, boundaries used) of every attention call the function makes."""
+    seen: list[tuple[bool, int, list[int]]] = []
+    real = va._reference
+
+    def recording(q: Any, k: Any, v: Any, cu: Any, causal: bool, scale: Any) -> Any:
+        seen.append((causal, int(q.shape[0]), [int(c) for c in cu]))
+        return real(q, k, v, cu, causal, scale)
+
+    monkeypatch.setattr(va, "_reference", recording)
+    return seen
+
+
+def _forward_text_kwargs(model: Any, batch: dict[str, Any], monkeypatch: Any) -> None:
+    """Hand the batch's text boundaries to the vision tower, as transformers 5.17 does (5.24's
+    ``accepts_precomputed_kwargs`` drops them before the tower; 5.17 passes them through)."""
+    visual = model.model.visual
+    real = visual.forward
+    extra = {k: batch[k] for k in TEXT_KEYS}
+    monkeypatch.setattr(visual, "forward", lambda *a, **kw: real(*a, **{**kw, **extra}))
+
+
+@torch.no_grad()
+def _reference_loss(model: Any, source: JsonlSource, proc: Any, ids: list[int]) -> float:
+    """Token-mean next-token CE of the samples, each run alone with sdpa."""
+    model.set_attn_implementation("sdpa")
+    total, count = 0.0, 0
+    for sid in ids:
+        s = tokenize_conversation(source[sid], proc)
+        one = {"input_ids": s["input_ids"][None], "labels": s["labels"][None],
+               "pixel_values": s["pixel_values"], "image_grid_thw": s["image_grid_thw"],
+               "mm_token_type_ids": s["mm_token_type_ids"][None]}  # fmt: skip
+        n = int(s["labels"][1:].ne(-100).sum())
+        if n:
+            total += float(model(**one, num_items_in_batch=1, use_cache=False).loss)
+            count += n
+    return total / count
+
+
+@pytest.mark.parametrize("release", ["5.24", "5.17"])
+def test_each_call_attends_by_its_own_boundaries(
+    release: str,
+    batch: dict[str, Any],
+    model: Any,
+    calls: list[tuple[bool, int, list[int]]],
+    corpus: Path,
+    proc: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Text layers: the pack's documents. Vision tower: one image per call, never the text's
+    boundaries, also when transformers forwards them (5.17). The loss is each sample alone's."""
+    if release == "5.17":
+        _forward_text_kwargs(model, batch, monkeypatch)
+    model.set_attn_implementation(register_varlen_attention())
+    with torch.no_grad():
+        got = float(model(**model_inputs(batch)).loss)
+    text_cu = batch["cu_seq_lens_q"].tolist()
+    per_image = [int(t * h * w) for t, h, w in batch["image_grid_thw"].tolist()]
+    layers, depth = model.config.text_config.num_hidden_layers, model.config.vision_config.depth
+    assert [c for c in calls if c[0]] == [(True, text_cu[-1], text_cu)] * layers
+    assert [c for c in calls if not c[0]] == [(False, n, [0, n]) for n in per_image] * depth
+    source = JsonlSource(corpus, corpus.parent / "media")
+    want = _reference_loss(model, source, proc, batch["sample_ids"][0])
+    assert abs(got - want) <= TOL * max(1.0, abs(want)), (got, want)
+
+
+def test_vision_tower_output_ignores_the_forwarded_text_boundaries(
+    batch: dict[str, Any], model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 5.17 call chain on the tower alone: its features equal plain sdpa's."""
+    pv, grid = batch["pixel_values"], batch["image_grid_thw"]
+    with torch.no_grad():
+        want = model.model.get_image_features(pv, grid, return_dict=True).pooler_output
+        _forward_text_kwargs(model, batch, monkeypatch)
+        model.set_attn_implementation(register_varlen_attention())
+        got = model.model.get_image_features(pv, grid, return_dict=True).pooler_output
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=TOL, atol=TOL)
+
+
+def test_text_layer_refuses_boundaries_of_another_tensor(batch: dict[str, Any], model: Any) -> None:
+    """A pack's boundaries that do not cover its tokens: a clear error, not a silent split."""
+    model.set_attn_implementation(register_varlen_attention())
+    inputs = model_inputs(batch)
+    inputs["cu_seq_lens_q"] = inputs["cu_seq_lens_k"] = batch["cu_seq_lens_q"][:-1]
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q=.* attends over 1024 tokens"):
+        model(**inputs)
+    del inputs["cu_seq_lens_q"], inputs["cu_seq_lens_k"]
+    with pytest.raises(ValueError, match="no cu_seq_lens_q; build the batches with"):
+        model(**inputs)
+
+
+@pytest.mark.parametrize(
+    ("cu", "tokens"), [([0, 4, 6], 7), ([0, 4, 3, 6], 6), ([1, 6], 6), ([6], 6)]
+)
+def test_check_boundaries_refuses_what_is_not_this_tensors(cu: list[int], tokens: int) -> None:
+    with pytest.raises(ValueError, match=f"attends over {tokens} tokens"):
+        check_boundaries(cu, tokens, key="cu_seq_lens_q")
+    assert check_boundaries([0, 2, 2, tokens], tokens, key="k").tolist() == [0, 2, 2, tokens]
