@@ -38,6 +38,10 @@ model attention        batch["attention_mask"] / extra kwargs     note
 ``flex_attention``     a ``BlockMask`` (document-causal)
 ``position_ids``       None; ``position_ids`` ``[4,B,S]`` (VL)     needs ``use_cache=False``
 =====================  =========================================  ======================
+
+Without a flash-attn build, ``flash_attention_2`` batches run on PyTorch's own varlen kernel
+through ``model.set_attn_implementation(neatpack.pipes.register_varlen_attention())``, which
+checks that each call's boundaries are its own tensor's (``neatpack.pipes.varlen_attention``).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ A causal (text) call must get its own boundaries or raises. A bidirectional (vis
 gets its own only on transformers' flash path (an implementation name containing "flash"); under
 this function's name transformers has already cut the tower's tensor per image, so any
 boundaries it carries were forwarded from the text and the call attends over its whole tensor
-(what sdpa does there). Off CUDA, or in float32, the same boundaries go to a per-document sdpa
-reference instead of the kernel (which takes half precision on CUDA only), so CPU tests run the
-same checks and the same splits.
+(what sdpa does there), or by its mask when the tower passes one (transformers' sdpa path).
+Off CUDA, or in float32, the same boundaries go to a per-document sdpa reference instead of the
+kernel (which takes half precision on CUDA only), so CPU tests run the same checks and splits.
 """
 
 from __future__ import annotations
@@ -138,6 +138,12 @@ def varlen_attention(
             check_boundaries(cu_k, b * key.shape[2], key="cu_seq_lens_k", module=module), cu
         ):
             raise ValueError("cu_seq_lens_k differs from cu_seq_lens_q: packed training has one")
+    elif attention_mask is not None:  # a tower that masks images apart itself: its own path
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, is_causal=False
+        )
     else:
         own = _own_vision_boundaries(module, kwargs, tokens)
         cu = torch.tensor([0, tokens], dtype=torch.int32) if own is None else own

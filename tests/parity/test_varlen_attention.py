@@ -159,3 +159,24 @@ def test_check_boundaries_refuses_what_is_not_this_tensors(cu: list[int], tokens
     with pytest.raises(ValueError, match=f"attends over {tokens} tokens"):
         check_boundaries(cu, tokens, key="cu_seq_lens_q")
     assert check_boundaries([0, 2, 2, tokens], tokens, key="k").tolist() == [0, 2, 2, tokens]
+
+
+def test_vision_call_with_its_own_mask_goes_through_sdpa(model: Any) -> None:
+    """A tower that masks its images apart (one tensor, a block-diagonal mask) keeps its mask."""
+    block = model.model.visual.blocks[0].attn
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 10, 16, generator=g) for _ in range(3))
+    mask = torch.zeros(10, 10, dtype=torch.bool)
+    mask[:6, :6] = mask[6:, 6:] = True
+    got, _ = va.varlen_attention(block, q, k, v, mask[None, None], is_causal=False,
+                                 cu_seq_lens_q=torch.tensor([0, 3, 10]))  # fmt: skip
+    want = torch.cat(
+        [
+            torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, a:e], k[:, :, a:e], v[:, :, a:e]
+            )
+            for a, e in ((0, 6), (6, 10))
+        ],
+        dim=2,
+    )
+    torch.testing.assert_close(got, want.transpose(1, 2))
