@@ -265,3 +265,34 @@ def test_blank_lines_are_counted_and_errors_quote_file_lines(tmp_path: Path) -> 
 def test_missing_data_file_says_what_to_pass(tmp_path: Path, processor: Any) -> None:
     with pytest.raises(FileNotFoundError, match=r"does not exist: pass a \.jsonl or \.json"):
         neat_vlm_graph(tmp_path / "nope.jsonl", processor)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"input_ids": [5, "a", 7]}, r"sample_id=1: input_ids must be a flat list of ints.*'a'"),
+        ({"input_ids": [5, float("nan"), 7]}, r"sample_id=1: input_ids .* got nan"),
+        ({"input_ids": [5, 2**70, 7]}, r"sample_id=1: input_ids .* got 1180591620717411303424"),
+        ({"input_ids": [5, -3, 7]}, r"sample_id=1: input_ids has -3 at position 1; .* >= 0"),
+        ({"input_ids": [5, 6, 7], "labels": [6, -7, 8]}, r"sample_id=1: labels has -7 .* -100"),
+    ],
+)
+def test_llm_graph_names_the_record_with_a_bad_token_id(
+    bad: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    """A string, NaN, 2**70 or negative id in a pre-tokenized JSONL file: one error naming the
+    record and the fix when the graph is built, not torch's overflow or a device-side index
+    error; -100 stays a valid label."""
+    import json
+
+    from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
+
+    good = {"input_ids": [1, 2, 3, 4], "labels": [2, 3, -100, 4]}
+    path = tmp_path / "tokens.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (good, bad, good)))
+    with pytest.raises(ValueError, match=message):
+        neat_llm_graph(path, config=NeatLLMConfig(pack_size=16))
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text("".join(json.dumps(good) + "\n" for _ in range(3)))
+    batch = next(iter(neat_llm_graph(fixed, config=NeatLLMConfig(pack_size=16))))
+    assert int(batch["labels"].eq(-100).sum()) > 0
