@@ -207,11 +207,15 @@ class LengthGroupedSampler(Sampler[int]):
         self.fallbacks = FallbackCounter()
         if lengths is None:
             if estimator is None:
-                whole = text_tokens_include_template
+                kw: dict[str, Any] = {
+                    "text_tokens_include_template": text_tokens_include_template,
+                    "missing_media_fix": "or pass estimator=LengthEstimator.from_processor("
+                    "processor, on_missing_media='fallback') to count it as 500 tokens",
+                }
                 estimator = (
-                    LengthEstimator.from_processor(processor, text_tokens_include_template=whole)
+                    LengthEstimator.from_processor(processor, **kw)
                     if processor is not None
-                    else LengthEstimator(text_tokens_include_template=whole)
+                    else LengthEstimator(**kw)
                 )
             elif text_tokens_include_template:
                 raise ValueError(

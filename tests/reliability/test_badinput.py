@@ -296,3 +296,41 @@ def test_llm_graph_names_the_record_with_a_bad_token_id(
     fixed.write_text("".join(json.dumps(good) + "\n" for _ in range(3)))
     batch = next(iter(neat_llm_graph(fixed, config=NeatLLMConfig(pack_size=16))))
     assert int(batch["labels"].eq(-100).sum()) > 0
+
+
+def test_graph_missing_image_error_names_options_that_exist(tmp_path: Path, processor: Any) -> None:
+    """Issue 25: the graph's missing-image error suggested on_missing_media='fallback', which no
+    graph config has. It now names the config's on_bad_sample, and following it works: the
+    sample is left out and counted by id."""
+    import dataclasses
+    import json
+
+    from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph
+    from neatpack.pipes.sampler import LengthGroupedSampler
+
+    def record(image: str | None) -> dict[str, Any]:
+        content: list[dict[str, Any]] = [{"type": "text", "text": "what is in the picture?"}]
+        if image:
+            content.insert(0, {"type": "image", "image": image})
+        return {"messages": [{"role": "user", "content": content},
+                             {"role": "assistant", "content": "a cat"}]}  # fmt: skip
+
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(record(i)) + "\n" for i in (None, "gone.png", None)))
+    cfg = NeatVLMConfig(pack_size=1024, media_root=str(tmp_path))
+    for mode in ("exact", "estimate"):
+        with pytest.raises(RecordError) as info:
+            neat_vlm_graph(path, processor, config=dataclasses.replace(cfg, estimate_mode=mode))
+        message = str(info.value)
+        assert message.startswith("sample_id=1: image missing: ") and "gone.png" in message
+        assert "on_bad_sample='skip'" in message and "media_root" in message
+        assert "on_missing_media" not in message
+    skip = dataclasses.replace(cfg, on_bad_sample="skip")
+    loader = neat_vlm_graph(path, processor, config=skip)
+    assert sorted(i for b in loader for row in b["sample_ids"] for i in row) == [0, 2]
+    assert loader.ledgers[0].failed == [1]
+    # the other user paths name their own options
+    with pytest.raises(RecordError, match=r"sample_id=1: .*media_root\)$"):
+        grouped_vlm_graph(path, processor, config=GroupedConfig(media_root=str(tmp_path)))
+    with pytest.raises(RecordError, match=r"sample_id=1: .*pass estimator=LengthEstimator"):
+        LengthGroupedSampler(JsonlSource(path, media_root=tmp_path), processor=processor)
