@@ -176,7 +176,8 @@ def test_empty_conversation_is_ordered_last_and_counted(tmp_path: Path) -> None:
     corpus = JsonlSource(path, media_root=tmp_path / "media")
     empty = len(corpus) - 1
     s = LengthGroupedSampler(corpus, seed=1, processor=load_tiny_processor(), batch_size=4)
-    assert s.lengths[empty] == 0 and s.lengths[:empty].min() > 0
+    assert s.lengths[empty] == 0
+    assert s.lengths[:empty].min() > 0
     assert s.sorted_ids[-1] == empty
     assert s.fallbacks.sample_ids["empty_conversation"] == [empty]
     batches = list(DataLoader(range(len(corpus)), sampler=s, batch_size=4))

@@ -322,8 +322,10 @@ def test_graph_missing_image_error_names_options_that_exist(tmp_path: Path, proc
         with pytest.raises(RecordError) as info:
             neat_vlm_graph(path, processor, config=dataclasses.replace(cfg, estimate_mode=mode))
         message = str(info.value)
-        assert message.startswith("sample_id=1: image missing: ") and "gone.png" in message
-        assert "on_bad_sample='skip'" in message and "media_root" in message
+        assert message.startswith("sample_id=1: image missing: ")
+        assert "gone.png" in message
+        assert "on_bad_sample='skip'" in message
+        assert "media_root" in message
         assert "on_missing_media" not in message
     skip = dataclasses.replace(cfg, on_bad_sample="skip")
     loader = neat_vlm_graph(path, processor, config=skip)
