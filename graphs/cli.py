@@ -25,27 +25,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
+    from neatpack.pipes.mask_format import resolve_mask_format
     from neatpack.pipes.synth import write_corpus
     from neatpack.pipes.testing import same_item
 
+    for flag, value, least in (
+        ("--samples", args.samples, 1),
+        ("--pack-size", args.pack_size, 2),
+        ("--batch-size", args.batch_size, 1),
+        ("--workers", args.workers, 0),
+    ):
+        if value < least:  # 0 samples planned no packs and ended in the source's traceback
+            raise UsageError(f"{flag} {value} is too small: pass at least {least}")
+    processor = load_processor(args.processor)
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="neatpack-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     data = write_corpus(root, num_samples=args.samples, seed=args.seed)
-    processor = load_processor(args.processor)
-    config = NeatVLMConfig(
-        pack_size=args.pack_size,
-        batch_size=args.batch_size,
-        media_root=str(root / "media"),
-        cache_dir=str(root / "cache"),
-        num_workers=args.workers,
-        seed=args.seed,
-        attn_implementation=args.attn,
-    )
+    try:  # a choice the config or the plan refuses (--attn, a pack too small) is one line too
+        resolve_mask_format(args.attn)  # else only the first collate, in a worker, refuses it
+        config = NeatVLMConfig(
+            pack_size=args.pack_size,
+            batch_size=args.batch_size,
+            media_root=str(root / "media"),
+            cache_dir=str(root / "cache"),
+            num_workers=args.workers,
+            seed=args.seed,
+            attn_implementation=args.attn,
+        )
+        loader = neat_vlm_graph(data, processor, config=config)
+    except ValueError as exc:
+        raise UsageError(" ".join(str(exc).split())) from exc
     print(
         f"neatpack demo: {args.samples} conversations in {root}, pack size {args.pack_size}, "
         f"{args.workers} worker(s)"
     )
-    loader = neat_vlm_graph(data, processor, config=config)
     t0 = time.perf_counter()
     batches = list(
         tqdm(loader, desc="epoch 0", unit="batch", total=len(loader), disable=args.quiet)
@@ -113,6 +126,7 @@ def _balance(loader: Any, world_size: int = 8) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neatpack", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the whole graph on generated data (no download)")
     demo.add_argument("--dir", help="where to write the generated data (default: a temp dir)")
@@ -133,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_report_commands(sub)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's ``version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("neatpack")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

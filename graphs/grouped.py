@@ -149,7 +149,9 @@ def grouped_vlm_graph(
     if lengths is None:
         lengths = build_length_index(
             source,
-            LengthEstimator.from_processor(processor),
+            LengthEstimator.from_processor(
+                processor, missing_media_fix="(relative paths resolve against the media_root)"
+            ),
             cache_dir=cfg.cache_dir,
             progress=False,
             rank=rank,

@@ -508,6 +508,7 @@ _INT_KEYS = (
     PackSource.GROUP_SIZE_KEY,
     PackSource.BATCH_SIZE_KEY,
 )
+_SIZE_KEYS = (PackSource.WORLD_SIZE_KEY, PackSource.GROUP_SIZE_KEY, PackSource.BATCH_SIZE_KEY)
 
 
 def _bookkeeping(batch: Any) -> list[dict[str, Any]]:
@@ -553,12 +554,19 @@ def _check_state(state: Any) -> None:
             if k in source and (not isinstance(source[k], int) or isinstance(source[k], bool)
                                 or source[k] < 0)
         }  # fmt: skip
+        # Sizes are counts of ranks / packs: a 0 would divide by zero or stride nothing when
+        # the epoch is re-strided, and a rank must be one of the saved world's ranks.
+        bad |= {k: source[k] for k in _SIZE_KEYS if source.get(k) == 0}
+        rank_key, world_key = PackSource.RANK_KEY, PackSource.WORLD_SIZE_KEY
+        if not bad and not missing and source[rank_key] >= source[world_key]:
+            bad[rank_key] = source[rank_key]
     else:
         bad = {"source": source}
     if missing or bad or not isinstance(state.get("config", {}), dict):
         raise StateMismatchError(
             f"loader state is damaged: missing keys {missing}, bad values {bad} (the positions "
-            f"are non-negative ints); {fix}"
+            f"are non-negative ints, {list(_SIZE_KEYS)} at least 1, rank below world_size); "
+            f"{fix}"
         )
 
 

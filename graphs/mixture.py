@@ -22,7 +22,7 @@ import numpy as np
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import plan_family
-from neatpack.graphs.open_data import EstimateChecked, open_source
+from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
 from neatpack.graphs.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
 from neatpack.pipes.estimate import LengthEstimator
@@ -60,9 +60,13 @@ def mixture_parts(
         if family is not None:
             estimator = family.estimator(processor, cfg.estimate_mode)
         elif cfg.estimate_mode == "calibrated":
-            estimator = LengthEstimator.calibrate(source, processor, mode="calibrated")
+            estimator = LengthEstimator.calibrate(
+                source, processor, mode="calibrated", missing_media_fix=MISSING_MEDIA_FIX
+            )
         else:
-            estimator = LengthEstimator.from_processor(processor, mode=cfg.estimate_mode)
+            estimator = LengthEstimator.from_processor(
+                processor, mode=cfg.estimate_mode, missing_media_fix=MISSING_MEDIA_FIX
+            )
         try:
             index = build_length_index(
                 source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,

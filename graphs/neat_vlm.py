@@ -35,7 +35,7 @@ import numpy as np
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.loader import NeatLoader, describe_data
-from neatpack.graphs.open_data import EstimateChecked, open_source
+from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
 from neatpack.graphs.stages import GraphParts
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
@@ -218,12 +218,17 @@ def neat_vlm_parts(
     )
     estimator: Any = None
     if lengths is None:
+        fix = MISSING_MEDIA_FIX
         if family is not None:
             estimator = family.estimator(processor, cfg.estimate_mode)
         else:
-            estimator = LengthEstimator.from_processor(processor, mode=cfg.estimate_mode)
+            estimator = LengthEstimator.from_processor(
+                processor, mode=cfg.estimate_mode, missing_media_fix=fix
+            )
         if family is None and cfg.estimate_mode == "calibrated":
-            estimator = LengthEstimator.calibrate(source, processor, mode="calibrated")
+            estimator = LengthEstimator.calibrate(
+                source, processor, mode="calibrated", missing_media_fix=fix
+            )
         lengths = build_length_index(
             source,
             estimator,

@@ -13,7 +13,15 @@ from typing import Any
 from neatpack.pipes.contracts import Record
 from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
 
-__all__ = ["EstimateChecked", "open_source"]
+__all__ = ["MISSING_MEDIA_FIX", "EstimateChecked", "open_source"]
+
+# The graphs' way past a missing media file at index time (``LengthEstimator.missing_media_fix``):
+# their own option, not the estimator's ``on_missing_media``, which a graph user cannot pass.
+MISSING_MEDIA_FIX = (
+    "(a relative path resolves against the config's media_root), or set the config's "
+    "on_bad_sample='skip' or 'replace' to leave the sample out, counted by id in "
+    "loader.ledgers[epoch].failed"
+)
 
 
 def open_source(

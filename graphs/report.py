@@ -205,18 +205,18 @@ def _length_index(
     error = ""
     try:
         source = open_source(args.data, args.media_root)
+        fix = f"(relative media paths resolve against --media-root={args.media_root!r})"
         estimator = LengthEstimator.from_processor(
             processor, mode=getattr(args, "estimate_mode", "exact"),
             on_missing_media=missing or "raise",
+            missing_media_fix=fix + (", or pass --missing-media fallback to count it (plan)"
+                                     if missing else ""),
         )  # fmt: skip
         before = set(os.listdir(args.cache_dir)) if args.cache_dir and os.path.isdir(
             args.cache_dir) else set()  # fmt: skip
         index = build_length_index(source, estimator, cache_dir=args.cache_dir, progress=True)
     except (RecordError, json.JSONDecodeError) as exc:
         error = _line(exc)
-        if "missing" in error and ("image" in error or "video" in error):
-            error += f" (relative media paths resolve against --media-root={args.media_root!r}"
-            error += "; plan --missing-media fallback counts them instead)" if missing else ")"
     if error:
         # Raised outside the except block so the failed build's frames (and its open progress
         # bar) are freed first: the bar ends its line and the error gets a line of its own.

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.text_pack import token_tensor
 
 __all__ = ["TokenSource", "to_token_sample", "token_lengths"]
 
@@ -48,12 +49,11 @@ def to_token_sample(raw: Any, sample_id: int) -> dict[str, Any]:
             f"'labels' or 'loss_mask'); got {type(raw).__name__} with keys "
             f"{sorted(raw) if isinstance(raw, dict) else None}"
         )
-    ids = torch.as_tensor(list(raw["input_ids"]), dtype=torch.long)
+    where = f"sample_id={sample_id}"
+    ids = token_tensor(raw["input_ids"], "input_ids", where)
     if ids.numel() < 2:
         raise ValueError(f"sample_id={sample_id}: {ids.numel()} tokens; a sample needs at least 2")
-    labels = (
-        torch.as_tensor(list(raw["labels"]), dtype=torch.long) if "labels" in raw else ids.clone()
-    )
+    labels = token_tensor(raw["labels"], "labels", where) if "labels" in raw else ids.clone()
     if labels.shape != ids.shape:
         raise ValueError(
             f"sample_id={sample_id}: labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}"

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from .contracts import Record
-from .errors import RecordError
+from .errors import EmptyConversationError, RecordError
 
 __all__ = [
     "MEDIA_TYPES",
@@ -205,7 +205,7 @@ def to_record(raw: Mapping[str, Any], sample_id: int, media_root: str | None) ->
         )
     turns = raw[key]
     if not isinstance(turns, list) or not turns:
-        raise RecordError(
+        raise (EmptyConversationError if turns == [] else RecordError)(
             f"sample_id={sample_id}: empty or non-list conversation {key}={turns!r}; "
             "every record needs at least one message"
         )

@@ -14,11 +14,16 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-__all__ = ["REASONS", "EstimateError", "RecordError", "SampleError"]
+__all__ = ["REASONS", "EmptyConversationError", "EstimateError", "RecordError", "SampleError"]
 
 
 class RecordError(ValueError):
     """A raw record that cannot be read; the message names the sample id and the fix."""
+
+
+class EmptyConversationError(RecordError):
+    """A record whose conversation is an empty list: nothing to train on, but a length of 0
+    to a length heuristic (``LengthGroupedSampler`` orders and counts it instead of stopping)."""
 
 
 class EstimateError(RecordError):

@@ -82,6 +82,10 @@ class LengthEstimator:
     # Out of the repr (config_key adds it when set), so indexes cached before it existed keep
     # their fingerprint.
     text_tokens_include_template: bool = field(default=False, repr=False)
+    # What a missing media file's error tells the user to do besides fixing the path: the
+    # caller's own option (a graph's on_bad_sample, the CLI's --missing-media), since a graph
+    # user cannot pass on_missing_media. Empty: this estimator's on_missing_media. Not a result.
+    missing_media_fix: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -228,10 +232,12 @@ class LengthEstimator:
                 size = image_hw(value, sid)
             if isinstance(size, str):
                 if self.on_missing_media == "raise" and size not in _NOTHING_TO_READ:
+                    fix = self.missing_media_fix or (
+                        "or build the LengthEstimator with on_missing_media='fallback' to count "
+                        f"it as {self.media_fallback} tokens"
+                    )
                     raise EstimateError(
-                        f"sample_id={sid}: {size.replace('_', ' ')}: {value!r}; fix the path "
-                        "or pass on_missing_media='fallback' to count it as "
-                        f"{self.media_fallback} tokens"
+                        f"sample_id={sid}: {size.replace('_', ' ')}: {value!r}; fix the path {fix}"
                     )
                 reasons.append(size)
                 total += self.media_fallback

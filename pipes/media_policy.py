@@ -9,7 +9,8 @@ shard's own directory) for local shards, the shard's bucket + prefix for remote 
 * a URL of the shard's own protocol must lie under the base (another bucket is refused);
 * ``http(s)://`` is never fetched unless its host is in ``allow_hosts`` (exact names), and a
   cloud metadata or link-local address (``169.254.169.254``, ``metadata.google.internal``,
-  ``fd00:ec2::254``) is refused even then;
+  ``fd00:ec2::254``) is refused even then, in any spelling a client accepts (decimal, hex or
+  octal IPv4, IPv4-mapped / NAT64 IPv6, a trailing-dot name);
 * anything else (another protocol, an absolute local path in a remote shard) is refused.
 
 A refused reference raises ``MediaRefusedError`` naming the sample: the materializer's
@@ -40,6 +41,10 @@ __all__ = ["MediaRefusedError", "confine_media_ref", "confine_record_media"]
 METADATA_HOSTS: Final = frozenset(
     {"169.254.169.254", "metadata.google.internal", "metadata", "fd00:ec2::254", "100.100.100.200"}
 )
+_METADATA_IPS: Final = frozenset(
+    ipaddress.ip_address(h) for h in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
+)
+_NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
 # Keys whose string values are media references wherever they stand; ``path`` / ``url`` only
 # inside a media block (``{"type": "image", "url": ...}``, ``image_url: {"url": ...}``, an
 # item of ``images``): elsewhere they are provenance metadata, neither read nor fetched.
@@ -56,13 +61,58 @@ class MediaRefusedError(RecordError):
 
 
 def _metadata_host(host: str) -> bool:
-    if host.lower() in METADATA_HOSTS:
-        return True
+    """Is ``host`` (a URL's hostname) a cloud metadata or link-local address, in any spelling
+    a resolver or HTTP client accepts: a trailing-dot name, ``2852039166`` / ``0xa9fea9fe`` /
+    ``0251.0376.0251.0376`` / ``169.254.43518`` (inet_aton forms), ``::ffff:169.254.169.254``
+    (IPv4-mapped) and the other IPv6 forms that carry an IPv4 address."""
+    name = host.strip("[]").rstrip(".").lower()
+    ip = _ip(name)
+    if ip is None:
+        return name in METADATA_HOSTS
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or _nat64_or_compat(ip)
+        if embedded is not None and _metadata_ip(embedded):
+            return True
+    return _metadata_ip(ip)
+
+
+def _metadata_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return ip.is_link_local or ip.is_unspecified or ip in _METADATA_IPS
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``name`` spells, as ``inet_aton`` reads IPv4 (1 to 4 parts, each decimal,
+    ``0x`` hex or ``0`` octal, the last filling the remaining bytes), or None for a name."""
     try:
-        ip = ipaddress.ip_address(host.strip("[]"))
+        return ipaddress.ip_address(name)
     except ValueError:
-        return False
-    return ip.is_link_local or ip.is_unspecified
+        pass
+    parts = name.split(".")
+    if not 1 <= len(parts) <= 4:
+        return None
+    values = []
+    for part in parts:
+        base = 16 if part[:2] == "0x" else 8 if len(part) > 1 and part[0] == "0" else 10
+        digits = part[2:] if base == 16 else part
+        try:
+            values.append(int(digits, base) if digits else -1)
+        except ValueError:
+            return None
+    last_bits = 8 * (5 - len(values))
+    if min(values) < 0 or values[-1] >= 2**last_bits or any(v > 255 for v in values[:-1]):
+        return None
+    number = values[-1]
+    for i, v in enumerate(values[:-1]):
+        number |= v << (24 - 8 * i)
+    return ipaddress.IPv4Address(number)
+
+
+def _nat64_or_compat(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address in the NAT64 prefix ``64:ff9b::/96`` or the old IPv4-compatible
+    ``::a.b.c.d`` form, which some stacks still route to the IPv4 host."""
+    if ip in _NAT64 or int(ip) >> 32 == 0:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
 
 
 def confine_media_ref(ref: str, *, base: str, where: str, allow_hosts: Sequence[str] = ()) -> str:

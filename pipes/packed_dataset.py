@@ -145,8 +145,9 @@ class PackedDatasetWrapper(Dataset[Pack]):
         and the failing batch's sample ids (the same on every rank, run and worker), whether or
         not the inner dataset has a `robust_collate` of its own (the seed delegated to it and
         retried with unpacked samples, B1). Every failure is logged and recorded, with the
-        sample ids and pack indices, in the wrapper's `failures` and in the retried batch's
-        `"collate_failures"`; when every attempt fails a `RuntimeError` names the batches.
+        sample ids and pack indices, in the wrapper's `failures` and beside the retried batch's
+        keys (`batch.collate_failures`); when every attempt fails a `RuntimeError` names the
+        batches.
 
         >>> ds = PackedDatasetWrapper([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[0]], 8)
         >>> collate = ds.robust_collate(lambda packs: [p["sample_ids"] for p in packs])

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import random
@@ -11,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "RetriedBatch",
     "RobustCollate",
     "make_robust_collate",
 ]
@@ -29,6 +31,34 @@ def _stable_seed(seed: int, examples: Sequence[Any], attempt: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
+class RetriedBatch(dict):  # type: ignore[type-arg]
+    """A collate's dict output, keys unchanged, that needed retries: ``collate_failures`` (an
+    attribute, pickled with the dict) lists them. A ``"collate_failures"`` key instead reached
+    ``model(**batch)`` as an unexpected argument. Built like a dict (so code that rebuilds a
+    mapping with ``type(batch)({...})``, as ``transformers.Trainer`` does, still works; such a
+    copy has no failures).
+
+    >>> batch = RetriedBatch({"input_ids": [1]})
+    >>> batch.collate_failures = [{"attempt": 0}]
+    >>> list(batch), batch.collate_failures, RetriedBatch(batch).collate_failures
+    (['input_ids'], [{'attempt': 0}], ())
+    """
+
+    collate_failures: Sequence[dict[str, Any]] = ()
+
+
+def _with_failures(out: Any, failures: list[dict[str, Any]]) -> Any:
+    """``out`` with ``failures`` beside its keys: a plain dict as a ``RetriedBatch``, any other
+    object that takes attributes (a ``BatchFeature``, a tensor) with the attribute set; one
+    that takes none (a tuple) is returned as it is (``RobustCollate.failures`` and the log
+    still have them)."""
+    if type(out) is dict:
+        out = RetriedBatch(out)
+    with contextlib.suppress(AttributeError):
+        out.collate_failures = failures
+    return out
+
+
 class RobustCollate:
     """Retry a failing collate on a deterministic replacement batch; every failure is recorded.
 
@@ -43,8 +73,10 @@ class RobustCollate:
     Nothing is silent: each failure is logged (WARNING) and appended to ``failures`` as
     ``{"attempt", "sample_ids", "rows", "error", "replacement"}`` (``rows``: the dataset indices
     of the failing batch, ``None`` for the caller's own; ``replacement``: the indices tried
-    next), and a dict batch that needed a retry carries the same list under
-    ``"collate_failures"`` (it travels out of worker processes, where ``failures`` does not).
+    next), and a batch that needed a retry carries the same list beside its keys, as the
+    attribute ``batch.collate_failures`` (a plain dict comes back as a ``RetriedBatch``, the
+    same keys): it travels out of DataLoader worker processes with the batch, where
+    ``failures`` does not, and ``model(**batch)`` still gets only the collate's own keys.
 
     >>> robust = RobustCollate(["a", "b", "c"], lambda rows: "".join(rows).upper(), seed=1)
     >>> robust(["a", 1])  # "".join fails on the int: retried on rows of the dataset
@@ -84,9 +116,7 @@ class RobustCollate:
                              "with dataset rows %s", attempt, rows, ids, err, picks)  # fmt: skip
                 rows, batch = picks, []
                 continue
-            if failures and isinstance(out, dict):
-                out["collate_failures"] = failures
-            return out
+            return _with_failures(out, failures) if failures else out
         raise RuntimeError(
             f"Collate failed after {self.max_retries} retries. Last error: {last}. Failing "
             f"batches (attempt, dataset rows or None for the original, sample ids): "

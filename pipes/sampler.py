@@ -116,7 +116,7 @@ def estimate_lengths(
     processor-free default (``_text_tokens`` or chars / 3, 500 tokens per media item). Media
     items estimated by a fallback are counted, with sample ids, in ``estimator.fallbacks``.
     """
-    from ._record import RecordError
+    from .errors import EmptyConversationError, RecordError
     from .estimate import LengthEstimator
     from .lengths import estimate_slice
 
@@ -125,15 +125,24 @@ def estimate_lengths(
     source, ids = raw_records(dataset)
     if ids is not None:
         source = _Picked(source, ids)
-    try:
-        total, _, fallbacks = estimate_slice(source, estimator, 0, len(source), progress=False)
-    except RecordError as e:
-        raise type(e)(
-            f"{e}. LengthGroupedSampler estimates lengths from the raw conversations under the "
-            "dataset (its .dataset chain); give records with a conversation, or pass "
-            "lengths=<one int per sample> (e.g. a LengthIndex's total) instead"
-        ) from e
+    # Unreadable records come back as length 0 with the reason "record_error"; each is read
+    # again here: an empty conversation keeps its 0 (the seed's heuristic, counted as
+    # "empty_conversation"), any other error is raised with the way out.
+    total, _, fallbacks = estimate_slice(
+        source, estimator, 0, len(source), progress=False, on_error="skip"
+    )
     for sid, reasons in fallbacks:
+        if "record_error" in reasons:
+            try:
+                estimator.estimate_sample(source[sid])
+            except EmptyConversationError:
+                reasons = ("empty_conversation",)
+            except RecordError as e:
+                raise type(e)(
+                    f"{e}. LengthGroupedSampler estimates lengths from the raw conversations "
+                    "under the dataset (its .dataset chain); give records with a conversation, "
+                    "or pass lengths=<one int per sample> (e.g. a LengthIndex's total) instead"
+                ) from e
         estimator.fallbacks.add(sid, reasons)
     return total
 
@@ -147,7 +156,10 @@ class LengthGroupedSampler(Sampler[int]):
     ``_text_tokens`` or chars / 3, media a precomputed ``_media_tokens`` or their sizes
     (``images_meta`` / ``videos_meta``, also under ``mm_inputs_meta``, or the image files),
     and a media item with neither (a ``{"type": "image"}`` placeholder without metadata, or no
-    processor) counts 500 tokens, listed with its sample id in ``sampler.fallbacks``.
+    processor) counts 500 tokens, listed with its sample id in ``sampler.fallbacks``. A record
+    whose conversation is empty sizes 0, as in the seed: it comes last in the order and is
+    listed in ``sampler.fallbacks.sample_ids["empty_conversation"]``; any other unreadable
+    record raises, naming it.
     The chat template's own tokens (role markers, default system prompt, vision start/end)
     are added to ``_text_tokens``, which the seed's precompute script counts without them;
     if your ``_text_tokens`` already include the template, pass
@@ -195,11 +207,15 @@ class LengthGroupedSampler(Sampler[int]):
         self.fallbacks = FallbackCounter()
         if lengths is None:
             if estimator is None:
-                whole = text_tokens_include_template
+                kw: dict[str, Any] = {
+                    "text_tokens_include_template": text_tokens_include_template,
+                    "missing_media_fix": "or pass estimator=LengthEstimator.from_processor("
+                    "processor, on_missing_media='fallback') to count it as 500 tokens",
+                }
                 estimator = (
-                    LengthEstimator.from_processor(processor, text_tokens_include_template=whole)
+                    LengthEstimator.from_processor(processor, **kw)
                     if processor is not None
-                    else LengthEstimator(text_tokens_include_template=whole)
+                    else LengthEstimator(**kw)
                 )
             elif text_tokens_include_template:
                 raise ValueError(

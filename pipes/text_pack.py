@@ -27,15 +27,59 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from .binpack import greedy_knapsack
 from .loss import CROSS_ENTROPY_IGNORE_IDX
 from .pack import build_packed_sample
 
-__all__ = ["CROSS_ENTROPY_IGNORE_IDX", "neat_pack_dataset"]
+__all__ = ["CROSS_ENTROPY_IGNORE_IDX", "neat_pack_dataset", "token_tensor"]
 
 _KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
+
+
+def token_tensor(values: Any, key: str, where: str) -> torch.Tensor:
+    """``values`` (a record's ``input_ids`` or ``labels``) as an int64 tensor, or a
+    ``ValueError`` naming ``where`` (the sample) and the bad value.
+
+    torch alone turns ``"a"`` into "too many dimensions 'str'", ``nan`` and ``2**70`` into an
+    overflow naming no record, truncates ``1.5`` and keeps ``-5``, which only fails later as an
+    embedding index error on the device. Ids must be ints in ``[0, 2**63)``; labels may also be
+    the ignore index ``-100``.
+
+    >>> token_tensor([1, 2, -100], "labels", "sample_id=3").tolist()
+    [1, 2, -100]
+    >>> try:
+    ...     token_tensor([1, -5], "input_ids", "sample_id=3")
+    ... except ValueError as e:
+    ...     print(str(e)[:59])
+    sample_id=3: input_ids has -5 at position 1; token ids must
+    """
+    fix = "fix the tokenized record"
+    try:
+        items = list(values) if not isinstance(values, str) else [values]
+        arr = np.asarray(items)
+    except (TypeError, ValueError) as e:  # not a list, or ragged nested lists
+        raise ValueError(f"{where}: {key} must be a flat list of ints; {fix}") from e
+    if arr.size and (arr.ndim != 1 or arr.dtype.kind not in "iub"):
+        bad = next((v for v in items if not _is_int(v)), items[0])
+        raise ValueError(
+            f"{where}: {key} must be a flat list of ints in [0, 2**63), got {bad!r:.60}; {fix}"
+        )
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= 2**63:
+        raise ValueError(f"{where}: {key} has {int(arr.max())}, above int64; {fix}")
+    ids = torch.from_numpy(arr.astype(np.int64, copy=False)).reshape(-1)
+    allowed = (ids >= 0) | (ids == CROSS_ENTROPY_IGNORE_IDX) if key == "labels" else ids >= 0
+    if not bool(allowed.all()):
+        at = int((~allowed).nonzero()[0, 0])
+        what = "labels must be >= 0 or -100" if key == "labels" else "token ids must be >= 0"
+        raise ValueError(f"{where}: {key} has {int(ids[at])} at position {at}; {what} ({fix})")
+    return ids
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and -(2**63) <= int(value) < 2**63
 
 
 def _split(dataset: Any, split: str) -> Any:
@@ -54,15 +98,18 @@ def _split(dataset: Any, split: str) -> Any:
 def _sample(row: int, raw: Any) -> dict[str, torch.Tensor]:
     if not isinstance(raw, Mapping) or "input_ids" not in raw:
         raise ValueError(f"row {row}: a sample needs 'input_ids'; got {type(raw).__name__}")
-    ids = torch.as_tensor(list(raw["input_ids"]), dtype=torch.long)
-    if ids.dim() != 1 or ids.numel() < 1:
+    ids = token_tensor(raw["input_ids"], "input_ids", f"row {row}")
+    if ids.numel() < 1:
         raise ValueError(
             f"row {row}: input_ids must be a non-empty 1-D list, got {raw['input_ids']!r:.60}"
         )
-    labels = ids.clone() if raw.get("labels") is None else torch.as_tensor(list(raw["labels"]))
+    labels = (
+        ids.clone()
+        if raw.get("labels") is None
+        else token_tensor(raw["labels"], "labels", f"row {row}")
+    )
     if labels.shape != ids.shape:
         raise ValueError(f"row {row}: labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}")
-    labels = labels.long()
     if raw.get("loss_mask") is not None:
         mask = torch.as_tensor(list(raw["loss_mask"]))
         if mask.shape != ids.shape:

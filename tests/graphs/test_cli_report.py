@@ -358,6 +358,45 @@ def test_console_script_exit_2_without_traceback(tmp_path: Path, how: str) -> No
     assert "nope.jsonl" in proc.stderr
 
 
+def _neatpack(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The ``neatpack`` command as a user runs it, to its exit."""
+    return subprocess.run(
+        [sys.executable, "-m", "neatpack.graphs.cli", *argv], capture_output=True, text=True,
+        timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False,
+    )  # fmt: skip
+
+
+def test_version_flag_prints_the_installed_version() -> None:
+    import tomllib
+    from importlib.metadata import version
+
+    proc = _neatpack("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"neatpack {version('neatpack')}"
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert version("neatpack") == pyproject["project"]["version"]
+
+
+@pytest.mark.badinput
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["--samples", "0"], "--samples 0 is too small: pass at least 1"),
+        (["--samples", "-3"], "--samples -3 is too small"),
+        (["--batch-size", "0"], "--batch-size 0 is too small"),
+        (["--workers", "-1"], "--workers -1 is too small: pass at least 0"),
+        (["--attn", "nope"], "attn_implementation"),
+    ],
+)
+def test_demo_bad_numbers_are_one_line_exit_2(tmp_path: Path, argv: list[str], expect: str) -> None:
+    proc = _neatpack("demo", "--dir", str(tmp_path), "--samples", "8", "--quiet", *argv)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    assert proc.stderr.startswith("neatpack demo: error: ")
+    assert expect in proc.stderr
+
+
 def test_plan_more_ranks_than_packs(
     corpus: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

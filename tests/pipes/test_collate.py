@@ -370,6 +370,54 @@ def test_robust_collate_gives_up() -> None:
     assert len(robust.failures) == 3
 
 
+class _TokenRows(torch.utils.data.Dataset[dict[str, Any]]):
+    """Rows of token ids; row 3 is broken (its ids are not ints), so its collate fails."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        return {"sample_id": k, "input_ids": ["x"] if k == 3 else [k + 1] * (k + 2)}
+
+
+def _pad_ids(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """A user's own collate: exactly the keys its model takes."""
+    n = max(len(r["input_ids"]) for r in rows)
+    ids = torch.tensor([r["input_ids"] + [0] * (n - len(r["input_ids"])) for r in rows])
+    return {"input_ids": ids, "labels": ids.masked_fill(ids == 0, -100)}
+
+
+class _StrictLM(torch.nn.Module):
+    """A model whose forward takes only its own arguments (no ``**kwargs``), as many do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.embed(input_ids))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def test_robust_collate_reports_failures_beside_the_users_batch() -> None:
+    """Through a DataLoader worker process: a retried batch keeps exactly the user's keys, so
+    ``model(**batch)`` runs, and its failures come along beside them (issue 25: a
+    ``"collate_failures"`` key made the model raise on an unexpected argument)."""
+    dataset = _TokenRows()
+    collate = C.make_robust_collate(dataset, _pad_ids, max_retries=5)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=2, collate_fn=collate, num_workers=1, multiprocessing_context="fork"
+    )
+    model, retried = _StrictLM(), []
+    for batch in loader:
+        assert sorted(batch) == ["input_ids", "labels"]
+        assert torch.isfinite(model(**batch))
+        failures = getattr(batch, "collate_failures", ())
+        retried += [f["sample_ids"] for f in failures]
+    assert retried == [[2, 3]]  # the batch holding row 3, named once, after the worker process
+    assert collate.failures == []  # the worker's copy recorded it; the batch carried it here
+
+
 def _record(sid: int, text: str, answer: str, image: Any = None) -> dict[str, Any]:
     content: list[dict[str, Any]] = [{"type": "text", "text": text}]
     if image is not None:

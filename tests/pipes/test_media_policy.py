@@ -69,6 +69,40 @@ def test_web_hosts_only_when_listed_and_never_metadata() -> None:
                           allow_hosts=["169.254.169.254"])  # fmt: skip
 
 
+# Spellings of the metadata address that resolvers and HTTP clients accept (issue 25).
+METADATA_ALIASES = [
+    "2852039166",  # decimal
+    "0xa9fea9fe",  # hex
+    "0251.0376.0251.0376",  # octal parts
+    "169.254.43518",  # inet_aton's short form
+    "0xa9.0xfe.0xa9.0xfe",
+    "[::ffff:169.254.169.254]",  # IPv4-mapped IPv6
+    "[::ffff:a9fe:a9fe]",
+    "[64:ff9b::a9fe:a9fe]",  # NAT64
+    "metadata.google.internal.",  # trailing dot
+    "METADATA.",
+    "169.254.169.254.",
+    "[fd00:ec2:0::254]",
+    "1684301000",  # 100.100.100.200 (Alibaba Cloud) in decimal
+]
+
+
+@pytest.mark.parametrize("host", METADATA_ALIASES)
+def test_metadata_aliases_are_refused_even_when_listed(host: str) -> None:
+    listed = [host, host.strip("[]"), host.rstrip(".")]
+    with pytest.raises(MediaRefusedError, match="refused always"):
+        confine_media_ref(f"http://{host}/latest/meta-data/", base=BASE, where="s",
+                          allow_hosts=listed)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "host", ["cdn.example.com", "93.184.216.34", "0x5db8d822", "[2001:db8::1]"]
+)
+def test_listed_ordinary_hosts_still_pass(host: str) -> None:
+    url = f"https://{host}/a.jpg"
+    assert confine_media_ref(url, base=BASE, where="s", allow_hosts=[host.strip("[]")]) == url
+
+
 def _write_tar(path: Path, records: dict[str, dict[str, Any]]) -> None:
     with tarfile.open(path, "w") as tf:
         for key, rec in records.items():
@@ -115,6 +149,21 @@ def test_a_media_root_is_the_base_when_given(poisoned: Any) -> None:
     )
     with pytest.raises(MediaRefusedError, match="metadata"):
         source[keys.index("metadata")]
+
+
+@pytest.mark.timeout(60)
+def test_tar_shard_refuses_listed_metadata_aliases(tmp_path: Path) -> None:
+    """Through the user's source: every alias listed in ``allow_hosts`` is refused by name
+    before any connection is tried."""
+    png = png_bytes(random.Random(3))
+    base = trl({"q": "what is it", "a": "a cat", "images": [png]})
+    urls = [f"http://{h}/latest/meta-data/a.png" for h in METADATA_ALIASES]
+    _write_tar(tmp_path / "s.tar", {f"k{i}": {**base, "images": [u]} for i, u in enumerate(urls)})
+    hosts = [h.strip("[]") for h in METADATA_ALIASES]
+    source = TarShardSource(tmp_path / "s.tar", allow_hosts=hosts)
+    for i in range(len(urls)):
+        with pytest.raises(MediaRefusedError, match=rf"^sample_id={i} .*refused always"):
+            source[i]
 
 
 def test_parquet_rows_are_confined_too(tmp_path: Path) -> None:

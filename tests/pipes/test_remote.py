@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
 import re
-import socket
-import subprocess
-import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from PIL import Image
+from support.s3_server import free_port, moto_s3
 from support.shard_records import (
     CFG,
     WORDS,
@@ -51,34 +47,11 @@ pytestmark = pytest.mark.remote
 BUCKET = "neat-data"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     """moto's standalone S3 server in a subprocess; torn down after the module."""
-    port = _free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    with moto_s3() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -418,7 +391,7 @@ def test_missing_and_unreachable_shards_are_named(uploaded: str, options: Any) -
         TarShardSource(f"{uploaded}/nope.tar", storage_options=options)
     with pytest.raises(S.ShardIndexError, match="no Parquet shards match"):
         ParquetSource(f"{uploaded}/nope-*.parquet", storage_options=options)
-    closed = {**options, "endpoint_url": f"http://127.0.0.1:{_free_port()}",
+    closed = {**options, "endpoint_url": f"http://127.0.0.1:{free_port()}",
               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}  # fmt: skip
     with pytest.raises(S.ShardIndexError, match=r"cannot be listed: .*failed 2 times"):
         TarShardSource(f"{uploaded}/shard-*.tar", storage_options=closed, retries=1)

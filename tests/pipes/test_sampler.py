@@ -164,3 +164,25 @@ def test_real_processor_estimates_and_dataloader(corpus: JsonlSource) -> None:
     spread = max(float(lengths[b].max() - lengths[b].min()) for b in batches)
     assert spread < float(lengths.max() - lengths.min())
     assert [b.tolist() for b in batches] == list(chunks_of(list(s), s.sorted_ids.tolist(), 4))
+
+
+def test_empty_conversation_is_ordered_last_and_counted(tmp_path: Path) -> None:
+    """Issue 25: a record with an empty conversation stopped the sampler; the seed's heuristic
+    sizes it 0. It is ordered (last), yielded once and counted by id; a record that is not a
+    conversation at all still raises naming it."""
+    path = write_corpus(tmp_path, num_samples=12, seed=4)
+    with open(path, "a") as f:
+        f.write('{"messages": []}\n')
+    corpus = JsonlSource(path, media_root=tmp_path / "media")
+    empty = len(corpus) - 1
+    s = LengthGroupedSampler(corpus, seed=1, processor=load_tiny_processor(), batch_size=4)
+    assert s.lengths[empty] == 0
+    assert s.lengths[:empty].min() > 0
+    assert s.sorted_ids[-1] == empty
+    assert s.fallbacks.sample_ids["empty_conversation"] == [empty]
+    batches = list(DataLoader(range(len(corpus)), sampler=s, batch_size=4))
+    assert sorted(torch.cat(batches).tolist()) == list(range(len(corpus)))
+    with open(path, "a") as f:
+        f.write('{"messages": "not a list"}\n')
+    with pytest.raises(ValueError, match=rf"sample_id={empty + 1}: .*non-list.*pass lengths="):
+        LengthGroupedSampler(JsonlSource(path, media_root=tmp_path / "media"))

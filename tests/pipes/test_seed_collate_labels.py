@@ -108,7 +108,8 @@ def test_robust_collate_retries_with_packs(source: Any, proc: Any, inner_cls: ty
         results.append(out["sample_ids"])
         failures = collate.failures
         assert failures
-        assert failures == out["collate_failures"]
+        assert failures == out.collate_failures
+        assert "collate_failures" not in out  # beside the batch's keys, not among them
         assert failures[0]["rows"] is None  # the caller's batch
         assert failures[0]["sample_ids"] == [packs[0]["sample_ids"], packs[1]["sample_ids"]]
         assert "transient failure" in failures[0]["error"]

@@ -265,3 +265,74 @@ def test_blank_lines_are_counted_and_errors_quote_file_lines(tmp_path: Path) -> 
 def test_missing_data_file_says_what_to_pass(tmp_path: Path, processor: Any) -> None:
     with pytest.raises(FileNotFoundError, match=r"does not exist: pass a \.jsonl or \.json"):
         neat_vlm_graph(tmp_path / "nope.jsonl", processor)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"input_ids": [5, "a", 7]}, r"sample_id=1: input_ids must be a flat list of ints.*'a'"),
+        ({"input_ids": [5, float("nan"), 7]}, r"sample_id=1: input_ids .* got nan"),
+        ({"input_ids": [5, 2**70, 7]}, r"sample_id=1: input_ids .* got 1180591620717411303424"),
+        ({"input_ids": [5, -3, 7]}, r"sample_id=1: input_ids has -3 at position 1; .* >= 0"),
+        ({"input_ids": [5, 6, 7], "labels": [6, -7, 8]}, r"sample_id=1: labels has -7 .* -100"),
+    ],
+)
+def test_llm_graph_names_the_record_with_a_bad_token_id(
+    bad: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    """A string, NaN, 2**70 or negative id in a pre-tokenized JSONL file: one error naming the
+    record and the fix when the graph is built, not torch's overflow or a device-side index
+    error; -100 stays a valid label."""
+    import json
+
+    from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
+
+    good = {"input_ids": [1, 2, 3, 4], "labels": [2, 3, -100, 4]}
+    path = tmp_path / "tokens.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (good, bad, good)))
+    with pytest.raises(ValueError, match=message):
+        neat_llm_graph(path, config=NeatLLMConfig(pack_size=16))
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text("".join(json.dumps(good) + "\n" for _ in range(3)))
+    batch = next(iter(neat_llm_graph(fixed, config=NeatLLMConfig(pack_size=16))))
+    assert int(batch["labels"].eq(-100).sum()) > 0
+
+
+def test_graph_missing_image_error_names_options_that_exist(tmp_path: Path, processor: Any) -> None:
+    """Issue 25: the graph's missing-image error suggested on_missing_media='fallback', which no
+    graph config has. It now names the config's on_bad_sample, and following it works: the
+    sample is left out and counted by id."""
+    import dataclasses
+    import json
+
+    from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph
+    from neatpack.pipes.sampler import LengthGroupedSampler
+
+    def record(image: str | None) -> dict[str, Any]:
+        content: list[dict[str, Any]] = [{"type": "text", "text": "what is in the picture?"}]
+        if image:
+            content.insert(0, {"type": "image", "image": image})
+        return {"messages": [{"role": "user", "content": content},
+                             {"role": "assistant", "content": "a cat"}]}  # fmt: skip
+
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(record(i)) + "\n" for i in (None, "gone.png", None)))
+    cfg = NeatVLMConfig(pack_size=1024, media_root=str(tmp_path))
+    for mode in ("exact", "estimate"):
+        with pytest.raises(RecordError) as info:
+            neat_vlm_graph(path, processor, config=dataclasses.replace(cfg, estimate_mode=mode))
+        message = str(info.value)
+        assert message.startswith("sample_id=1: image missing: ")
+        assert "gone.png" in message
+        assert "on_bad_sample='skip'" in message
+        assert "media_root" in message
+        assert "on_missing_media" not in message
+    skip = dataclasses.replace(cfg, on_bad_sample="skip")
+    loader = neat_vlm_graph(path, processor, config=skip)
+    assert sorted(i for b in loader for row in b["sample_ids"] for i in row) == [0, 2]
+    assert loader.ledgers[0].failed == [1]
+    # the other user paths name their own options
+    with pytest.raises(RecordError, match=r"sample_id=1: .*media_root\)$"):
+        grouped_vlm_graph(path, processor, config=GroupedConfig(media_root=str(tmp_path)))
+    with pytest.raises(RecordError, match=r"sample_id=1: .*pass estimator=LengthEstimator"):
+        LengthGroupedSampler(JsonlSource(path, media_root=tmp_path), processor=processor)

@@ -229,6 +229,11 @@ def test_truncated_state_file_is_a_clear_error(
         (lambda s: {**s, "source": {**s["source"], "cursor": -4}}, r"bad values \{'cursor': -4\}"),
         (lambda s: {**s, "source": {**s["source"], "epoch": "1"}}, r"bad values \{'epoch': '1'\}"),
         (lambda s: {**s, "neatpack_loader_version": 99}, r"version=99"),
+        # sizes of 0 and a rank outside the world loaded before and failed later, or never
+        (lambda s: {**s, "source": {**s["source"], "world_size": 0}}, r"\{'world_size': 0\}"),
+        (lambda s: {**s, "source": {**s["source"], "group_size": 0}}, r"\{'group_size': 0\}"),
+        (lambda s: {**s, "source": {**s["source"], "batch_size": 0}}, r"\{'batch_size': 0\}"),
+        (lambda s: {**s, "source": {**s["source"], "rank": 1}}, r"\{'rank': 1\}.*below world"),
     ],
 )
 def test_damaged_state_is_refused_by_name(
