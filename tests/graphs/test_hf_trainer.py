@@ -1,0 +1,101 @@
+"""Resuming ``NeatTrainer`` (``graphs/hf_trainer.py``) the way a user does: ``Trainer.train(
+resume_from_checkpoint=...)`` in a fresh process after the first one was SIGKILLed, on tiny real
+models and the real tiny processor (the runs are ``tests/support/trainer_run.py``).
+
+Issue 25: a checkpoint saved at an epoch's end resumed into an empty epoch and trained nothing;
+Qwen2-VL's weights were not restored (1 of 58 tensors); a torn last checkpoint made
+``resume_from_checkpoint=True`` raise.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.tiny import load_tiny_processor
+
+pytest.importorskip("accelerate")
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "tests" / "support" / "trainer_run.py"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"), num_samples=12, seed=3)
+
+
+def run(spec: dict[str, Any] | list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(RUN), json.dumps(spec)], capture_output=True, text=True,
+        timeout=240, cwd=ROOT,
+    )  # fmt: skip
+
+
+def batches(dumps: Path) -> list[list[int]]:
+    return [json.loads(line) for line in (dumps / "batches.jsonl").read_text().splitlines()]
+
+
+def assert_same_weights(got: Path, want: Path) -> None:
+    a, b = torch.load(got), torch.load(want)
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"{len(differ)} of {len(a)} tensors not restored, e.g. {differ[:3]}"
+
+
+@pytest.mark.timeout(600)
+def test_killed_while_saving_resumes_from_the_last_complete_checkpoint(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """SIGKILL while checkpoint-4 is written: ``resume_from_checkpoint=True`` takes checkpoint-2
+    (warning about checkpoint-4), restores every weight of the Qwen2-VL model, and trains the
+    same batches the killed run trained after step 2; naming the torn folder is refused."""
+    out = tmp_path / "out"
+    spec = {"family": "qwen2_vl", "corpus": str(corpus), "out": str(out),
+            "args": {"max_steps": 4, "save_steps": 2}}  # fmt: skip
+    killed = run({**spec, "dumps": str(tmp_path / "a"), "kill_in_save": 4})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (out / "checkpoint-4" / "model.safetensors").exists()  # torn: weights, no state
+
+    torn = run({**spec, "dumps": str(tmp_path / "t"), "resume": str(out / "checkpoint-4")})
+    assert torn.returncode != 0
+    assert "cannot resume from" in torn.stderr and "no trainer_state.json" in torn.stderr
+
+    # seed 1: the fresh model's weights differ from every saved one until the resume loads them
+    resumed = run({**spec, "dumps": str(tmp_path / "b"), "resume": True, "seed": 1})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "skipped incomplete checkpoint-4 (no trainer_state.json)" in resumed.stderr
+    assert json.loads(resumed.stdout.splitlines()[-1])["global_step"] == 4
+    assert_same_weights(tmp_path / "b" / "begin.pt", tmp_path / "a" / "saved-2.pt")
+    assert batches(tmp_path / "b") == batches(tmp_path / "a")[2:4]
+
+
+@pytest.mark.timeout(600)
+def test_resume_from_an_epoch_end_checkpoint_trains_the_next_epoch(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """``save_strategy="epoch"``, killed after the first epoch's checkpoint: the resumed run
+    trains the whole second epoch (the loader's epoch 1, batch for batch), not an empty one."""
+    proc = load_tiny_processor("qwen2_vl")
+    cfg = NeatVLMConfig(pack_size=1024, media_root=str(corpus.parent / "media"), prefetch=0)
+    loader = neat_vlm_graph(corpus, proc, config=cfg)
+    epochs = [[b["input_ids"].flatten().tolist() for b in loader] for _ in range(2)]
+    steps = len(epochs[0])
+    assert steps >= 2 and epochs[0] != epochs[1]
+    spec = {"family": "qwen2_vl", "corpus": str(corpus), "out": str(tmp_path / "out"),
+            "args": {"num_train_epochs": 2, "save_strategy": "epoch"}}  # fmt: skip
+    killed = run({**spec, "dumps": str(tmp_path / "a"), "kill_after_save": steps})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert batches(tmp_path / "a") == epochs[0]
+    resumed = run({**spec, "dumps": str(tmp_path / "b"), "resume": True})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout.splitlines()[-1])["global_step"] == 2 * steps
+    assert batches(tmp_path / "b") == epochs[1]
