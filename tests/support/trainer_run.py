@@ -51,7 +51,7 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any]:
     if family == "qwen2":
         cfg = NeatLLMConfig(pack_size=48, batch_size=1, prefetch=0)
         return tiny_model("qwen2", seed=seed), neat_llm_graph(text_records(), config=cfg)
-    proc = load_tiny_processor("qwen2_vl")
+    proc = load_tiny_processor(family)  # Qwen3-VL's patch is 16 pixels, not 14
     corpus = Path(spec["corpus"])
     vcfg = NeatVLMConfig(pack_size=1024, media_root=str(corpus.parent / "media"), prefetch=0)
     return tiny_model(family, processor=proc, seed=seed), neat_vlm_graph(corpus, proc, config=vcfg)
