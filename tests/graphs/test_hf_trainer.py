@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support.tiny
 import torch
+from support import tiny_family_models
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.graphs.hf_trainer import load_weights
 from neatpack.pipes.synth import write_corpus
 from neatpack.pipes.tiny import load_tiny_processor
 from neatpack.pipes.tiny_models import TINY_FAMILIES
@@ -119,3 +122,41 @@ def test_resume_restores_every_weight_of_each_tiny_qwen_model(corpus: Path, tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     for family in TINY_FAMILIES:
         assert_same_weights(tmp_path / f"{family}-b" / "begin.pt", tmp_path / f"{family}-a" / "saved-1.pt")
+
+
+#: the families whose tiny model (tests/support/tiny_family_models.py) has a packed-vs-separate
+#: parity test in tests/families
+FAMILY_MODELS = ("gemma3", "gemma4", "idefics3", "internvl", "llava_onevision", "nemotron_omni",
+                 "qwen3_omni", "qwen_omni", "smolvlm", "step3")  # fmt: skip
+
+
+def family_model(family: str) -> Any:
+    proc = getattr(support.tiny, f"load_tiny_{family}_processor")()
+    return getattr(tiny_family_models, f"tiny_{family}_model")(proc)
+
+
+@pytest.mark.parametrize("family", FAMILY_MODELS)
+def test_resume_weights_of_every_family_model(family: str, tmp_path: Path) -> None:
+    """The weights ``NeatTrainer``'s resume loads (``load_weights``) from a folder the Trainer
+    writes (``save_pretrained``: legacy names, fused MoE experts) are the saved model's, tensor
+    for tensor, for each family model with a parity test; the live model starts elsewhere."""
+    saved = family_model(family)
+    saved.save_pretrained(tmp_path)
+    model = family_model(family)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    load_weights(model, str(tmp_path))
+    want, got = saved.state_dict(), model.state_dict()
+    assert got.keys() == want.keys()
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []
+
+
+def test_resume_refuses_weights_transformers_cannot_reload(tmp_path: Path) -> None:
+    """Kimi K2.5's tiny model: transformers 5.x's loader cannot read back what its
+    ``save_pretrained`` wrote (a q/k rope permutation on the wrong shape); the resume refuses,
+    naming the model and the folder, instead of training from other weights."""
+    saved = family_model("kimi_k25")
+    saved.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"cannot restore the weights of Kimi_K25\w+ from '.+'"):
+        load_weights(family_model("kimi_k25"), str(tmp_path))
