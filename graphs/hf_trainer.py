@@ -53,6 +53,7 @@ __all__ = [
     "checkpoint_problem",
     "last_complete_checkpoint",
     "load_loader_state",
+    "load_weights",
     "loader_state_path",
     "save_loader_state",
 ]
@@ -163,7 +164,7 @@ def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str:
         for name in (os.listdir(folder) if os.path.isdir(folder) else [])
         if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(folder, name))
     )
-    torn = []
+    torn: list[str] = []
     for _, name in reversed(steps):
         path = os.path.join(folder, name)
         problem = checkpoint_problem(path)
@@ -194,7 +195,7 @@ class NeatTrainer(Trainer):
         self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any
     ) -> Any:
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            resume_from_checkpoint = last_complete_checkpoint(str(self.args.output_dir))
         if isinstance(resume_from_checkpoint, str):
             problem = checkpoint_problem(resume_from_checkpoint)
             if problem is not None:
@@ -213,8 +214,9 @@ class NeatTrainer(Trainer):
         )
         # A folder saved before (a resume from an older checkpoint redoes this step) counts as
         # torn until the Trainer rewrites its trainer_state.json, after everything else.
+        # Only the process that writes it removes it (another rank could remove the new one).
         stale = os.path.join(folder, TRAINER_STATE)
-        if os.path.exists(stale):
+        if self.args.should_save and os.path.exists(stale):
             os.remove(stale)
         save_loader_state(self.train_loader, folder)
         super()._save_checkpoint(model, trial)
@@ -232,8 +234,10 @@ def load_weights(model: PreTrainedModel, checkpoint_dir: str) -> None:
     """Every tensor of ``model`` from a ``save_pretrained`` folder, keys converted as
     ``from_pretrained`` converts them (the Trainer's plain ``load_state_dict`` skips the legacy
     names some models are saved under). Refused, naming the keys, unless every tensor loads."""
+    saved: Any
+    info: dict[str, Any]
     try:
-        saved, info = type(model).from_pretrained(
+        saved, info = type(model).from_pretrained(  # type: ignore[misc]
             checkpoint_dir, config=model.config, output_loading_info=True
         )
     except (RuntimeError, ValueError, OSError) as e:

@@ -99,7 +99,7 @@ def main(spec: dict[str, Any]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         save_optimizer(output_dir)
 
-    trainer._save_optimizer_and_scheduler = torn  # type: ignore[method-assign]
+    trainer._save_optimizer_and_scheduler = torn
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     print(json.dumps({"global_step": trainer.state.global_step, "epoch": trainer.state.epoch}))
 
