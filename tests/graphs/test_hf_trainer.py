@@ -10,6 +10,7 @@ Qwen2-VL's weights were not restored (1 of 58 tensors); a torn last checkpoint m
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,11 +70,7 @@ def test_killed_while_saving_resumes_from_the_last_complete_checkpoint(
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (out / "checkpoint-4" / "model.safetensors").exists()  # torn: weights, no state
 
-    torn = run({**spec, "dumps": str(tmp_path / "t"), "resume": str(out / "checkpoint-4")})
-    assert torn.returncode != 0
-    assert "cannot resume from" in torn.stderr
-    assert "no trainer_state.json" in torn.stderr
-
+    shutil.copytree(out, tmp_path / "kept")  # the resumed run below rewrites checkpoint-4
     # seed 1: the fresh model's weights differ from every saved one until the resume loads them
     resumed = run({**spec, "dumps": str(tmp_path / "b"), "resume": True, "seed": 1})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -81,6 +78,16 @@ def test_killed_while_saving_resumes_from_the_last_complete_checkpoint(
     assert json.loads(resumed.stdout.splitlines()[-1])["global_step"] == 4
     assert_same_weights(tmp_path / "b" / "begin.pt", tmp_path / "a" / "saved-2.pt")
     assert batches(tmp_path / "b") == batches(tmp_path / "a")[2:4]
+
+    named = {
+        **spec,
+        "out": str(tmp_path / "kept"),
+        "resume": str(tmp_path / "kept" / "checkpoint-4"),
+    }
+    torn = run({**named, "dumps": str(tmp_path / "t")})
+    assert torn.returncode != 0
+    assert "cannot resume from" in torn.stderr
+    assert "no trainer_state.json" in torn.stderr
 
 
 @pytest.mark.timeout(600)
