@@ -15,31 +15,52 @@ What it changes in ``Trainer``, and why:
   tokens, because neatpack's labels are already shifted. Its loss is therefore the mean over
   every label token of the optimizer step, across accumulation micro-steps and (with
   ``average_tokens_across_devices``) ranks: the ``"token"`` convention.
-* Checkpoints: :class:`NeatLoaderCallback` saves ``loader.state_dict()`` (a few ints) into each
-  ``checkpoint-N`` folder, one file per rank; ``train(resume_from_checkpoint=...)`` loads it and
-  sets ``ignore_data_skip``, so the Trainer does not replay the consumed batches to skip them:
-  the loader resumes from its cursor, exactly.
+* Checkpoints: each ``checkpoint-N`` folder gets ``loader.state_dict()`` (a few ints, one file
+  per rank, written atomically) before the Trainer's own files; ``trainer_state.json``, which
+  the Trainer writes last, marks the folder complete. ``train(resume_from_checkpoint=...)``
+  loads the loader state and sets ``ignore_data_skip``, so the Trainer does not replay the
+  consumed batches to skip them: the loader resumes from its cursor, exactly.
+  ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint (a run killed while
+  saving leaves a torn last one; it is skipped with a warning).
+* A checkpoint saved at an epoch's end resumes with the next epoch: the loader's saved
+  position is the end of the finished epoch, an empty remainder the Trainer would stop on.
+* Model weights are restored through ``from_pretrained``'s key conversion: ``save_pretrained``
+  writes some models' legacy key names (Qwen2-VL's ``model.embed_tokens...`` for
+  ``model.language_model.embed_tokens...``) that the Trainer's own ``load_state_dict`` would
+  skip, leaving 57 of Qwen2-VL's 58 tensors at their current values. A checkpoint that does not
+  restore every tensor is refused.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers import PreTrainedModel, Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.train import model_inputs
 
 __all__ = [
-    "NeatLoaderCallback",
     "NeatTrainer",
     "TrainerBatches",
+    "checkpoint_problem",
+    "last_complete_checkpoint",
     "load_loader_state",
+    "load_weights",
     "loader_state_path",
+    "save_loader_state",
 ]
+
+logger = logging.getLogger(__name__)
+TRAINER_STATE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written last
+_CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
 class TrainerBatches:
@@ -47,16 +68,27 @@ class TrainerBatches:
 
     Yields ``model_inputs(batch)`` (labels and ``shift_labels``: the Trainer counts
     ``num_items_in_batch`` from ``shift_labels`` and hands it to the model's loss), keeps the
-    loader's length, and delegates ``state_dict`` / ``load_state_dict``. See
-    :class:`NeatLoaderCallback` for checkpointing it with the trainer.
+    loader's length, and delegates ``state_dict`` / ``load_state_dict``.
+
+    The first ``iter()`` after ``load_state_dict`` that yields nothing was resumed at the end of
+    an epoch (the Trainer saves after the epoch's last batch, before the loader sees its end):
+    that empty remainder closes the finished epoch and the same ``iter()`` goes on with the next
+    one, as the Trainer's epoch count expects; the Trainer would stop on an empty epoch.
     """
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
+        self._resumed = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        resumed, self._resumed = self._resumed, False
+        empty = True
         for batch in self.loader:
+            empty = False
             yield model_inputs(batch)
+        if resumed and empty:
+            for batch in self.loader:
+                yield model_inputs(batch)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -66,6 +98,7 @@ class TrainerBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)
+        self._resumed = True
 
 
 def loader_state_path(checkpoint_dir: str | os.PathLike[str], rank: int = 0) -> str:
@@ -73,33 +106,77 @@ def loader_state_path(checkpoint_dir: str | os.PathLike[str], rank: int = 0) -> 
     return os.path.join(os.fspath(checkpoint_dir), f"neatpack_loader_rank{rank}.pt")
 
 
-def _rank() -> int:
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-class NeatLoaderCallback(TrainerCallback):
-    """Save the loader's state into every checkpoint the Trainer writes."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        os.makedirs(folder, exist_ok=True)
-        torch.save(self.loader.state_dict(), loader_state_path(folder, _rank()))
-        return control
+def save_loader_state(loader: Any, checkpoint_dir: str | os.PathLike[str]) -> None:
+    """This rank's loader state into a checkpoint folder, atomically (a temporary file, synced,
+    renamed over the target): a kill mid-write leaves the old file or none, never half."""
+    path = loader_state_path(checkpoint_dir, resolve_rank(None, None)[0])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(loader.state_dict(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def load_loader_state(loader: Any, checkpoint_dir: str | os.PathLike[str]) -> None:
     """Load this rank's loader state from a Trainer checkpoint folder (errors name the file)."""
-    path = loader_state_path(checkpoint_dir, _rank())
+    path = loader_state_path(checkpoint_dir, resolve_rank(None, None)[0])
     if not os.path.exists(path):
         raise FileNotFoundError(
-            f"{path} not found: the checkpoint was not written with NeatLoaderCallback "
-            "(NeatTrainer adds it); resume the loader from its own state file instead"
+            f"{path} not found: the checkpoint was not written by NeatTrainer; "
+            "resume the loader from its own state file instead"
         )
     loader.load_state_dict(torch.load(path, weights_only=True))
+
+
+def checkpoint_problem(checkpoint_dir: str | os.PathLike[str]) -> str | None:
+    """Why a NeatTrainer checkpoint folder cannot be resumed from (torn by a kill while it was
+    saved, or not NeatTrainer's), or None when it is complete: every rank's loader state and a
+    readable ``trainer_state.json``, the file the Trainer writes after the weights and the
+    optimizer."""
+    folder = os.fspath(checkpoint_dir)
+    state = os.path.join(folder, TRAINER_STATE)
+    try:
+        with open(state) as f:
+            json.load(f)
+    except FileNotFoundError:
+        return f"no {TRAINER_STATE}"
+    except (OSError, ValueError) as e:
+        return f"unreadable {TRAINER_STATE} ({e})"
+    world_size = resolve_rank(None, None)[1]
+    missing = [r for r in range(world_size) if not os.path.exists(loader_state_path(folder, r))]
+    if missing:
+        return f"no loader state for rank(s) {missing}"
+    return None
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str:
+    """The newest complete ``checkpoint-N`` folder in ``output_dir``; newer torn ones are
+    skipped with a warning naming each and what it lacks. ValueError when none is complete."""
+    folder = os.fspath(output_dir)
+    steps = sorted(
+        (int(m.group(1)), name)
+        for name in (os.listdir(folder) if os.path.isdir(folder) else [])
+        if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(folder, name))
+    )
+    torn: list[str] = []
+    for _, name in reversed(steps):
+        path = os.path.join(folder, name)
+        problem = checkpoint_problem(path)
+        if problem is None:
+            if torn:
+                logger.warning("resuming from %s; skipped incomplete %s", path, "; ".join(torn))
+            return path
+        torn.append(f"{name} ({problem})")
+    raise ValueError(
+        f"no complete checkpoint in {folder!r} (found: {'; '.join(torn) or 'none'}); "
+        "train from scratch (resume_from_checkpoint=None)"
+    )
 
 
 class NeatTrainer(Trainer):
@@ -109,19 +186,70 @@ class NeatTrainer(Trainer):
     def __init__(self, *args: Any, train_loader: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.train_loader = train_loader
-        self.add_callback(NeatLoaderCallback(train_loader))
+        self.train_batches = TrainerBatches(train_loader)
 
     def get_train_dataloader(self) -> Any:
-        return TrainerBatches(self.train_loader)
+        return self.train_batches
 
     def train(  # type: ignore[override]
         self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any
     ) -> Any:
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)  # type: ignore[no-untyped-call]
-            if resume_from_checkpoint is None:
-                raise ValueError(f"no checkpoint found in {self.args.output_dir=}")
+            resume_from_checkpoint = last_complete_checkpoint(str(self.args.output_dir))
         if isinstance(resume_from_checkpoint, str):
-            load_loader_state(self.train_loader, resume_from_checkpoint)
+            problem = checkpoint_problem(resume_from_checkpoint)
+            if problem is not None:
+                raise ValueError(
+                    f"cannot resume from {resume_from_checkpoint!r}: {problem} (a run killed "
+                    "while saving it, or not a NeatTrainer checkpoint); pass another checkpoint "
+                    "or resume_from_checkpoint=True for the newest complete one"
+                )
+            load_loader_state(self.train_batches, resume_from_checkpoint)
             self.args.ignore_data_skip = True  # the loader resumes from its cursor
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        folder = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        # A folder saved before (a resume from an older checkpoint redoes this step) counts as
+        # torn until the Trainer rewrites its trainer_state.json, after everything else.
+        # Only the process that writes it removes it (another rank could remove the new one).
+        stale = os.path.join(folder, TRAINER_STATE)
+        if self.args.should_save and os.path.exists(stale):
+            os.remove(stale)
+        save_loader_state(self.train_loader, folder)
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        model = self.model if model is None else model
+        plain = isinstance(model, PreTrainedModel) and getattr(model, "hf_quantizer", None) is None
+        if not plain or self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)  # PEFT, FSDP, ...
+            return
+        load_weights(model, resume_from_checkpoint)
+
+
+def load_weights(model: PreTrainedModel, checkpoint_dir: str) -> None:
+    """Every tensor of ``model`` from a ``save_pretrained`` folder, keys converted as
+    ``from_pretrained`` converts them (the Trainer's plain ``load_state_dict`` skips the legacy
+    names some models are saved under). Refused, naming the keys, unless every tensor loads."""
+    saved: Any
+    info: dict[str, Any]
+    try:
+        saved, info = type(model).from_pretrained(  # type: ignore[misc]
+            checkpoint_dir, config=model.config, output_loading_info=True
+        )
+    except (RuntimeError, ValueError, OSError) as e:
+        raise ValueError(
+            f"cannot restore the weights of {type(model).__name__} from {checkpoint_dir!r}: "
+            f"transformers cannot load what it saved ({e}). Resuming would train from the "
+            "wrong weights; load the model yourself and train without resume_from_checkpoint"
+        ) from e
+    bad = {k: sorted(map(str, v))[:5] for k, v in info.items() if v}  # first 5 of each
+    if bad:
+        raise ValueError(
+            f"cannot restore the weights of {type(model).__name__} from {checkpoint_dir!r}: "
+            f"{bad}. Resuming would train from the wrong weights"
+        )
+    model.load_state_dict(saved.state_dict(), strict=True)
