@@ -28,6 +28,7 @@ import time
 import traceback
 from typing import Any
 
+from torch._utils import ExceptionWrapper
 from torchdata.nodes import BaseNode
 
 __all__ = [
@@ -107,13 +108,18 @@ def report_send_failures() -> None:
         queues.Queue._on_queue_feeder_error = _send_failed  # type: ignore[attr-defined]
 
 
-def _send_failed(q: Any, exc: Exception, obj: Any) -> None:
-    from torch._utils import ExceptionWrapper
+class _SendError(ExceptionWrapper):
+    """The error a worker sends in place of a batch it could not send."""
 
-    if not (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], int)):
-        traceback.print_exception(exc)  # not a torchdata item: what multiprocessing does
+
+def _send_failed(q: Any, exc: Exception, obj: Any) -> None:
+    item = obj[0] if isinstance(obj, tuple) and len(obj) == 2 else None
+    if item is None or not isinstance(obj[1], int) or isinstance(item, _SendError):
+        # not a torchdata item, or the error itself failed (the pipe is gone): print it, as
+        # multiprocessing does, rather than try again
+        traceback.print_exception(exc)
         return
-    item, idx = obj
+    idx = obj[1]
     batch = getattr(item, "rest", item)  # a TransferBatch carries its non-tensor values there
     packs = batch.get("packs") if isinstance(batch, dict) else None
     where = "its batch"
@@ -131,7 +137,7 @@ def _send_failed(q: Any, exc: Exception, obj: Any) -> None:
         ) from exc
     except RuntimeError:
         origin = f"sending a batch from worker process {os.getpid()}"
-        wrapped = ExceptionWrapper(where=origin)  # type: ignore[no-untyped-call]
+        wrapped = _SendError(where=origin)  # type: ignore[no-untyped-call]
     q.put((wrapped, idx))
 
 
