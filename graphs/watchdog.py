@@ -25,8 +25,10 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
+from torch._utils import ExceptionWrapper
 from torchdata.nodes import BaseNode
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "keep_freed_memory",
     "mapper_iters",
     "quiet_forked_iterator_gc",
+    "report_send_failures",
     "shutdown_at_exit",
     "stop_graph",
 ]
@@ -73,7 +76,9 @@ def init_worker(owner_pid: int) -> None:
     * sets torch to one intra-op thread, as ``torch.utils.data.DataLoader`` does in its workers:
       N workers each running torch's default of one thread per core would oversubscribe the
       cores N times over (resize, normalize and the pixel copies are all torch ops);
-    * keeps freed memory for reuse (:func:`keep_freed_memory`).
+    * keeps freed memory for reuse (:func:`keep_freed_memory`);
+    * turns a batch its queue cannot send into an error for the trainer
+      (:func:`report_send_failures`).
     """
     first = _armed_pid != os.getpid()
     die_with_parent(owner_pid)
@@ -82,6 +87,79 @@ def init_worker(owner_pid: int) -> None:
 
         torch.set_num_threads(1)
         keep_freed_memory()
+        report_send_failures()
+
+
+def report_send_failures() -> None:
+    """In a worker process: a result that its queue fails to send (pickle it, write it) reaches
+    the trainer as an error naming the batch, in its place, instead of being dropped.
+
+    ``multiprocessing`` pickles what a worker puts on its queue later, in a feeder thread; on
+    failure it prints the traceback and drops the item, and torchdata's in-order trainer side
+    then waits for that item forever (a ``BlockMask`` with a local mask function did this on
+    every batch). ``Queue._on_queue_feeder_error`` is the hook for this (``concurrent.futures``
+    overrides it to fail the call); set here as a plain function it is bound to the queue, so
+    it can put the error where the item was due: ``(error, idx)``, torchdata's item form.
+    Only worker processes call this (``init_worker``), before their first put.
+    """
+    from multiprocessing import queues
+
+    if queues.Queue._on_queue_feeder_error is not _send_failed:  # type: ignore[attr-defined]
+        queues.Queue._on_queue_feeder_error = _send_failed  # type: ignore[attr-defined]
+
+
+class _SendError(ExceptionWrapper):
+    """The error a worker sends in place of a batch it could not send."""
+
+
+def _send_failed(q: Any, exc: Exception, obj: Any) -> None:
+    item = obj[0] if isinstance(obj, tuple) and len(obj) == 2 else None
+    if item is None or not isinstance(obj[1], int) or isinstance(item, _SendError):
+        # not a torchdata item, or the error itself failed (the pipe is gone): print it, as
+        # multiprocessing does, rather than try again
+        traceback.print_exception(exc)
+        return
+    idx = obj[1]
+    batch = getattr(item, "rest", item)  # a TransferBatch carries its non-tensor values there
+    packs = batch.get("packs") if isinstance(batch, dict) else None
+    where = "its batch"
+    if isinstance(packs, list) and packs and all(isinstance(m, dict) for m in packs):
+        slots = [m.get("slot") for m in packs]
+        where = f"its batch (epoch {packs[0].get('epoch')}, pack slots {slots})"
+    bad = _unpicklable_keys(batch) if isinstance(batch, dict) else []
+    what = f": {', '.join(bad)} cannot be pickled" if bad else ""
+    try:
+        raise RuntimeError(
+            f"neatpack: worker process {os.getpid()} could not send {where} to the trainer"
+            f"{what} ({type(exc).__name__}: {exc}). Every value a step or hook puts in a "
+            "batch must pickle to leave a worker: use module-level functions and classes (not "
+            "local ones or lambdas), no locks or open files; or set num_workers=0."
+        ) from exc
+    except RuntimeError:
+        origin = f"sending a batch from worker process {os.getpid()}"
+        wrapped = _SendError(where=origin)  # type: ignore[no-untyped-call]
+    q.put((wrapped, idx))
+
+
+def _unpicklable_keys(batch: dict[Any, Any]) -> list[str]:
+    """``batch[key] (type)`` for each value that does not pickle, tensors left out (the queue's
+    pickler moves those into shared memory; checking them here would do it twice)."""
+    import io
+    import pickle
+
+    import torch
+
+    class _NoTensors(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            return (tuple, ()) if isinstance(obj, torch.Tensor) else NotImplemented
+
+    bad = []
+    for key, value in batch.items():
+        try:
+            _NoTensors(io.BytesIO()).dump(value)
+        except Exception:  # any failure names the key
+            bad.append(f"batch[{key!r}] ({type(value).__name__})")
+    return bad
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4

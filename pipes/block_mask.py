@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .doc_ids import check_doc_ids
 
-__all__ = ["to_block_mask"]
+__all__ = ["DocumentCausal", "to_block_mask"]
 
 
 def to_block_mask(doc_ids: Tensor, *, block_size: int = 128, validate: bool = True) -> Any:
@@ -57,11 +57,6 @@ def to_block_mask(doc_ids: Tensor, *, block_size: int = 128, validate: bool = Tr
         order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True)
         return num, order.to(torch.int32).unsqueeze(1)
 
-    def document_causal(bi: Tensor, hi_: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-        dq = ids[bi, qi]
-        dk = ids[bi, ki]
-        return ((dq == dk) & (dk > 0) & (ki <= qi)) | (qi == ki)
-
     kv_num, kv_idx = tables(partial)
     full_num, full_idx = tables(full)
     return BlockMask.from_kv_blocks(
@@ -70,6 +65,31 @@ def to_block_mask(doc_ids: Tensor, *, block_size: int = 128, validate: bool = Tr
         full_num,
         full_idx,
         BLOCK_SIZE=block_size,
-        mask_mod=document_causal,
+        mask_mod=DocumentCausal(ids),
         seq_lengths=(s, s),
     )
+
+
+class DocumentCausal:
+    """The ``mask_mod`` of :func:`to_block_mask`: ``(q, kv)`` attend when both hold one and the
+    same document and ``kv <= q``, or ``q == kv``. A class, not a closure, so the ``BlockMask``
+    pickles: a loader worker sends it to the trainer (a local function cannot be pickled, and
+    ``num_workers > 0`` with ``flex_attention`` failed on every batch).
+
+    >>> mod = DocumentCausal(torch.tensor([[1, 1, 2, 0]]))
+    >>> [[bool(mod(torch.tensor(0), None, torch.tensor(q), torch.tensor(k))) for k in range(4)]
+    ...  for q in range(4)]  # doctest: +NORMALIZE_WHITESPACE
+    [[True, False, False, False], [True, True, False, False], [False, False, True, False],
+     [False, False, False, True]]
+    """
+
+    def __init__(self, doc_ids: Tensor) -> None:
+        self.doc_ids = doc_ids  # [B, S'] right-padded with 0 to whole blocks
+
+    def __call__(self, b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        dq = self.doc_ids[b, q]
+        dk = self.doc_ids[b, kv]
+        return ((dq == dk) & (dk > 0) & (kv <= q)) | (q == kv)
+
+    def __repr__(self) -> str:
+        return f"DocumentCausal(doc_ids of shape {tuple(self.doc_ids.shape)})"

@@ -156,3 +156,44 @@ def test_a_worker_keeps_only_a_few_free_segments() -> None:
     assert sorted(s.capacity for s in free) == sorted(s.capacity for s in held)[-2:]
     for s in pool.segments:
         s.close()
+
+
+@pytest.mark.timeout(120)  # the old code waited forever for the first batch
+def test_flex_attention_batches_cross_from_workers(corpus: tuple[Path, Path, Any]) -> None:
+    """Issue 25 item 12: ``flex_attention`` with a worker process. The batch's ``BlockMask``
+    had a local mask function: the worker could not pickle it, and ``next()`` waited forever.
+    Now every batch arrives, its mask equal to the one built without workers."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    data, media, proc = corpus
+    cfg = {"pack_size": 1024, "batch_size": 2, "media_root": str(media), "prefetch": 1,
+           "attn_implementation": "flex_attention"}  # fmt: skip
+    ref = list(neat_vlm_graph(data, proc, config=NeatVLMConfig(**cfg, num_workers=0)))
+    got = list(neat_vlm_graph(data, proc, config=NeatVLMConfig(**cfg, num_workers=1)))
+    assert len(got) == len(ref) > 6
+    for a, b in zip(got, ref, strict=True):
+        assert isinstance(a["attention_mask"], BlockMask)
+        assert torch.equal(a["attention_mask"].to_dense(), b["attention_mask"].to_dense())
+        _same({k: v for k, v in a.items() if k != "attention_mask"},
+              {k: v for k, v in b.items() if k != "attention_mask"})  # fmt: skip
+
+
+def _unsendable(batch: dict[str, Any]) -> dict[str, Any]:
+    batch["on_step"] = lambda: None  # a lambda cannot be pickled
+    return batch
+
+
+@pytest.mark.timeout(120)  # the old code waited forever for the first batch
+def test_a_batch_a_worker_cannot_send_is_an_error_naming_it(
+    corpus: tuple[Path, Path, Any],
+) -> None:
+    """Issue 25 item 12: a batch the worker's queue cannot pickle was printed and dropped, and
+    the trainer's ``next()`` waited forever. Now the trainer gets the error in its place,
+    naming the batch (epoch, pack slots), the value and the fix."""
+    data, media, proc = corpus
+    loader = neat_vlm_graph(data, proc, config=_cfg(media, 1), batch_transform=_unsendable)
+    with pytest.raises(RuntimeError, match=r"could not send its batch \(epoch 0, pack slots") as e:
+        next(iter(loader))
+    assert "batch['on_step'] (function) cannot be pickled" in str(e.value)
+    assert "num_workers=0" in str(e.value)
+    loader.close()

@@ -12,6 +12,15 @@ normal interpreter shutdown (atexit, finalization), like a user's script. Measur
 code (this file's ``one_batch`` mode, neat_vlm_graph): 7 of 10 children aborted; the
 other modes abort at similar rates (see docs/reliability.md). With ``REPEATS = 6`` the old
 code passes a test by chance with probability about 0.3**6 < 0.1 %.
+
+Issue 25 item 11: run as a background job (``pytest ... &``, ``nohup``: the shell starts it
+with SIGINT ignored, and Python then installs no KeyboardInterrupt handler) the
+``keyboard_interrupt`` cases hung to the 300 s timeout: the SIGINT was dropped and each child
+slept 30 s per batch to its epoch's end. The script now installs Python's own handler, a child
+whose SIGINT raises nothing exits (code 5) after one sleep, and a child stuck anywhere prints
+its threads' stacks and exits after ``CHILD_LIMIT_S`` (faulthandler), so no interleaving keeps
+a test alive. Under CPU and memory pressure (4 busy processes and 1.5 GB of memory churn on the
+child's core, 25 children per graph) every child ended in seconds.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import pytest
 REPEATS = 6
 
 SCRIPT = r'''
-import gc, json, os, random, signal, sys, tempfile, threading, time
+import faulthandler, gc, json, os, random, signal, sys, tempfile, threading, time
 
 import torch
 
@@ -36,6 +45,12 @@ from neatpack.graphs import (GroupedConfig, NeatLLMConfig, NeatVLMConfig, groupe
 from neatpack.pipes import load_tiny_processor, write_corpus
 
 graph, mode, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
+CHILD_LIMIT_S = 120.0  # a child ends in seconds (about 15 s on a loaded 2-core machine)
+# Ctrl-C is what a foreground script gets: Python's KeyboardInterrupt handler, installed here
+# because a test run started in the background by a non-interactive shell (`pytest ... &`,
+# `nohup`, CI wrappers) inherits SIGINT ignored, and Python then installs no handler: the
+# SIGINT below was dropped and every child slept 30 s per batch to the end of its epoch.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 root = tempfile.mkdtemp()
 if graph == "llm":
     gen = random.Random(0)
@@ -79,6 +94,8 @@ def leave(mode):
         for _ in loader:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(30)
+            print("the SIGINT raised no KeyboardInterrupt within 30 s", file=sys.stderr)
+            os._exit(5)
     elif mode == "unstarted":  # iter() starts the graph's threads; next() never called
         it = iter(loader)
     elif mode == "close":
@@ -100,6 +117,9 @@ for i in range(repeats):
     if pid == 0:
         os.close(r)
         os.dup2(w, 2)
+        # A child that does not end within CHILD_LIMIT_S prints every thread's stack and exits
+        # (code 1): a stuck exit path fails this test with where it was stuck, never hangs it.
+        faulthandler.dump_traceback_later(CHILD_LIMIT_S, exit=True)
         leave(mode)
     os.close(w)
     err = b""
@@ -118,11 +138,24 @@ EXPECTED = {"exception": (1,), "keyboard_interrupt": (-2, 1)}
 MODES = ["one_batch", "break", "exception", "gc", "keyboard_interrupt", "unstarted", "close"]
 
 
-def _leave(tmp_path: Path, graph: str, mode: str, repeats: int = REPEATS) -> list[Any]:
+# Starts a command with SIGINT ignored, as a non-interactive shell starts a background job
+# (``pytest ... &``): the disposition survives exec, and Python then installs no handler.
+AS_BACKGROUND_JOB = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+def _leave(
+    tmp_path: Path, graph: str, mode: str, repeats: int = REPEATS, *, background: bool = False
+) -> list[Any]:
+    """Run ``mode`` in ``repeats`` forked children; ``background``: start the script with SIGINT
+    ignored, as a shell starts a background job (``pytest ... &``)."""
     script = tmp_path / "leave.py"
     script.write_text(SCRIPT)
+    launch = [sys.executable, "-c", AS_BACKGROUND_JOB] if background else [sys.executable]
     proc = subprocess.run(
-        [sys.executable, str(script), graph, mode, str(repeats)],
+        [*launch, str(script), graph, mode, str(repeats)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -139,7 +172,10 @@ def _check(results: list[Any], mode: str) -> None:
     bad = [
         (code, err)
         for code, err in results
-        if code not in want or "terminate called" in err or "Exception ignored" in err
+        if code not in want
+        or "terminate called" in err
+        or "Exception ignored" in err
+        or "Timeout (" in err  # faulthandler: the child was stuck past CHILD_LIMIT_S
     ]
     assert not bad, f"{len(bad)}/{len(results)} runs ended badly (want exit {want}): {bad[:2]}"
     if mode == "exception":
@@ -161,3 +197,11 @@ def test_leaving_other_graphs_ends_cleanly(tmp_path: Path, graph: str, mode: str
 
 def test_leaving_a_graph_with_worker_processes_ends_cleanly(tmp_path: Path) -> None:
     _check(_leave(tmp_path, "vlm_workers", "one_batch", repeats=2), "one_batch")
+
+
+def test_ctrl_c_ends_a_script_started_in_the_background(tmp_path: Path) -> None:
+    """Issue 25 item 11: the README's test command run as a background job (SIGINT ignored, as
+    every non-interactive shell starts one) hung each ``keyboard_interrupt`` case to the 300 s
+    timeout: the child's SIGINT was dropped and it slept 30 s per batch to its epoch's end."""
+    _check(_leave(tmp_path, "llm", "keyboard_interrupt", repeats=2, background=True),
+           "keyboard_interrupt")  # fmt: skip
