@@ -70,6 +70,8 @@ PEER_OPTIONS: dict[str, str] = {
     "dataset": "data (raw records: a path, a list of {'conversation': [...]}, an HF dataset)",
     "dp_rank": "rank (else torch.distributed)",
     "dp_world_size": "world_size (else torch.distributed)",
+    "packed_sequence": "its keys, as if given in the section itself (the recipe's section "
+    "copied as is)",
 }
 
 _MASK_TYPES = {
@@ -91,6 +93,7 @@ def neatpack_options(options: Mapping[str, Any]) -> dict[str, Any]:
     >>> neatpack_options({"max_length": 2048, "packing_format": "thd"})
     {'attn_implementation': 'thd', 'pack_size': 2048}
     """
+    options = _flatten_packed_sequence(options)
     out: dict[str, Any] = {}
 
     def put(field: str, value: Any, peer: str) -> None:
@@ -118,6 +121,18 @@ def neatpack_options(options: Mapping[str, Any]) -> dict[str, Any]:
         _map_one(name, value, put)
     _map_max_length(options, out)
     return out
+
+
+def _flatten_packed_sequence(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe's ``packed_sequence:`` section, nested as is, merged into the options."""
+    flat = {k: v for k, v in options.items() if k != "packed_sequence"}
+    for name, value in (options.get("packed_sequence") or {}).items():
+        if name in flat and flat[name] != value:
+            raise ValueError(
+                f"packed_sequence.{name}={value!r} and {name}={flat[name]!r} disagree; keep one"
+            )
+        flat[name] = value
+    return flat
 
 
 def _map_one(name: str, value: Any, put: Any) -> None:

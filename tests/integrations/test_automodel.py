@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from neatpack.graphs.integrations.automodel import PEER_OPTIONS, build_dataloader
 from neatpack.pipes.synth import write_corpus
@@ -53,6 +54,29 @@ def automodel_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(target)
 
 
+@pytest.fixture(scope="module")
+def meta_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An AutoModel meta dataset: ShareGPT rows with ``<image>`` tags, half with a picture."""
+    root = tmp_path_factory.mktemp("meta")
+    (root / "media").mkdir()
+    rows = []
+    for i in range(NUM_SAMPLES):
+        row: dict[str, Any] = {"messages": [
+            {"role": "user", "content": f"{'<image>' if i % 2 else ''}What is item {i}?"},
+            {"role": "assistant", "content": " ".join(f"word{j}" for j in range(30 + 5 * i))},
+        ]}  # fmt: skip
+        if i % 2:
+            Image.new("RGB", (56 + 28 * (i % 5), 56), (9 * i, 90, 200)).save(
+                root / f"media/{i}.png"
+            )
+            row["images"] = [f"{i}.png"]
+        rows.append(json.dumps(row) + "\n")
+    (root / "train.jsonl").write_text("".join(rows))
+    meta = {"train": {"file_name": "train.jsonl", "media_dir": str(root / "media")}}
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root / "meta.json"
+
+
 def doc_yaml() -> str:
     blocks = re.findall(r"```yaml\n(.*?)```", DOC, re.S)
     assert len(blocks) == 1, "the migration guide has one recipe YAML, the one this test runs"
@@ -60,14 +84,10 @@ def doc_yaml() -> str:
 
 
 def test_docs_yaml_builds_a_resumable_loader_through_automodels_config_loader(
-    corpus: Path, automodel_path: str, tmp_path: Path
+    meta_json: Path, automodel_path: str, tmp_path: Path
 ) -> None:
     (tmp_path / "recipe.yaml").write_text(doc_yaml())
-    env = {
-        **os.environ,
-        "NEATPACK_DATA": str(corpus),
-        "NEATPACK_MEDIA": str(corpus.parent / "media"),
-    }
+    env = {**os.environ, "NEATPACK_META": str(meta_json)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (automodel_path, env.get("PYTHONPATH")) if p)
     run = subprocess.run(
         [sys.executable, str(RUN), "recipe.yaml"], cwd=tmp_path, env=env, capture_output=True,
@@ -98,6 +118,7 @@ def test_docs_yaml_builds_a_resumable_loader_through_automodels_config_loader(
     # rank 1 of 2 (dp_rank / dp_world_size, the recipe's runtime names) resumes from its state,
     # and refuses rank 0's by name rather than replaying rank 0's packs
     assert out["rank1_head"] + out["rank1_tail"] == out["rank1_full"]
+    assert out["rank1_tail"]
     assert out["rank1_full"] != out["full"][: len(out["rank1_full"])]
     assert out["rank0_state_in_rank1"].startswith("StateMismatchError")
     assert "load each rank's own state" in out["rank0_state_in_rank1"]
@@ -120,6 +141,7 @@ def test_migration_table_lists_every_peer_option() -> None:
         ({"pack_size": 1024, "max_length": 512}, ValueError, "max_length=512 is below"),
         ({"pack_size": 1024, "collate_max_length": 512}, ValueError, "collate_max_length=512"),
         ({"prefetch": 2, "prefetch_factor": 4}, ValueError, "prefetch_factor=4 sets.*prefetch"),
+        ({"pack_size": 512, "packed_sequence": {"pack_size": 1024}}, ValueError, "disagree"),
         ({"packing_format": "bshd"}, ValueError, r"packing_format='bshd' is not one of"),
         ({"packed_mask_type": "causal"}, ValueError, "block_causal"),
         ({"sampler": None}, TypeError, "unknown option 'sampler'.*migrating_from_automodel"),
