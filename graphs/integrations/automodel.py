@@ -237,6 +237,9 @@ def build_dataloader(
             "give the records as data= (or the AutoModel name dataset=), exactly one of them: "
             "a JSONL/JSON path, a list of {'conversation': [...]} rows, or an HF dataset"
         )
+    for name, ours, peer in (("rank", rank, dp_rank), ("world_size", world_size, dp_world_size)):
+        if ours is not None and peer is not None and ours != peer:
+            raise ValueError(f"{name}={ours} and dp_{name}={peer} disagree; give one of them")
     if processor is None:
         if pretrained_model_name_or_path is None:
             raise ValueError(

@@ -142,6 +142,7 @@ def test_migration_table_lists_every_peer_option() -> None:
         ({"pack_size": 1024, "collate_max_length": 512}, ValueError, "collate_max_length=512"),
         ({"prefetch": 2, "prefetch_factor": 4}, ValueError, "prefetch_factor=4 sets.*prefetch"),
         ({"pack_size": 512, "packed_sequence": {"pack_size": 1024}}, ValueError, "disagree"),
+        ({"rank": 0, "dp_rank": 1, "world_size": 2}, ValueError, "rank=0 and dp_rank=1 disagree"),
         ({"packing_format": "bshd"}, ValueError, r"packing_format='bshd' is not one of"),
         ({"packed_mask_type": "causal"}, ValueError, "block_causal"),
         ({"sampler": None}, TypeError, "unknown option 'sampler'.*migrating_from_automodel"),
