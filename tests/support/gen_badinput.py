@@ -97,6 +97,17 @@ def _put(name: str, data: bytes | Callable[[], bytes]) -> Files:
     return write
 
 
+def _fifo(name: str) -> Files:
+    """A named pipe where an image should be: opening it blocks until a writer comes."""
+
+    def make(root: Path) -> None:
+        path = root / "media" / name
+        if not path.exists():
+            os.mkfifo(path)
+
+    return make
+
+
 def _symlink_out(root: Path) -> None:
     (root / "outside" / "secret.png").write_bytes(_png())
     link = root / "media" / "escape.png"
@@ -297,6 +308,14 @@ def _cases() -> list[Case]:
             rf"{SID}: image .*bomb_hard\.png.*(decompression|pixels)",
             files=_put("bomb_hard.png", lambda: _png((200, 200))),
         ),
+        Case(
+            "fifo_image_nometa",
+            _msgs(_img("pipe.png")),
+            "bad",
+            "estimate",
+            rf"{SID}: image .*pipe\.png' is a FIFO \(named pipe\), not a regular file",
+            files=_fifo("pipe.png"),
+        ),
         # -- the tokenizer refuses (images_meta given: the estimator never opens the file) --
         Case(
             "missing_file_meta",
@@ -305,6 +324,16 @@ def _cases() -> list[Case]:
             "tokenize",
             rf"{SID} \[missing_file\]: image file .*nope\.png.* does not exist; fix the path",
             "missing_file",
+        ),
+        Case(
+            "fifo_image",
+            _msgs(_img("pipe_meta.png"), **meta),
+            "bad",
+            "tokenize",
+            rf"{SID} \[bad_media\]: image file .*pipe_meta\.png' is a FIFO \(named pipe\), not "
+            "a regular file",
+            "bad_media",
+            files=_fifo("pipe_meta.png"),
         ),
         Case(
             "zero_size",
