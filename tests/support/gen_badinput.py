@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from neatpack.pipes.read import MAX_RECORD_BYTES
+
 __all__ = ["BOMB_LIMIT", "CASES", "Case", "write_bad_corpus"]
 
 BOMB_LIMIT = 10_000  # PIL.Image.MAX_IMAGE_PIXELS during the bomb cases; normal images are smaller
@@ -412,6 +414,15 @@ def _cases() -> list[Case]:
             "tokenize",
             rf"{SID} \[empty_text\]: message 0 \(user\) has no text and no media",
             "empty_text",
+        ),
+        # -- the reader refuses a line over max_record_bytes before reading it --------------
+        Case(
+            "too_large_line",
+            _msgs("Summarize.", "x" * MAX_RECORD_BYTES),
+            "bad",
+            "read",
+            rf"line \d+ \(sample_id=\d+\) is \d+ bytes, over max_record_bytes={MAX_RECORD_BYTES}"
+            ".*split or shorten that record",
         ),
         # -- the plan refuses -------------------------------------------------------------
         Case(
