@@ -47,10 +47,11 @@ __all__ = [
 
 _CHUNK = 1 << 20  # 1 MiB: read and hash granularity
 _BLOCK = 8 << 20  # 8 MiB: sequential read block of iter_raw
-#: ``JsonlSource``'s default ``max_record_bytes``: one block of the length index. Tokenizing a
-#: record costs ~200 bytes of memory per byte of text (a 2 MB line: +400 MB in exact mode; a
-#: 20 MB one 2.9 GB, a 200 MB one was killed at 18 GB), so one record may cost what one
-#: index block of many records costs, and no more.
+#: ``JsonlSource``'s default ``max_record_bytes``: one block of the length index. A record's
+#: parse and token count cost memory in proportion to it (tokenized whole ~200 bytes a
+#: character: a 20 MB line took 2.9 GB, a 200 MB one was killed at 18 GB; text_pieces.py cuts
+#: that for Qwen-style tokenizers, not for all), so one record may cost what one index block
+#: of many records costs, and no more.
 MAX_RECORD_BYTES = _BLOCK
 
 _fast_loads: Callable[[bytes | memoryview], Any] | None
