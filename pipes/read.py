@@ -214,7 +214,7 @@ class JsonlSource:
                 f"{self.path} line {self.line_number(sid)} (sample_id={sid}) is {size} bytes, "
                 f"over max_record_bytes={self.max_record_bytes} (one record may not cost more "
                 "memory than that to parse and tokenize); split or shorten that record, or "
-                "raise max_record_bytes (NeatVLMConfig) if you have the memory for it"
+                "raise max_record_bytes (NeatVLMConfig, GroupedConfig) if you have the memory"
             )
         if self._fd is None or self._pid != os.getpid():
             self._fd = os.open(self.path, os.O_RDONLY)
