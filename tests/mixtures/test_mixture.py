@@ -474,3 +474,11 @@ def test_bad_record_is_named_or_counted_once_per_use(world: dict[str, Any], tmp_
     report = mixture_ledger([loader.ledgers[0]], plan.bounds, ["caption", "chat"])
     assert report["chat"]["failed"] == uses  # once per use, not once per record
     assert bad not in loader.ledgers[0].consumed
+
+
+def test_max_record_bytes_reaches_every_source(world: dict[str, Any]) -> None:
+    cfg = NeatVLMConfig(pack_size=1024, mixture=_mixture(world), max_record_bytes=64)
+    with pytest.raises(ValueError, match=r"line 1 \(sample_id=0\) is \d+ bytes, over max_record_"
+                       "bytes=64") as info:  # fmt: skip
+        neat_vlm_graph(None, world["processor"], config=cfg)
+    assert any("mixture source" in note for note in info.value.__notes__)
