@@ -56,7 +56,7 @@ PEER_OPTIONS: dict[str, str] = {
     "pretokenize": "none needed: neatpack tokenizes in its workers; ignored",
     "enabled": "none needed: neatpack always packs; false is refused (grouped_vlm_graph pads)",
     "truncate": "none: a sample is never cut; true is refused (use drop_long_samples)",
-    "inject_fake_images": "fake_image",
+    "inject_fake_images": "fake_image (AutoModel's default is true, neatpack's false)",
     "chat_template": "none: set it on the processor (processor.chat_template); refused",
     "post_tokenize_hook_fn": "none: refused; neat_vlm_graph(sample_transform=...) in Python",
     "shuffle": "shuffle",
