@@ -34,6 +34,7 @@ import copy
 import hashlib
 import json
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from neatpack.graphs.data_metrics import DataWindow
 from neatpack.graphs.graph_state import graph_signature, source_state, stateful_nodes
 from neatpack.graphs.watchdog import STOP_TIMEOUT_S, WorkerWatchdog, shutdown_at_exit, stop_graph
 from neatpack.pipes.contracts import Batch
@@ -165,6 +167,7 @@ class NeatLoader:
         self.ledger_epochs = ledger_epochs
         self.ledgers: dict[int, EpochLedger] = {}
         self.stats = LoaderStats()
+        self._window = DataWindow()  # data_metrics(): the figures since its last call
         self._lock = threading.Lock()
         # Position of the trainer: epoch, where this epoch (re)started, packs taken since.
         self._position: dict[str, Any] = {"epoch": initial_epoch, "start": 0, "local": 0}
@@ -219,6 +222,7 @@ class NeatLoader:
         if previous is not None and hasattr(previous, "close"):
             previous.close()
         self._active = None
+        started = time.perf_counter()
         if not self._continue:
             self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
             self._group_size = self.source.world_size
@@ -236,6 +240,10 @@ class NeatLoader:
         with self._lock:
             self._graph = {"state": self.root.state_dict(), "finished": False}
         self._record_tail()
+        with self._lock:  # starting the epoch (workers, reset) blocks the trainer like a batch
+            if self._window.started is None:
+                self._window.started = started
+            self._window.add_wait(time.perf_counter() - started)
         batches = self._batches()
         self._active = weakref.ref(batches)
         return batches
@@ -244,10 +252,12 @@ class NeatLoader:
         self._watchdog.start()
         try:
             while True:
+                asked = time.perf_counter()
                 try:
                     batch = next(self.root)
                 except StopIteration:
                     with self._lock:
+                        self._window.add_wait(time.perf_counter() - asked)
                         graph = self.root.state_dict()
                         self._account_filtered(source_state(graph), set())
                         self._graph = {"state": graph, "finished": True}
@@ -256,7 +266,9 @@ class NeatLoader:
                         self._continue = True
                         self._filtered_packs = 0
                     return
+                waited = time.perf_counter() - asked
                 with self._lock:
+                    self._window.add_wait(waited)
                     graph = self.root.state_dict()
                     self._account(batch, source_state(graph))
                     self._graph = {"state": graph, "finished": False}
@@ -268,6 +280,17 @@ class NeatLoader:
             self._watchdog.stop()
             stop_graph(self.root, 0.0)
 
+    def data_metrics(self) -> dict[str, float]:
+        """The data figures since the previous call (or the first ``iter()``), for a trainer's
+        logger: ``data/wait_s`` (seconds ``next()`` on this loader's iterator blocked on the
+        graph), ``data/wait_fraction``, ``data/batches``, ``data/fill``,
+        ``data/estimate_error_p50`` / ``_p99`` and, for mixtures, ``data/tokens/<source>``.
+        Plain floats, a flat dict; each call starts a new window (``graphs/data_metrics.py``).
+        """
+        with self._lock:
+            figures: dict[str, float] = self._window.take(time.perf_counter())
+        return figures
+
     def _account(self, batch: Batch, at: dict[str, Any] | None) -> None:
         packs = _bookkeeping(batch)
         if at is None:  # the graph state does not say where the source is: count packs
@@ -275,6 +298,7 @@ class NeatLoader:
         else:
             self._account_filtered(at, {int(m["slot"]) for m in packs})
         self.stats.batches += 1
+        self._window.batches += 1
         ledger = self._ledger() if self.keep_ledger else None
         for meta in packs:
             self.stats.packs += 1
@@ -284,6 +308,9 @@ class NeatLoader:
             est = meta.get("estimated_tokens")
             if est:
                 self.stats.estimate_ratio.append(real / float(est))
+            self._window.add_pack(
+                real=real, capacity=self.pack_size, estimated=est, sources=meta.get("source_tokens")
+            )
             if ledger is None:
                 continue
             report = meta.get("report") or {}
