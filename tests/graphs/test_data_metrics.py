@@ -5,15 +5,18 @@ add up to the window's real tokens, and each call starts a new window."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from transformers import TrainerCallback, TrainingArguments
 
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.mixture import Mixture, MixtureSource
 from neatpack.pipes.synth import write_corpus
 from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.tiny_models import tiny_model
 
 GRAPH_S = 0.3  # a slow step in the graph, per batch
 CONSUMER_S = 0.05  # the trainer's step, per batch
@@ -118,3 +121,48 @@ def test_no_iteration_yet_gives_an_empty_window(world: dict[str, Any]) -> None:
     loader = neat_vlm_graph(world["data"]["caption"], world["processor"], config=cfg)
     got = loader.data_metrics()
     assert got == {f"data/{k}": 0.0 for k in KEYS}
+
+
+class Logged(TrainerCallback):
+    """What the Trainer hands its reporters (TensorBoard, W&B... are ``on_log`` callbacks)."""
+
+    def __init__(self) -> None:
+        self.logs: list[dict[str, float]] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.logs.append(dict(kw["logs"]))
+
+
+def test_neat_trainer_logs_the_data_figures_each_logging_step(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    pytest.importorskip("accelerate")
+    from neatpack.graphs.hf_trainer import NeatTrainer
+
+    cfg = NeatVLMConfig(pack_size=1024, cache_dir=str(world["root"] / "c"),
+                        media_root=str(world["root"] / "caption" / "media"))  # fmt: skip
+    loader = neat_vlm_graph(world["data"]["caption"], world["processor"], config=cfg)
+    model = tiny_model("qwen2_vl", processor=world["processor"])
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=1, report_to=[], use_cpu=True,
+        max_steps=4, logging_steps=2, save_strategy="no",
+    )  # fmt: skip
+    reporter = Logged()
+    trainer = NeatTrainer(model=model, args=args, train_loader=loader, callbacks=[reporter])
+    trainer.train()
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["step"] for h in history] == [2, 4]
+    sent = [log for log in reporter.logs if "loss" in log]
+    assert len(sent) == 2
+    for logged, seen in zip(history, sent, strict=True):
+        figures = {k: v for k, v in logged.items() if k.startswith("data/")}
+        assert set(figures) == {f"data/{k}" for k in KEYS}
+        assert figures == {k: v for k, v in seen.items() if k.startswith("data/")}
+        assert figures["data/batches"] == 2.0  # the 2 steps since the last log
+        assert figures["data/fill"] > 0
+    # The windows split the run: 4 batches of one pack each, 2 per window.
+    assert loader.stats.batches == 4
+    mean_fill = sum(h["data/fill"] for h in history) / 2
+    assert mean_fill == pytest.approx(loader.stats.utilization(), rel=1e-12)
+    assert not any(k.startswith("data/") for h in trainer.state.log_history if "loss" not in h
+                   for k in h)  # fmt: skip
