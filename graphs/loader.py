@@ -93,7 +93,8 @@ class EpochLedger:
 
 @dataclass
 class LoaderStats:
-    """Running figures, readable at any time."""
+    """Running figures, readable at any time (``NeatLoader.data_metrics()`` logs their change
+    between two reads)."""
 
     batches: int = 0
     packs: int = 0
@@ -101,6 +102,28 @@ class LoaderStats:
     pack_tokens: int = 0  # packs x pack size
     # real / estimated per pack, the most recent ESTIMATE_WINDOW packs (bounded over long runs)
     estimate_ratio: deque[float] = field(default_factory=lambda: deque(maxlen=ESTIMATE_WINDOW))
+    estimated_packs: int = 0  # packs that had an estimate (all of them, not only the window)
+    wait_s: float = 0.0  # seconds the trainer's next() blocked on the graph
+    source_tokens: dict[str, int] = field(default_factory=dict)  # mixtures: real tokens by source
+
+    def add_pack(
+        self,
+        *,
+        real: int,
+        capacity: int,
+        estimated: float | None,
+        sources: dict[str, int] | None = None,
+    ) -> None:
+        """Count one pack handed out: its real tokens, its pack size, its length estimate and
+        (mixtures) its real tokens per source."""
+        self.packs += 1
+        self.pack_tokens += capacity
+        self.real_tokens += real
+        if estimated:
+            self.estimate_ratio.append(real / float(estimated))
+            self.estimated_packs += 1
+        for name, tokens in (sources or {}).items():
+            self.source_tokens[name] = self.source_tokens.get(name, 0) + int(tokens)
 
     def utilization(self) -> float:
         """Real tokens / (packs x pack size): the fraction of each GPU step that trains."""
@@ -167,7 +190,7 @@ class NeatLoader:
         self.ledger_epochs = ledger_epochs
         self.ledgers: dict[int, EpochLedger] = {}
         self.stats = LoaderStats()
-        self._window = DataWindow()  # data_metrics(): the figures since its last call
+        self._window = DataWindow()  # data_metrics(): the stats at its last call
         self._lock = threading.Lock()
         # Position of the trainer: epoch, where this epoch (re)started, packs taken since.
         self._position: dict[str, Any] = {"epoch": initial_epoch, "start": 0, "local": 0}
@@ -243,7 +266,7 @@ class NeatLoader:
         with self._lock:  # starting the epoch (workers, reset) blocks the trainer like a batch
             if self._window.started is None:
                 self._window.started = started
-            self._window.add_wait(time.perf_counter() - started)
+            self.stats.wait_s += time.perf_counter() - started
         batches = self._batches()
         self._active = weakref.ref(batches)
         return batches
@@ -257,7 +280,7 @@ class NeatLoader:
                     batch = next(self.root)
                 except StopIteration:
                     with self._lock:
-                        self._window.add_wait(time.perf_counter() - asked)
+                        self.stats.wait_s += time.perf_counter() - asked
                         graph = self.root.state_dict()
                         self._account_filtered(source_state(graph), set())
                         self._graph = {"state": graph, "finished": True}
@@ -268,7 +291,7 @@ class NeatLoader:
                     return
                 waited = time.perf_counter() - asked
                 with self._lock:
-                    self._window.add_wait(waited)
+                    self.stats.wait_s += waited
                     graph = self.root.state_dict()
                     self._account(batch, source_state(graph))
                     self._graph = {"state": graph, "finished": False}
@@ -288,7 +311,7 @@ class NeatLoader:
         Plain floats, a flat dict; each call starts a new window (``graphs/data_metrics.py``).
         """
         with self._lock:
-            figures: dict[str, float] = self._window.take(time.perf_counter())
+            figures: dict[str, float] = self._window.take(self.stats, time.perf_counter())
         return figures
 
     def _account(self, batch: Batch, at: dict[str, Any] | None) -> None:
@@ -298,18 +321,13 @@ class NeatLoader:
         else:
             self._account_filtered(at, {int(m["slot"]) for m in packs})
         self.stats.batches += 1
-        self._window.batches += 1
         ledger = self._ledger() if self.keep_ledger else None
         for meta in packs:
-            self.stats.packs += 1
-            self.stats.pack_tokens += self.pack_size
-            real = int(meta.get("real_tokens", 0))
-            self.stats.real_tokens += real
-            est = meta.get("estimated_tokens")
-            if est:
-                self.stats.estimate_ratio.append(real / float(est))
-            self._window.add_pack(
-                real=real, capacity=self.pack_size, estimated=est, sources=meta.get("source_tokens")
+            self.stats.add_pack(
+                real=int(meta.get("real_tokens", 0)),
+                capacity=self.pack_size,
+                estimated=meta.get("estimated_tokens"),
+                sources=meta.get("source_tokens"),
             )
             if ledger is None:
                 continue
