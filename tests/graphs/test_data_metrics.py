@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from transformers import TrainerCallback, TrainingArguments
@@ -93,24 +94,29 @@ def test_mixture_tokens_per_source_add_up_to_each_windows_real_tokens(
                       media_root=str(world["root"] / n / "media"))
         for n in ("caption", "ocr")
     ])  # fmt: skip
+    # estimate_mode="estimate": the plan's lengths are off, so each window has its own errors
     cfg = NeatVLMConfig(pack_size=1024, batch_size=2, mixture=mix, num_workers=workers,
-                        cache_dir=str(world["root"] / "c"))  # fmt: skip
+                        cache_dir=str(world["root"] / "c"), estimate_mode="estimate")  # fmt: skip
     loader = neat_vlm_graph(None, world["processor"], config=cfg)
-    windows: list[tuple[dict[str, float], dict[str, int], int]] = []
-    expected, real = {"caption": 0, "ocr": 0}, 0
+    windows: list[tuple[dict[str, float], dict[str, int], int, list[float]]] = []
+    expected, real, errors = {"caption": 0, "ocr": 0}, 0, []
     for i, batch in enumerate(loader):
         for name, tokens in _doc_tokens_by_source(batch, batch["source_names"]).items():
             expected[name] += tokens
         real += sum(int(m["real_tokens"]) for m in batch["packs"])
+        errors += [abs(m["real_tokens"] / m["estimated_tokens"] - 1) for m in batch["packs"]]
         if i % 2 == 1:  # a logging step every 2 batches
-            windows.append((loader.data_metrics(), expected, real))
-            expected, real = {"caption": 0, "ocr": 0}, 0
+            windows.append((loader.data_metrics(), expected, real, errors))
+            expected, real, errors = {"caption": 0, "ocr": 0}, 0, []
     assert len(windows) >= 2
-    for got, want, real_tokens in windows:
+    for got, want, real_tokens, window_errors in windows:
         tokens = {k.removeprefix("data/tokens/"): v for k, v in got.items() if "/tokens/" in k}
         assert tokens == {k: float(v) for k, v in want.items()}
         assert sum(tokens.values()) == real_tokens > 0
         assert got["data/fill"] == real_tokens / (got["data/batches"] * 2 * 1024)
+        assert got["data/estimate_error_p50"] == pytest.approx(np.percentile(window_errors, 50))
+        assert got["data/estimate_error_p99"] == pytest.approx(np.percentile(window_errors, 99))
+    assert len({w[0]["data/estimate_error_p50"] for w in windows}) > 1  # per window, not run
     for name in ("caption", "ocr"):  # both sources were served
         assert sum(w[0][f"data/tokens/{name}"] for w in windows) > 0
 
