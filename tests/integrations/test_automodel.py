@@ -90,8 +90,8 @@ def test_docs_yaml_builds_a_resumable_loader_through_automodels_config_loader(
     env = {**os.environ, "NEATPACK_META": str(meta_json)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (automodel_path, env.get("PYTHONPATH")) if p)
     run = subprocess.run(
-        [sys.executable, str(RUN), "recipe.yaml"], cwd=tmp_path, env=env, capture_output=True,
-        text=True, timeout=240, check=False,
+        [sys.executable, str(RUN), "recipe.yaml", "metrics.jsonl"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     out: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
@@ -122,6 +122,16 @@ def test_docs_yaml_builds_a_resumable_loader_through_automodels_config_loader(
     assert out["rank1_full"] != out["full"][: len(out["rank1_full"])]
     assert out["rank0_state_in_rank1"].startswith("StateMismatchError")
     assert "load each rank's own state" in out["rank0_state_in_rank1"]
+    # the data metrics reach AutoModel's JSONL training log, one record per step
+    assert out["logged"] == out["full"]
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == list(range(len(out["full"])))
+    for record in logged:
+        assert record["data/batches"] == 1.0
+        assert record["data/wait_s"] >= 0.0
+        assert 0.0 <= record["data/wait_fraction"] <= 1.0
+        assert 0.0 < record["data/fill"] <= 1.0
+        assert record["num_label_tokens"] > 0
     # AutoModel 0.7.0's VLM recipe config refuses any dataloader but its own (the guide says so)
     assert "expected StatefulDataLoader" in out["recipe_refusal"]
 

@@ -1,14 +1,15 @@
 """NeMo AutoModel's own config loader builds neatpack loaders from a recipe YAML, in a process
 of its own (importing AutoModel patches transformers; the test process stays clean)::
 
-    python tests/support/automodel_yaml_run.py recipe.yaml
+    python tests/support/automodel_yaml_run.py recipe.yaml metrics.jsonl
 
 The YAML's ``dataloader:`` section is instantiated the way a recipe does it
 (``load_yaml_config`` then ``ConfigNode.instantiate``, runtime arguments as keywords). The last
-stdout line is one JSON object: the loader's config, its epoch's batches (input ids, labels and
-sample ids per row), the batches of a run resumed from a ``torch.save``-d mid-epoch state, the
-same for rank 1 of 2, what rank 1 does with rank 0's state, and AutoModel's own VLM recipe config
-resolving the same section.
+stdout line is one JSON object: the loader's config, an epoch logged with its data metrics
+through AutoModel's ``MetricLogger`` (the JSONL at the second argument), its epoch's batches
+(input ids, labels and sample ids per row), the batches of a run resumed from a
+``torch.save``-d mid-epoch state, the same for rank 1 of 2, what rank 1 does with rank 0's
+state, and AutoModel's own VLM recipe config resolving the same section.
 """
 
 from __future__ import annotations
@@ -62,13 +63,25 @@ def epoch_then_resume(build: Any, stop: int) -> tuple[list[Any], list[Any], list
     return full, head, tail
 
 
-def main(path: str) -> None:
+def main(path: str, log_path: str) -> None:
     cfg = load_yaml_config(path)
     node = cfg.dataloader
     loader = node.instantiate()
     out: dict[str, Any] = {"type": type(loader).__name__, "config": loader.config}
-    out["full"], out["head"], out["tail"] = epoch_then_resume(node.instantiate, 2)
+    # one epoch logged the way the recipe's log_train_metrics does, with the data figures
+    # merged as the guide says, through AutoModel's own JSONL metric logger
+    from nemo_automodel.components.loggers.metric_logger import MetricLogger, MetricsSample
+
+    out["logged"] = []
+    with MetricLogger(log_path, append=False, buffer_size=1) as metric_logger:
+        for step, batch in enumerate(loader):
+            tokens = int(batch["num_label_tokens"])
+            log_data = MetricsSample(step, loader.epoch, {"num_label_tokens": tokens})
+            log_data.metrics.update(loader.data_metrics())  # the guide's one line
+            metric_logger.log(log_data)
+            out["logged"].append(rows(batch))
     loader.close()
+    out["full"], out["head"], out["tail"] = epoch_then_resume(node.instantiate, 2)
     # two data-parallel ranks, under the recipe's runtime names: rank 1 resumes from its own
     # state; rank 0's state (what a recipe saves of a non-StatefulDataLoader) is refused
     rank = [lambda r=r: node.instantiate(dp_rank=r, dp_world_size=2) for r in (0, 1)]
@@ -97,4 +110,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])
