@@ -145,4 +145,3 @@ def test_a_state_saved_without_prepare_loader_is_refused(corpus: Path) -> None:
         batches.load_state_dict(loader.state_dict())
     batches.load_state_dict(state)
     assert [b["sample_ids"] for b in batches] == want
-

@@ -1,5 +1,6 @@
-"""One ``accelerate`` training run on a neatpack loader, for ``tests/integrations/test_accelerate.py``;
-started by Accelerate's own launcher on 2 CPU processes (gloo)::
+"""One ``accelerate`` training run on a neatpack loader, for
+``tests/integrations/test_accelerate.py``, started by Accelerate's own launcher on 2 CPU
+processes (gloo)::
 
     python -m accelerate.commands.launch --multi_gpu --num_processes 2 \\
         tests/support/accelerate_run.py '{"corpus": "...", "out": "...", "dumps": "...",
