@@ -84,7 +84,8 @@ def test_launch_trains_next_token_ce_and_resumes_exactly_after_sigkill(
     third resumes from ``step-4``, saved at epoch 0's end, into epoch 1. Every rank's batches
     equal the uninterrupted run's, epoch 0 trains each sample once over both ranks, and each
     step's loss is next-token cross-entropy of its batch (the model's logits against the next
-    input token, over the step's trained tokens on both ranks)."""
+    input token, over the step's trained tokens on both ranks), its gradient after
+    ``accelerator.backward(loss * loss_scale(...))`` that of the two ranks' summed reference."""
     out = tmp_path / "out"
     spec = {"corpus": str(corpus), "out": str(out), "steps": 5, "save_every": 2}
     killed = launch({**spec, "dumps": str(tmp_path / "a"), "kill_at": 3})
@@ -107,8 +108,11 @@ def test_launch_trains_next_token_ce_and_resumes_exactly_after_sigkill(
         assert [s["packs"] for s in before + after] == want[:5]
         assert [(s["step"], s["epoch"]) for s in later] == [(5, 1), (6, 1)]
         assert [s["packs"] for s in later] == want[4:6]
+        # step 5 again from step-4's weights and optimizer, as load_state restored them
+        assert later[0]["loss"] == pytest.approx(after[-1]["loss"], rel=1e-6)
         for s in before + after + later:
             assert s["loss"] == pytest.approx(s["reference"], rel=1e-5), s
+            assert s["grad_error"] <= 1e-5, s  # 0.5 without loss_scale: DDP halves it
         epoch0 += [i for s in before + after if s["epoch"] == 0 for ids, padded in s["packs"]
                    if not padded for i in ids]  # fmt: skip
     assert sorted(epoch0) == list(range(16))

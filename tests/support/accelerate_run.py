@@ -11,8 +11,10 @@ Qwen2-VL prepared by ``accelerator.prepare``, the loader through ``prepare_loade
 through ``model_inputs`` and ``loss_scale``, ``accelerator.save_state(out/step-N)`` every
 ``save_every`` steps, ``accelerator.load_state(resume)`` when ``resume`` names a checkpoint.
 Each rank writes ``dumps/rank<R>.jsonl``, one line per step: ``step``, ``epoch``, the batch's
-``packs`` (sample ids, padded), ``loss`` (the model's) and ``reference`` (next-token
-cross-entropy from the logits and the input ids, not from neatpack's labels). The main process
+``packs`` (sample ids, padded), ``loss`` (the model's), ``reference`` (next-token
+cross-entropy from the logits and the input ids, not from neatpack's labels) and
+``grad_error`` (the relative max difference between the LM head's gradient after
+``accelerator.backward`` and the gradient of the reference summed over the ranks). The main process
 logs the data metrics through ``accelerator.log`` into a tracker writing ``dumps/log.jsonl``.
 ``kill_at: N``: rank 0 SIGKILLs itself when step N's batch arrives (mid-epoch).
 """
@@ -64,7 +66,7 @@ def config(corpus: Path) -> NeatVLMConfig:
     )  # fmt: skip
 
 
-def next_token_ce(logits: torch.Tensor, batch: dict[str, Any]) -> tuple[float, int]:
+def next_token_ce(logits: torch.Tensor, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
     """Summed cross-entropy of each trained position's logits against the *next input token*
     (a label never crosses a document, so that token is in the same document), and the count.
     neatpack's labels only say which positions train."""
@@ -72,7 +74,7 @@ def next_token_ce(logits: torch.Tensor, batch: dict[str, Any]) -> tuple[float, i
     trained[:, -1] = False
     rows, cols = trained.nonzero(as_tuple=True)
     ce = F.cross_entropy(logits[rows, cols].float(), ids[rows, cols + 1], reduction="sum")
-    return float(ce), len(rows)
+    return ce, len(rows)
 
 
 def main(spec: dict[str, Any]) -> None:
@@ -99,16 +101,23 @@ def main(spec: dict[str, Any]) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             n = step_normalizer([batch], device=accelerator.device)
             result = model(**model_inputs(batch, num_items_in_batch=n))
-            ce, count = next_token_ce(result.logits.detach(), batch)
-            total = accelerator.reduce(torch.tensor(count), "sum")  # the step's trained tokens
+            ce, count = next_token_ce(result.logits, batch)
+            total = int(accelerator.reduce(torch.tensor(count), "sum"))  # the step's, all ranks
+            accelerator.backward(result.loss * loss_scale(accelerator), retain_graph=True)
+            # the gradient the step should have: of next-token CE summed over both ranks / total
+            weight = accelerator.unwrap_model(model).lm_head.weight
+            (want,) = torch.autograd.grad(ce / total, weight)
+            want = accelerator.reduce(want, "sum")
+            assert weight.grad is not None
+            grad_error = float((weight.grad - want).abs().max() / want.abs().max())
             line = {
                 "step": step, "epoch": batches.epoch, "loss": float(result.loss.detach()),
-                "reference": ce / int(total), "normalizer": int(n),
+                "reference": float(ce.detach()) / total, "normalizer": int(n),
+                "grad_error": grad_error,
                 "packs": [[m["sample_ids"], bool(m["padded"])] for m in batch["packs"]],
             }  # fmt: skip
             out.write(json.dumps(line) + "\n")
             out.flush()
-            accelerator.backward(result.loss * loss_scale(accelerator))
             optimizer.step()
             optimizer.zero_grad()
             if step % spec["save_every"] == 0:
