@@ -149,3 +149,21 @@ def test_a_state_saved_without_prepare_loader_is_refused(corpus: Path) -> None:
         batches.load_state_dict(loader.state_dict())
     batches.load_state_dict(state)
     assert [b["sample_ids"] for b in batches] == want
+
+
+def test_a_two_process_state_resumes_on_one_process(corpus: Path) -> None:
+    """A checkpoint of 2 processes, each one batch in, loaded by 1 process: the rest of the
+    epoch is re-strided from the global cursor, every sample the two ranks had not trained
+    exactly once."""
+    proc = load_tiny_processor("qwen2_vl")
+    states, seen = [], []
+    for rank in range(WORLD):
+        loader = neat_vlm_graph(corpus, proc, config=config(corpus), rank=rank, world_size=WORLD)
+        seen += [i for row in next(iter(loader))["sample_ids"] for i in row]
+        states.append(loader.state_dict())
+    batches = AcceleratorBatches(
+        neat_vlm_graph(corpus, proc, config=config(corpus)), accelerate.Accelerator(cpu=True)
+    )
+    batches.load_state_dict({STATE_KEY: states})
+    rest = [i for b in batches for row in b["sample_ids"] for i in row]
+    assert sorted(seen + rest) == list(range(16))
