@@ -4,13 +4,16 @@
     loader = neat_vlm_graph(data, processor, config=config)   # reads this rank and world size
     model, optimizer = accelerator.prepare(model, optimizer)  # not the loader
     batches = prepare_loader(accelerator, loader)    # checks ranks, registers the state
+    step = 0
     accelerator.load_state("ckpt")                   # on resume: the loader continues exactly
     while batches.epoch < epochs:
         for batch in batches:
+            step += 1
             n = step_normalizer([batch], device=accelerator.device)
             loss = model(**model_inputs(batch, num_items_in_batch=n)).loss
             accelerator.backward(loss * loss_scale(accelerator))
             optimizer.step(); optimizer.zero_grad()
+            batches.log_data_metrics(step)           # wait, fill, ... to the trackers
             accelerator.save_state("ckpt")           # every rank calls it
 
 What Accelerate does with a loader on its own, and why this module exists:
@@ -99,15 +102,22 @@ class AcceleratorBatches:
         """The epoch the next batch belongs to (``NeatLoader.epoch``)."""
         return int(self.loader.epoch)
 
+    def log_data_metrics(self, step: int | None = None) -> dict[str, float]:
+        """The loader's data figures since the previous call (``NeatLoader.data_metrics``:
+        ``data/wait_s``, ``data/fill``, ...) through ``accelerator.log``, to every tracker the
+        accelerator logs with; returned too. The main process's figures, plus
+        ``data/wait_s_max`` and ``data/wait_fraction_max`` over the processes: a rank that waits
+        for data stalls every rank at the next gradient all-reduce, where its own wait does not
+        show. A collective like ``save_state``: call it on every process."""
+        every = _every_rank(self.loader.data_metrics())
+        metrics = dict(every[0])
+        for key in ("data/wait_s", "data/wait_fraction"):
+            metrics[f"{key}_max"] = max(float(m.get(key, 0.0)) for m in every)
+        self.accelerator.log(metrics, step=step)
+        return metrics
+
     def state_dict(self) -> dict[str, Any]:
-        mine = self.loader.state_dict()
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            states: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(states, mine)
-        else:
-            states = [mine]
-        return {STATE_KEY: states}
+        return {STATE_KEY: _every_rank(self.loader.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         states = state.get(STATE_KEY) if isinstance(state, dict) else None
@@ -124,3 +134,13 @@ class AcceleratorBatches:
         # gives the global cursor the loader re-strides from (the loader refuses what cannot).
         own = len(states) == self.loader.source.world_size
         self.loader.load_state_dict(states[rank] if own else states[0])
+
+
+def _every_rank(value: Any) -> list[Any]:
+    """``value`` of every process, by rank (an ``all_gather_object``; one process: itself)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

@@ -85,7 +85,8 @@ def test_launch_trains_next_token_ce_and_resumes_exactly_after_sigkill(
     equal the uninterrupted run's, epoch 0 trains each sample once over both ranks, and each
     step's loss is next-token cross-entropy of its batch (the model's logits against the next
     input token, over the step's trained tokens on both ranks), its gradient after
-    ``accelerator.backward(loss * loss_scale(...))`` that of the two ranks' summed reference."""
+    ``accelerator.backward(loss * loss_scale(...))`` that of the two ranks' summed reference.
+    The data figures reach the run's tracker once a step."""
     out = tmp_path / "out"
     spec = {"corpus": str(corpus), "out": str(out), "steps": 5, "save_every": 2}
     killed = launch({**spec, "dumps": str(tmp_path / "a"), "kill_at": 3})
@@ -116,6 +117,15 @@ def test_launch_trains_next_token_ce_and_resumes_exactly_after_sigkill(
         epoch0 += [i for s in before + after if s["epoch"] == 0 for ids, padded in s["packs"]
                    if not padded for i in ids]  # fmt: skip
     assert sorted(epoch0) == list(range(16))
+
+    # the data figures, once a step, through accelerator.log into the run's tracker
+    logged = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == [3, 4, 5]
+    for m in logged:
+        assert m["data/batches"] == 1
+        assert 0 < m["data/fill"] <= 1
+        assert 0 <= m["data/wait_s"] <= m["data/wait_s_max"]
+        assert 0 <= m["data/wait_fraction"] <= m["data/wait_fraction_max"] <= 1
 
 
 def test_prepare_leaves_the_loader_alone_and_prepare_loader_checks_ranks(corpus: Path) -> None:

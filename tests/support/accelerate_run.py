@@ -14,8 +14,9 @@ Each rank writes ``dumps/rank<R>.jsonl``, one line per step: ``step``, ``epoch``
 ``packs`` (sample ids, padded), ``loss`` (the model's), ``reference`` (next-token
 cross-entropy from the logits and the input ids, not from neatpack's labels) and
 ``grad_error`` (the relative max difference between the LM head's gradient after
-``accelerator.backward`` and the gradient of the reference summed over the ranks). The main process
-logs the data metrics through ``accelerator.log`` into a tracker writing ``dumps/log.jsonl``.
+``accelerator.backward`` and the gradient of the reference summed over the ranks). Every step,
+``log_data_metrics`` logs the data figures through ``accelerator.log`` into a tracker of the
+main process that writes ``dumps/log.jsonl``.
 ``kill_at: N``: rank 0 SIGKILLs itself when step N's batch arrives (mid-epoch).
 """
 
@@ -120,6 +121,7 @@ def main(spec: dict[str, Any]) -> None:
             out.flush()
             optimizer.step()
             optimizer.zero_grad()
+            batches.log_data_metrics(step)
             if step % spec["save_every"] == 0:
                 accelerator.save_state(str(Path(spec["out"]) / f"step-{step}"))
             if step == spec["steps"]:
