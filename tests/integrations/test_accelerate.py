@@ -181,3 +181,35 @@ def test_a_two_process_state_resumes_on_one_process(corpus: Path) -> None:
     batches.load_state_dict({STATE_KEY: states})
     rest = [i for b in batches for row in b["sample_ids"] for i in row]
     assert sorted(seen + rest) == list(range(16))
+
+
+def test_loss_scale_undoes_the_accumulation_division(corpus: Path) -> None:
+    """``Accelerator(gradient_accumulation_steps=2)``: ``accelerator.backward`` divides each
+    micro-batch's loss by 2; with ``loss_scale`` the step's gradient is that of next-token
+    cross-entropy summed over both micro-batches over the step's trained tokens (plain
+    autograd on a copy of the model), not half of it."""
+    from support.accelerate_run import next_token_ce
+
+    from neatpack.graphs.train import model_inputs, step_normalizer
+    from neatpack.pipes.tiny_models import tiny_model
+
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    assert loss_scale(accelerator) == 2
+    proc = load_tiny_processor("qwen2_vl")
+    model = tiny_model("qwen2_vl", processor=proc, attn_implementation="eager")
+    copy = tiny_model("qwen2_vl", processor=proc, attn_implementation="eager")
+    copy.load_state_dict(model.state_dict())
+    model = accelerator.prepare(model)
+    batches = iter(prepare_loader(accelerator, neat_vlm_graph(corpus, proc, config=config(corpus))))
+    micro = [next(batches), next(batches)]
+    n = step_normalizer(micro)
+    for batch in micro:
+        with accelerator.accumulate(model):
+            loss = model(**model_inputs(batch, num_items_in_batch=n)).loss
+            accelerator.backward(loss * loss_scale(accelerator))
+    want = sum(next_token_ce(copy(**model_inputs(b)).logits, b)[0] for b in micro) / n
+    want.backward()
+    got, ref = model.lm_head.weight.grad, copy.lm_head.weight.grad
+    assert got is not None
+    assert ref is not None
+    assert float((got - ref).abs().max() / ref.abs().max()) <= 1e-5
