@@ -19,9 +19,9 @@
 What Accelerate does with a loader on its own, and why this module exists:
 
 * ``accelerator.prepare(loader)`` returns a ``NeatLoader`` untouched (it wraps only
-  ``torch.utils.data.DataLoader``): no device placement, no checkpointing. Do not wrap the loader
-  in a ``DataLoader`` to prepare it either: the loader already yields this rank's batches, and
-  Accelerate would shard them a second time (each rank keeping 1/W of its own share).
+  ``torch.utils.data.DataLoader``): no device placement, no checkpointing. Do not wrap it in a
+  ``DataLoader`` to prepare it either: Accelerate shards what a prepared ``DataLoader`` yields
+  over the processes, and the loader's batches are already this rank's share.
 * ``accelerator.register_for_checkpointing(loader)`` alone saves the main process's state only
   (``custom_checkpoint_<i>.pkl``, written by rank 0) and every rank loads that file: rank 1
   then gets rank 0's position, which the loader refuses ("state of rank 0 loaded into rank 1").
@@ -107,8 +107,8 @@ class AcceleratorBatches:
         ``data/wait_s``, ``data/fill``, ...) through ``accelerator.log``, to every tracker the
         accelerator logs with; returned too. The main process's figures, plus
         ``data/wait_s_max`` and ``data/wait_fraction_max`` over the processes: a rank that waits
-        for data stalls every rank at the next gradient all-reduce, where its own wait does not
-        show. A collective like ``save_state``: call it on every process."""
+        for data stalls every rank at the next gradient all-reduce, which the main process's
+        own wait does not show. A collective like ``save_state``: call it on every process."""
         every = _every_rank(self.loader.data_metrics())
         metrics = dict(every[0])
         for key in ("data/wait_s", "data/wait_fraction"):
