@@ -85,10 +85,14 @@ class TrainerBatches:
         empty = True
         for batch in self.loader:
             empty = False
-            yield model_inputs(batch)
+            yield self.inputs(batch)
         if resumed and empty:
             for batch in self.loader:
-                yield model_inputs(batch)
+                yield self.inputs(batch)
+
+    def inputs(self, batch: Any) -> dict[str, Any]:
+        """One batch as the trainer's ``compute_loss`` takes it (a subclass adds keys)."""
+        return model_inputs(batch)
 
     def __len__(self) -> int:
         return len(self.loader)

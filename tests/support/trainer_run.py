@@ -1,5 +1,6 @@
-"""One ``NeatTrainer`` run in a process of its own, for the resume tests that kill it
-(``tests/graphs/test_hf_trainer.py``)::
+"""One ``NeatTrainer`` (or, with ``"trainer": "trl"``, ``NeatSFTTrainer``) run in a process of
+its own, for the resume tests that kill it (``tests/graphs/test_hf_trainer.py``,
+``tests/integrations/test_trl.py``)::
 
     python tests/support/trainer_run.py '{"family": "qwen2_vl", "corpus": "...", "out": "...",
         "dumps": "...", "args": {"max_steps": 4, "save_steps": 2}, "kill_in_save": 4}'
@@ -76,7 +77,22 @@ def main(spec: dict[str, Any]) -> None:
     dumps = Path(spec["dumps"])
     dumps.mkdir(parents=True, exist_ok=True)
     model, loader = build(spec)
-    forward = model.forward
+    common = {"output_dir": spec["out"], "per_device_train_batch_size": 1, "report_to": [],
+              "use_cpu": True, "learning_rate": 1e-2, "logging_steps": 1,
+              "save_only_model": False, **spec["args"]}  # fmt: skip
+    trainer: Any
+    if spec.get("trainer") == "trl":
+        from trl import SFTConfig
+
+        from neatpack.graphs.integrations.trl import NeatSFTTrainer
+
+        # SFTConfig's defaults: bf16 and gradient checkpointing on, both off on a CPU test
+        sft = SFTConfig(bf16=False, gradient_checkpointing=False, **common)
+        proc = load_tiny_processor(spec["family"])
+        trainer = NeatSFTTrainer(model=model, args=sft, train_loader=loader, processing_class=proc)
+    else:
+        trainer = NeatTrainer(model=model, args=TrainingArguments(**common), train_loader=loader)
+    forward = model.forward  # after the trainer: TRL replaces it with its fused LM head
     log = (dumps / "batches.jsonl").open("a")
 
     def spy(*args: Any, **kwargs: Any) -> Any:
@@ -85,11 +101,6 @@ def main(spec: dict[str, Any]) -> None:
         return forward(*args, **kwargs)
 
     model.forward = spy
-    args = TrainingArguments(
-        output_dir=spec["out"], per_device_train_batch_size=1, report_to=[], use_cpu=True,
-        learning_rate=1e-2, logging_steps=1, save_only_model=False, **spec["args"],
-    )  # fmt: skip
-    trainer = NeatTrainer(model=model, args=args, train_loader=loader)
     trainer.add_callback(Probe(dumps, spec.get("kill_after_save")))
     kill_in_save = spec.get("kill_in_save")
     save_optimizer = trainer._save_optimizer_and_scheduler
