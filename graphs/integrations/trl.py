@@ -30,11 +30,13 @@ train dataloader, its state rides in every ``checkpoint-N``, resume is exact) in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from trl import SFTConfig, SFTTrainer
+from trl.trainer.sft_config import SFTConfig
+from trl.trainer.sft_trainer import SFTTrainer
 
 from neatpack.graphs.hf_trainer import NeatTrainer, TrainerBatches
 from neatpack.graphs.train import model_inputs
@@ -84,7 +86,9 @@ def _checked_args(args: SFTConfig | None, output_dir: str) -> SFTConfig:
             "but neatpack's are already shifted (each token would be scored against the one after "
             "next); set label_smoothing_factor=0"
         )
-    args.dataset_kwargs = {**dict(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
+    given = args.dataset_kwargs or {}
+    given = json.loads(given) if isinstance(given, str) else given  # SFTConfig takes JSON too
+    args.dataset_kwargs = {**given, "skip_prepare_dataset": True}
     return args
 
 
@@ -132,8 +136,8 @@ class NeatSFTTrainer(NeatTrainer, SFTTrainer):
     ) -> Any:
         real = inputs.pop(REAL_TOKENS, None)
         counted = self._total_train_tokens
-        out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if real is not None and self.model.training:
+        out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # type: ignore[no-untyped-call]
+        if real is not None and getattr(self.model, "training", False):
             # TRL added attention_mask.sum() (pairs of a 4D mask) or position_ids.size(1) (the
             # batch size of [4,B,S] mRoPE positions); the real tokens replace it.
             device = self.accelerator.device

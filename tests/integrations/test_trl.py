@@ -95,9 +95,7 @@ def test_sft_loss_is_next_token_ce_over_the_step(corpus: Path, proc: Any, tmp_pa
     assert logged["num_tokens"] == sum(int(b["doc_ids"].gt(0).sum()) for b in batches)
 
 
-def test_sft_trains_batches_without_attention_mask(
-    corpus: Path, proc: Any, tmp_path: Path
-) -> None:
+def test_sft_trains_batches_without_attention_mask(corpus: Path, proc: Any, tmp_path: Path) -> None:
     """The ``position_ids`` format (``attention_mask=None``, as for flash attention): TRL's token
     count called ``None.sum()``; the step trains and counts the batch's real tokens."""
     model = tiny_model("qwen2_vl", processor=proc, seed=0)
@@ -166,6 +164,7 @@ def test_sft_killed_mid_epoch_resumes_exactly(corpus: Path, proc: Any, tmp_path:
     assert forwards(tmp_path / "w") == want
     assert forwards(tmp_path / "a") == want[:2]
     assert forwards(tmp_path / "b") == want[2:]
-    begin, saved = torch.load(tmp_path / "b" / "begin.pt"), torch.load(tmp_path / "a" / "saved-2.pt")
+    begin = torch.load(tmp_path / "b" / "begin.pt")
+    saved = torch.load(tmp_path / "a" / "saved-2.pt")
     assert begin.keys() == saved.keys()
     assert [k for k in saved if not torch.equal(begin[k], saved[k])] == []
