@@ -168,3 +168,31 @@ def test_sft_killed_mid_epoch_resumes_exactly(corpus: Path, proc: Any, tmp_path:
     saved = torch.load(tmp_path / "a" / "saved-2.pt")
     assert begin.keys() == saved.keys()
     assert [k for k in saved if not torch.equal(begin[k], saved[k])] == []
+
+
+@pytest.mark.slow  # two torchrun launches of 2 processes: ~45 s
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_sft_on_two_ranks_trains_each_rank_its_share(corpus: Path, tmp_path: Path) -> None:
+    """``torchrun`` with 2 CPU processes (gloo): a graph built before ``SFTConfig`` (which starts
+    the process group) read world size 1, and both ranks trained every batch; it is refused,
+    naming the fix. Built after, the two ranks train disjoint batches, together the epoch."""
+    spec = {"trainer": "trl", "family": "qwen2_vl", "corpus": str(corpus),
+            "args": {"max_steps": 2, "save_strategy": "no"}}  # fmt: skip
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(RUN)]
+    bad = {**spec, "out": str(tmp_path / "bad"), "dumps": str(tmp_path / "x"), "loader_first": True}
+    good = {**spec, "out": str(tmp_path / "out"), "dumps": str(tmp_path / "d")}
+    done = subprocess.run([*launch, json.dumps([bad])], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)  # fmt: skip
+    assert done.returncode != 0
+    assert "the loader was built for world_size=1 (rank 0) but the trainer runs 2" in done.stderr
+    done = subprocess.run([*launch, json.dumps([good])], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    cfg = NeatVLMConfig(pack_size=1024, media_root=str(corpus.parent / "media"), prefetch=0)
+    proc = load_tiny_processor("qwen2_vl")
+    for r, dumps in enumerate([tmp_path / "d", tmp_path / "d" / "rank1"]):
+        share = neat_vlm_graph(corpus, proc, config=cfg, rank=r, world_size=2)
+        want = [b["input_ids"].flatten().tolist() for b in share][:2]
+        assert forwards(dumps) == want
+    assert forwards(tmp_path / "d") != forwards(tmp_path / "d" / "rank1")

@@ -13,6 +13,8 @@ of every forward, in order), ``saved-<step>.pt`` (the model's weights at each ch
 leave them: ``kill_in_save: N`` SIGKILLs the process while checkpoint N is being written (the
 weights are on disk, the optimizer and ``trainer_state.json`` are not); ``kill_after_save: N``
 right after checkpoint N is complete. The last stdout line is ``{"global_step", "epoch"}``.
+Under ``torchrun`` rank R > 0 writes under ``dumps/rankR``; ``loader_first`` builds the graph
+before the training arguments (which start the process group), the order a guard refuses.
 """
 
 from __future__ import annotations
@@ -73,25 +75,41 @@ class Probe(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(spec: dict[str, Any]) -> None:
-    dumps = Path(spec["dumps"])
-    dumps.mkdir(parents=True, exist_ok=True)
-    model, loader = build(spec)
+def training_args(spec: dict[str, Any]) -> Any:
+    """``TrainingArguments``, or ``SFTConfig`` for ``"trainer": "trl"``; creating either starts
+    the process group under ``torchrun``."""
     common = {"output_dir": spec["out"], "per_device_train_batch_size": 1, "report_to": [],
               "use_cpu": True, "learning_rate": 1e-2, "logging_steps": 1,
               "save_only_model": False, **spec["args"]}  # fmt: skip
+    if spec.get("trainer") != "trl":
+        return TrainingArguments(**common)
+    from trl import SFTConfig
+
+    # SFTConfig's defaults: bf16 and gradient checkpointing on, both off on a CPU test
+    return SFTConfig(bf16=False, gradient_checkpointing=False, **common)
+
+
+def main(spec: dict[str, Any]) -> None:
+    dumps = Path(spec["dumps"])
+    dumps.mkdir(parents=True, exist_ok=True)
+    if spec.get("loader_first"):  # the order that misleads a graph under torchrun
+        model, loader = build(spec)
+        args = training_args(spec)
+    else:
+        args = training_args(spec)
+        model, loader = build(spec)
     trainer: Any
     if spec.get("trainer") == "trl":
-        from trl import SFTConfig
-
         from neatpack.graphs.integrations.trl import NeatSFTTrainer
 
-        # SFTConfig's defaults: bf16 and gradient checkpointing on, both off on a CPU test
-        sft = SFTConfig(bf16=False, gradient_checkpointing=False, **common)
         proc = load_tiny_processor(spec["family"])
-        trainer = NeatSFTTrainer(model=model, args=sft, train_loader=loader, processing_class=proc)
+        trainer = NeatSFTTrainer(model=model, args=args, train_loader=loader, processing_class=proc)
     else:
-        trainer = NeatTrainer(model=model, args=TrainingArguments(**common), train_loader=loader)
+        trainer = NeatTrainer(model=model, args=args, train_loader=loader)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank:  # torchrun: rank 0 writes the usual files, the others their batches only
+        dumps = dumps / f"rank{rank}"
+        dumps.mkdir(exist_ok=True)
     forward = model.forward  # after the trainer: TRL replaces it with its fused LM head
     log = (dumps / "batches.jsonl").open("a")
 
