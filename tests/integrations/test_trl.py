@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import TrainerCallback
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.train import model_inputs
@@ -53,6 +54,17 @@ def sft_args(out: Path, **kw: Any) -> Any:
                          logging_steps=1, save_strategy="no", **kw)  # fmt: skip
 
 
+class Reported(TrainerCallback):
+    """Collects each training log as the trainer's reporters receive it (``on_log``)."""
+
+    def __init__(self, into: list[dict[str, float]]) -> None:
+        self.into = into
+
+    def on_log(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if "loss" in kw["logs"]:
+            self.into.append(dict(kw["logs"]))
+
+
 @torch.no_grad()
 def next_token_ce_sum(model: Any, batch: dict[str, Any]) -> tuple[float, int]:
     """Summed cross-entropy of the model's logits at ``t`` against ``input_ids[t + 1]`` of the
@@ -82,6 +94,8 @@ def test_sft_loss_is_next_token_ce_over_the_step(corpus: Path, proc: Any, tmp_pa
         model=model, args=sft_args(tmp_path, max_steps=1, gradient_accumulation_steps=2),
         train_loader=loader(corpus, proc), processing_class=proc,
     )  # fmt: skip
+    reported: list[dict[str, float]] = []  # what report_to's TensorBoard / W&B callbacks get
+    trainer.add_callback(Reported(reported))
     trainer.train()
     logged = trainer.state.log_history[0]
     assert abs(logged["loss"] - want) <= 1e-4 * want, (logged["loss"], want)
@@ -92,7 +106,15 @@ def test_sft_loss_is_next_token_ce_over_the_step(corpus: Path, proc: Any, tmp_pa
         for b in batches
     ) / sum(int(b["labels"][:, 1:].ne(-100).sum()) for b in batches)  # fmt: skip
     assert abs(shifted_twice - want) > 1e-2
-    assert logged["num_tokens"] == sum(int(b["doc_ids"].gt(0).sum()) for b in batches)
+    real = sum(int(b["doc_ids"].gt(0).sum()) for b in batches)
+    assert logged["num_tokens"] == real
+    # the loader's data figures of the step, in the same log as TRL's own metrics
+    assert reported[0] == {k: v for k, v in logged.items() if k != "step"}
+    assert logged["data/batches"] == 2  # the step's two accumulated batches
+    assert logged["data/fill"] == pytest.approx(real / (2 * 1024))
+    assert logged["data/wait_s"] > 0
+    assert 0 < logged["data/wait_fraction"] <= 1
+    assert {"entropy", "mean_token_accuracy", "data/estimate_error_p99"} <= logged.keys()
 
 
 def test_sft_trains_batches_without_attention_mask(corpus: Path, proc: Any, tmp_path: Path) -> None:
