@@ -54,6 +54,7 @@ from neatpack.graphs.train import model_inputs
 __all__ = [
     "NeatTrainer",
     "TrainerBatches",
+    "check_loader_ranks",
     "checkpoint_problem",
     "last_complete_checkpoint",
     "load_loader_state",
@@ -89,10 +90,14 @@ class TrainerBatches:
         empty = True
         for batch in self.loader:
             empty = False
-            yield model_inputs(batch)
+            yield self.inputs(batch)
         if resumed and empty:
             for batch in self.loader:
-                yield model_inputs(batch)
+                yield self.inputs(batch)
+
+    def inputs(self, batch: Any) -> dict[str, Any]:
+        """One batch as the trainer's ``compute_loss`` takes it (a subclass adds keys)."""
+        return model_inputs(batch)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -189,6 +194,9 @@ class NeatTrainer(Trainer):
 
     def __init__(self, *args: Any, train_loader: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        parallel = getattr(self.accelerator, "parallelism_config", None)
+        ranks = self.args.world_size if parallel is None else parallel.data_parallel_size
+        check_loader_ranks(train_loader, ranks)
         self.train_loader = train_loader
         self.train_batches = TrainerBatches(train_loader)
 
@@ -240,6 +248,26 @@ class NeatTrainer(Trainer):
             super()._load_from_checkpoint(resume_from_checkpoint, model)  # PEFT, FSDP, ...
             return
         load_weights(model, resume_from_checkpoint)
+
+
+def check_loader_ranks(loader: Any, data_parallel_size: int) -> None:
+    """Refuse a loader built for another number of data-parallel ranks than the trainer runs.
+
+    The usual cause: the graph was built before ``TrainingArguments`` (or ``SFTConfig``), whose
+    creation starts the process group under ``torchrun`` / ``accelerate launch``; the graph then
+    read world size 1 on every rank, and each rank would train the whole epoch (every sample
+    ``data_parallel_size`` times per epoch)."""
+    source = getattr(loader, "source", None)
+    built = getattr(source, "world_size", None)
+    if built is None or built == data_parallel_size:
+        return
+    raise ValueError(
+        f"the loader was built for world_size={built} (rank {getattr(source, 'rank', '?')}) "
+        f"but the trainer runs {data_parallel_size} data-parallel processes: each rank would "
+        "train the wrong share of the data. Build the loader after TrainingArguments / "
+        "SFTConfig (creating them starts the process group), or pass rank= and world_size= to "
+        "the graph"
+    )
 
 
 def load_weights(model: PreTrainedModel, checkpoint_dir: str) -> None:

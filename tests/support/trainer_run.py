@@ -1,5 +1,6 @@
-"""One ``NeatTrainer`` run in a process of its own, for the resume tests that kill it
-(``tests/graphs/test_hf_trainer.py``)::
+"""One ``NeatTrainer`` (or, with ``"trainer": "trl"``, ``NeatSFTTrainer``) run in a process of
+its own, for the resume tests that kill it (``tests/graphs/test_hf_trainer.py``,
+``tests/integrations/test_trl.py``)::
 
     python tests/support/trainer_run.py '{"family": "qwen2_vl", "corpus": "...", "out": "...",
         "dumps": "...", "args": {"max_steps": 4, "save_steps": 2}, "kill_in_save": 4}'
@@ -12,6 +13,8 @@ of every forward, in order), ``saved-<step>.pt`` (the model's weights at each ch
 leave them: ``kill_in_save: N`` SIGKILLs the process while checkpoint N is being written (the
 weights are on disk, the optimizer and ``trainer_state.json`` are not); ``kill_after_save: N``
 right after checkpoint N is complete. The last stdout line is ``{"global_step", "epoch"}``.
+Under ``torchrun`` rank R > 0 writes under ``dumps/rankR``; ``loader_first`` builds the graph
+before the training arguments (which start the process group), the order a guard refuses.
 """
 
 from __future__ import annotations
@@ -72,11 +75,42 @@ class Probe(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def training_args(spec: dict[str, Any]) -> Any:
+    """``TrainingArguments``, or ``SFTConfig`` for ``"trainer": "trl"``; creating either starts
+    the process group under ``torchrun``."""
+    common = {"output_dir": spec["out"], "per_device_train_batch_size": 1, "report_to": [],
+              "use_cpu": True, "learning_rate": 1e-2, "logging_steps": 1,
+              "save_only_model": False, **spec["args"]}  # fmt: skip
+    if spec.get("trainer") != "trl":
+        return TrainingArguments(**common)
+    from trl import SFTConfig
+
+    # SFTConfig's defaults: bf16 and gradient checkpointing on, both off on a CPU test
+    return SFTConfig(bf16=False, gradient_checkpointing=False, **common)
+
+
 def main(spec: dict[str, Any]) -> None:
     dumps = Path(spec["dumps"])
     dumps.mkdir(parents=True, exist_ok=True)
-    model, loader = build(spec)
-    forward = model.forward
+    if spec.get("loader_first"):  # the order that misleads a graph under torchrun
+        model, loader = build(spec)
+        args = training_args(spec)
+    else:
+        args = training_args(spec)
+        model, loader = build(spec)
+    trainer: Any
+    if spec.get("trainer") == "trl":
+        from neatpack.graphs.integrations.trl import NeatSFTTrainer
+
+        proc = load_tiny_processor(spec["family"])
+        trainer = NeatSFTTrainer(model=model, args=args, train_loader=loader, processing_class=proc)
+    else:
+        trainer = NeatTrainer(model=model, args=args, train_loader=loader)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank:  # torchrun: rank 0 writes the usual files, the others their batches only
+        dumps = dumps / f"rank{rank}"
+        dumps.mkdir(exist_ok=True)
+    forward = model.forward  # after the trainer: TRL replaces it with its fused LM head
     log = (dumps / "batches.jsonl").open("a")
 
     def spy(*args: Any, **kwargs: Any) -> Any:
@@ -85,11 +119,6 @@ def main(spec: dict[str, Any]) -> None:
         return forward(*args, **kwargs)
 
     model.forward = spy
-    args = TrainingArguments(
-        output_dir=spec["out"], per_device_train_batch_size=1, report_to=[], use_cpu=True,
-        learning_rate=1e-2, logging_steps=1, save_only_model=False, **spec["args"],
-    )  # fmt: skip
-    trainer = NeatTrainer(model=model, args=args, train_loader=loader)
     trainer.add_callback(Probe(dumps, spec.get("kill_after_save")))
     kill_in_save = spec.get("kill_in_save")
     save_optimizer = trainer._save_optimizer_and_scheduler
