@@ -1,0 +1,137 @@
+"""PyTorch Lightning on a neatpack loader (``graphs/integrations/lightning.py``), through
+Lightning's own entry points: ``Trainer.fit`` on a ``NeatDataModule``, its ``ModelCheckpoint``
+and ``fit(ckpt_path="last")`` in a fresh process after a SIGKILL (the runs are
+``tests/support/lightning_run.py``), a tiny real Qwen2-VL model and the real tiny processor.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.testing import assert_exactly_once
+from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.tiny_models import tiny_model
+
+pl = pytest.importorskip("lightning.pytorch")
+from neatpack.graphs.integrations.lightning import NeatDataModule  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "tests" / "support" / "lightning_run.py"
+NUM_SAMPLES = 12  # 6 packs of 1024 tokens: 6 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(write_corpus(tmp_path_factory.mktemp("corpus"), num_samples=NUM_SAMPLES, seed=3))
+
+
+def graph(corpus: Path, proc: Any) -> Any:
+    cfg = NeatVLMConfig(pack_size=1024, media_root=str(corpus.parent / "media"), prefetch=0)
+    return neat_vlm_graph(corpus, proc, config=cfg)
+
+
+class Recorder(pl.LightningModule):  # type: ignore[misc]
+    """The model's own loss on each batch, and next-token cross-entropy from the same logits:
+    the target at position t is ``input_ids[t + 1]`` wherever the batch trains position t."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.seen: list[tuple[float, float, float]] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        out = self.model(**batch)
+        ids, labels = batch["input_ids"], batch["labels"]
+        logits = out.logits.detach().float()
+        trained = labels[:, :-1] != -100
+        assert bool((labels[:, -1] == -100).all())
+        assert torch.equal(labels[:, :-1][trained], ids[:, 1:][trained])  # shifted once
+        ref = F.cross_entropy(logits[:, :-1][trained], ids[:, 1:][trained])
+        with torch.no_grad():  # labels alone: transformers shifts them a second time
+            twice = self.model(**{**batch, "shift_labels": None}).loss
+        self.seen.append((float(out.loss), float(ref), float(twice)))
+        return out.loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def test_fit_loss_is_next_token_cross_entropy(corpus: Path, tmp_path: Path) -> None:
+    """Three optimizer steps of ``Trainer.fit``: the loss Lightning backpropagates is the
+    model's next-token cross-entropy over the packed batch, not the doubly shifted one."""
+    proc = load_tiny_processor("qwen2_vl")
+    module = Recorder(tiny_model("qwen2_vl", processor=proc, attn_implementation="eager"))
+    data = NeatDataModule(lambda: graph(corpus, proc))
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=data)
+    assert len(module.seen) == 3
+    for loss, ref, twice in module.seen:
+        assert abs(loss - ref) <= 1e-5 * max(1.0, ref), (loss, ref)
+        assert abs(twice - ref) > 1e-3
+    assert data.loader.stats.batches == 3
+
+
+def run(spec: dict[str, Any] | list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(RUN), json.dumps(spec)], capture_output=True, text=True,
+        timeout=400, cwd=ROOT,
+    )  # fmt: skip
+
+
+def steps(dumps: Path, rank: int = 0) -> list[dict[str, Any]]:
+    rows = (dumps / f"steps-rank{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in rows]
+
+
+@pytest.mark.timeout(900)
+def test_killed_runs_resume_exactly_through_fit_ckpt_path(corpus: Path, tmp_path: Path) -> None:
+    """Two epochs of 6 steps, ``ModelCheckpoint(every_n_train_steps=2, save_last=True)``. Killed
+    at step 3 (checkpoint 2 is mid-epoch), resumed by ``fit(ckpt_path="last")`` and killed again
+    at step 7 (checkpoint 6 closes epoch 0), resumed again to the end: every step after a resume
+    trains the uninterrupted run's batch with its loss (weights, optimizer and loader all
+    restored), and each epoch trains every sample exactly once."""
+    spec = {"corpus": str(corpus), "out": str(tmp_path / "out"), "max_epochs": 2, "every": 2}
+    full = {**spec, "out": str(tmp_path / "full"), "dumps": str(tmp_path / "full")}
+    first = run([full, {**spec, "dumps": str(tmp_path / "a"), "kill_at": 3}])
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    second = run({**spec, "dumps": str(tmp_path / "b"), "kill_at": 7, "resume": "last"})
+    assert second.returncode == -signal.SIGKILL, second.stderr[-3000:]
+    third = run({**spec, "dumps": str(tmp_path / "c"), "resume": "last"})
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert json.loads(third.stdout.splitlines()[-1]) == {"global_step": 12, "epoch": 2}
+
+    want = steps(tmp_path / "full")
+    assert [s["step"] for s in want] == list(range(12))
+    # the loader's own two epochs are the uninterrupted run's batches
+    loader = graph(corpus, load_tiny_processor("qwen2_vl"))
+    epochs = [[(b["input_ids"].flatten().tolist(), b["sample_ids"]) for b in loader] for _ in "ab"]
+    assert [s["ids"] for s in want] == [ids for epoch in epochs for ids, _ in epoch]
+
+    a, b, c = (steps(tmp_path / x) for x in "abc")
+    assert [s["step"] for s in a] == [0, 1, 2]  # step 2 trained, then lost to the kill
+    assert [s["step"] for s in b] == [2, 3, 4, 5, 6]
+    assert [s["step"] for s in c] == list(range(6, 12))
+    for got in (a, b, c):
+        for s in got:
+            assert s["ids"] == want[s["step"]]["ids"], f"step {s['step']}: another batch"
+            assert abs(s["loss"] - want[s["step"]]["loss"]) <= 1e-4, (s, want[s["step"]]["loss"])
+    kept = {s["step"]: s["ids"] for s in [*a[:2], *b[:4], *c]}  # what the checkpoints kept
+    ids_to_samples = {json.dumps(ids): sids for epoch in epochs for ids, sids in epoch}
+    for epoch in range(2):
+        trained = [kept[i] for i in range(6 * epoch, 6 * epoch + 6)]
+        sample_ids = [i for ids in trained for row in ids_to_samples[json.dumps(ids)] for i in row]
+        assert_exactly_once(sample_ids, range(NUM_SAMPLES))
