@@ -36,9 +36,21 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(write_corpus(tmp_path_factory.mktemp("corpus"), num_samples=NUM_SAMPLES, seed=3))
 
 
-def graph(corpus: Path, proc: Any) -> Any:
+def graph(corpus: Path, proc: Any, rank: int = 0, world_size: int = 1) -> Any:
     cfg = NeatVLMConfig(pack_size=1024, media_root=str(corpus.parent / "media"), prefetch=0)
-    return neat_vlm_graph(corpus, proc, config=cfg)
+    return neat_vlm_graph(corpus, proc, config=cfg, rank=rank, world_size=world_size)
+
+
+def loader_epochs(corpus: Path, rank: int = 0, world_size: int = 1) -> list[list[Any]]:
+    """The loader's own two epochs on ``rank``: (input ids, sample ids) per batch."""
+    loader = graph(corpus, load_tiny_processor("qwen2_vl"), rank, world_size)
+    return [[(b["input_ids"].flatten().tolist(), b["sample_ids"]) for b in loader] for _ in "ab"]
+
+
+def epoch_samples(kept: list[list[int]], epochs: list[list[Any]]) -> list[int]:
+    """The sample ids of the batches ``kept`` (input ids), found in the loader's epochs."""
+    samples = {json.dumps(ids): sids for epoch in epochs for ids, sids in epoch}
+    return [i for ids in kept for row in samples[json.dumps(ids)] for i in row]
 
 
 class Recorder(pl.LightningModule):  # type: ignore[misc]
@@ -116,9 +128,7 @@ def test_killed_runs_resume_exactly_through_fit_ckpt_path(corpus: Path, tmp_path
 
     want = steps(tmp_path / "full")
     assert [s["step"] for s in want] == list(range(12))
-    # the loader's own two epochs are the uninterrupted run's batches
-    loader = graph(corpus, load_tiny_processor("qwen2_vl"))
-    epochs = [[(b["input_ids"].flatten().tolist(), b["sample_ids"]) for b in loader] for _ in "ab"]
+    epochs = loader_epochs(corpus)  # the loader's own two epochs: the uninterrupted run's
     assert [s["ids"] for s in want] == [ids for epoch in epochs for ids, _ in epoch]
 
     a, b, c = (steps(tmp_path / x) for x in "abc")
@@ -129,9 +139,38 @@ def test_killed_runs_resume_exactly_through_fit_ckpt_path(corpus: Path, tmp_path
         for s in got:
             assert s["ids"] == want[s["step"]]["ids"], f"step {s['step']}: another batch"
             assert abs(s["loss"] - want[s["step"]]["loss"]) <= 1e-4, (s, want[s["step"]]["loss"])
-    kept = {s["step"]: s["ids"] for s in [*a[:2], *b[:4], *c]}  # what the checkpoints kept
-    ids_to_samples = {json.dumps(ids): sids for epoch in epochs for ids, sids in epoch}
-    for epoch in range(2):
-        trained = [kept[i] for i in range(6 * epoch, 6 * epoch + 6)]
-        sample_ids = [i for ids in trained for row in ids_to_samples[json.dumps(ids)] for i in row]
-        assert_exactly_once(sample_ids, range(NUM_SAMPLES))
+    kept = [s["ids"] for s in [*a[:2], *b[:4], *c]]  # what the checkpoints kept
+    assert_exactly_once(epoch_samples(kept[:6], epochs), range(NUM_SAMPLES))
+    assert_exactly_once(epoch_samples(kept[6:], epochs), range(NUM_SAMPLES))
+
+
+@pytest.mark.slow  # 3 runs of 2 processes: ~60 s of wall time on 2 cores
+@pytest.mark.distributed
+@pytest.mark.timeout(900)
+def test_ddp_two_processes_resume_each_rank_exactly(corpus: Path, tmp_path: Path) -> None:
+    """``strategy="ddp"`` on 2 CPU processes (gloo), 3 steps an epoch per rank: killed at step 3
+    (checkpoint 2, mid-epoch), ``fit(ckpt_path="last")`` resumes each rank from its own loader
+    state (rank 0 wrote the checkpoint for both): each rank trains its uninterrupted batches and
+    losses, and the two ranks together train each sample once an epoch."""
+    spec = {"corpus": str(corpus), "out": str(tmp_path / "out"), "max_epochs": 2, "every": 2,
+            "devices": 2}  # fmt: skip
+    full = run({**spec, "out": str(tmp_path / "full"), "dumps": str(tmp_path / "full")})
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = run({**spec, "dumps": str(tmp_path / "a"), "kill_at": 3})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = run({**spec, "dumps": str(tmp_path / "b"), "resume": "last"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    kept: list[list[int]] = [[], []]  # sample ids per epoch, both ranks
+    for rank in range(2):
+        want, a, b = (steps(tmp_path / x, rank) for x in ("full", "a", "b"))
+        epochs = loader_epochs(corpus, rank, 2)
+        assert [s["ids"] for s in want] == [ids for epoch in epochs for ids, _ in epoch]
+        assert [s["step"] for s in b] == [2, 3, 4, 5]
+        for s in [*a, *b]:
+            assert s["ids"] == want[s["step"]]["ids"], f"rank {rank} step {s['step']}"
+            assert abs(s["loss"] - want[s["step"]]["loss"]) <= 1e-4, (rank, s["step"])
+        trained = [s["ids"] for s in [*a[:2], *b]]
+        kept[0] += epoch_samples(trained[:3], epochs)
+        kept[1] += epoch_samples(trained[3:], epochs)
+    for samples in kept:
+        assert_exactly_once(samples, range(NUM_SAMPLES))
