@@ -30,6 +30,7 @@ from neatpack.graphs.watchdog import init_worker
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
 from neatpack.pipes.plan import PackPlan
+from neatpack.pipes.read import MAX_RECORD_BYTES
 from neatpack.pipes.sample_collate import pad_collate_fn
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
 from neatpack.pipes.steps import StepChain, pack_meta
@@ -57,10 +58,13 @@ class GroupedConfig:
     pin_memory: bool = False  # page-locked batches for non_blocking host-to-GPU copies
     keep_ledger: bool = True
     ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
+    max_record_bytes: int | None = MAX_RECORD_BYTES  # a longer JSONL line: a RecordError
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"{self.batch_size=} must be >= 1")
+        if self.max_record_bytes is not None and self.max_record_bytes < 1:
+            raise ValueError(f"{self.max_record_bytes=} must be >= 1 byte, or None for no limit")
         if self.tail not in TAIL_POLICIES:
             raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
 
@@ -145,7 +149,7 @@ def grouped_vlm_graph(
     ``batch_transform`` hook runs in the workers on each batch (keep ``batch["packs"]``)."""
     cfg = config or GroupedConfig()
     rank, world_size = resolve_rank(rank, world_size)
-    source = open_source(data, cfg.media_root)
+    source = open_source(data, cfg.media_root, max_record_bytes=cfg.max_record_bytes)
     if lengths is None:
         lengths = build_length_index(
             source,

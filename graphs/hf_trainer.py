@@ -24,6 +24,10 @@ What it changes in ``Trainer``, and why:
   saving leaves a torn last one; it is skipped with a warning).
 * A checkpoint saved at an epoch's end resumes with the next epoch: the loader's saved
   position is the end of the finished epoch, an empty remainder the Trainer would stop on.
+* Each training log (every ``logging_steps``) carries the loader's ``data_metrics()``
+  (``data/wait_s``, ``data/wait_fraction``, ``data/fill``, ... since the previous log), so
+  TensorBoard, W&B or any ``report_to`` shows when the data is the bottleneck. The figures are
+  this process's; the Trainer reports the main process's.
 * Model weights are restored through ``from_pretrained``'s key conversion: ``save_pretrained``
   writes some models' legacy key names (Qwen2-VL's ``model.embed_tokens...`` for
   ``model.language_model.embed_tokens...``) that the Trainer's own ``load_state_dict`` would
@@ -207,6 +211,14 @@ class NeatTrainer(Trainer):
             load_loader_state(self.train_batches, resume_from_checkpoint)
             self.args.ignore_data_skip = True  # the loader resumes from its cursor
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # A training log has the step's "loss" (evaluation and the end-of-run summary do not):
+        # the data figures of the steps since the previous one join it, so every callback
+        # (report_to's TensorBoard, W&B, ...) and log_history receive them.
+        if "loss" in logs:
+            logs = {**logs, **self.train_loader.data_metrics()}
+        super().log(logs, start_time)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         folder = os.path.join(

@@ -34,6 +34,7 @@ import copy
 import hashlib
 import json
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from neatpack.graphs.data_metrics import DataWindow
 from neatpack.graphs.graph_state import graph_signature, source_state, stateful_nodes
 from neatpack.graphs.watchdog import STOP_TIMEOUT_S, WorkerWatchdog, shutdown_at_exit, stop_graph
 from neatpack.pipes.contracts import Batch
@@ -91,7 +93,8 @@ class EpochLedger:
 
 @dataclass
 class LoaderStats:
-    """Running figures, readable at any time."""
+    """Running figures, readable at any time (``NeatLoader.data_metrics()`` logs their change
+    between two reads)."""
 
     batches: int = 0
     packs: int = 0
@@ -99,6 +102,28 @@ class LoaderStats:
     pack_tokens: int = 0  # packs x pack size
     # real / estimated per pack, the most recent ESTIMATE_WINDOW packs (bounded over long runs)
     estimate_ratio: deque[float] = field(default_factory=lambda: deque(maxlen=ESTIMATE_WINDOW))
+    estimated_packs: int = 0  # packs that had an estimate (all of them, not only the window)
+    wait_s: float = 0.0  # seconds the trainer's next() blocked on the graph
+    source_tokens: dict[str, int] = field(default_factory=dict)  # mixtures: real tokens by source
+
+    def add_pack(
+        self,
+        *,
+        real: int,
+        capacity: int,
+        estimated: float | None,
+        sources: dict[str, int] | None = None,
+    ) -> None:
+        """Count one pack handed out: its real tokens, its pack size, its length estimate and
+        (mixtures) its real tokens per source."""
+        self.packs += 1
+        self.pack_tokens += capacity
+        self.real_tokens += real
+        if estimated:
+            self.estimate_ratio.append(real / float(estimated))
+            self.estimated_packs += 1
+        for name, tokens in (sources or {}).items():
+            self.source_tokens[name] = self.source_tokens.get(name, 0) + int(tokens)
 
     def utilization(self) -> float:
         """Real tokens / (packs x pack size): the fraction of each GPU step that trains."""
@@ -165,6 +190,7 @@ class NeatLoader:
         self.ledger_epochs = ledger_epochs
         self.ledgers: dict[int, EpochLedger] = {}
         self.stats = LoaderStats()
+        self._window = DataWindow()  # data_metrics(): the stats at its last call
         self._lock = threading.Lock()
         # Position of the trainer: epoch, where this epoch (re)started, packs taken since.
         self._position: dict[str, Any] = {"epoch": initial_epoch, "start": 0, "local": 0}
@@ -219,6 +245,7 @@ class NeatLoader:
         if previous is not None and hasattr(previous, "close"):
             previous.close()
         self._active = None
+        started = time.perf_counter()
         if not self._continue:
             self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
             self._group_size = self.source.world_size
@@ -236,6 +263,10 @@ class NeatLoader:
         with self._lock:
             self._graph = {"state": self.root.state_dict(), "finished": False}
         self._record_tail()
+        with self._lock:  # starting the epoch (workers, reset) blocks the trainer like a batch
+            if self._window.started is None:
+                self._window.started = started
+            self.stats.wait_s += time.perf_counter() - started
         batches = self._batches()
         self._active = weakref.ref(batches)
         return batches
@@ -244,10 +275,12 @@ class NeatLoader:
         self._watchdog.start()
         try:
             while True:
+                asked = time.perf_counter()
                 try:
                     batch = next(self.root)
                 except StopIteration:
                     with self._lock:
+                        self.stats.wait_s += time.perf_counter() - asked
                         graph = self.root.state_dict()
                         self._account_filtered(source_state(graph), set())
                         self._graph = {"state": graph, "finished": True}
@@ -256,7 +289,9 @@ class NeatLoader:
                         self._continue = True
                         self._filtered_packs = 0
                     return
+                waited = time.perf_counter() - asked
                 with self._lock:
+                    self.stats.wait_s += waited
                     graph = self.root.state_dict()
                     self._account(batch, source_state(graph))
                     self._graph = {"state": graph, "finished": False}
@@ -268,6 +303,17 @@ class NeatLoader:
             self._watchdog.stop()
             stop_graph(self.root, 0.0)
 
+    def data_metrics(self) -> dict[str, float]:
+        """The data figures since the previous call (or the first ``iter()``), for a trainer's
+        logger: ``data/wait_s`` (seconds ``next()`` on this loader's iterator blocked on the
+        graph), ``data/wait_fraction``, ``data/batches``, ``data/fill``,
+        ``data/estimate_error_p50`` / ``_p99`` and, for mixtures, ``data/tokens/<source>``.
+        Plain floats, a flat dict; each call starts a new window (``graphs/data_metrics.py``).
+        """
+        with self._lock:
+            figures: dict[str, float] = self._window.take(self.stats, time.perf_counter())
+        return figures
+
     def _account(self, batch: Batch, at: dict[str, Any] | None) -> None:
         packs = _bookkeeping(batch)
         if at is None:  # the graph state does not say where the source is: count packs
@@ -277,13 +323,12 @@ class NeatLoader:
         self.stats.batches += 1
         ledger = self._ledger() if self.keep_ledger else None
         for meta in packs:
-            self.stats.packs += 1
-            self.stats.pack_tokens += self.pack_size
-            real = int(meta.get("real_tokens", 0))
-            self.stats.real_tokens += real
-            est = meta.get("estimated_tokens")
-            if est:
-                self.stats.estimate_ratio.append(real / float(est))
+            self.stats.add_pack(
+                real=int(meta.get("real_tokens", 0)),
+                capacity=self.pack_size,
+                estimated=meta.get("estimated_tokens"),
+                sources=meta.get("source_tokens"),
+            )
             if ledger is None:
                 continue
             report = meta.get("report") or {}

@@ -55,8 +55,9 @@ def mixture_parts(
     sources, indexes = [], []
     for spec in mix.sources:
         source = open_source(
-            spec.data, spec.media_root, cache_dir=cfg.cache_dir, rank=rank, world_size=world_size
-        )
+            spec.data, spec.media_root, cache_dir=cfg.cache_dir, rank=rank,
+            world_size=world_size, max_record_bytes=cfg.max_record_bytes,
+        )  # fmt: skip
         if family is not None:
             estimator = family.estimator(processor, cfg.estimate_mode)
         elif cfg.estimate_mode == "calibrated":

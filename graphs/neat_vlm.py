@@ -43,6 +43,7 @@ from neatpack.pipes.materialize import MaterializeConfig, Materializer
 from neatpack.pipes.mixture import Mixture, check_mixture_config, check_mixture_data
 from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
+from neatpack.pipes.read import MAX_RECORD_BYTES
 from neatpack.pipes.source import TAIL_POLICIES, PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack, PPMediaSplitter
 
@@ -102,6 +103,9 @@ class NeatVLMConfig:
     # its slice is large enough to pay (pipes/index_workers.py), N exactly N, 0 this process;
     # the index is the same for any number
     index_workers: int | None = None
+    # a JSONL line longer than this is refused by its id under on_bad_sample (None: no limit);
+    # tokenizing costs ~200 bytes of memory per byte of text (pipes/read.py MAX_RECORD_BYTES)
+    max_record_bytes: int | None = MAX_RECORD_BYTES
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -118,6 +122,8 @@ class NeatVLMConfig:
             raise ValueError(f"{self.worker_method=} is not one of {WORKER_METHODS}")
         if self.index_workers is not None and self.index_workers < 0:
             raise ValueError(f"{self.index_workers=} must be >= 0, or None for one per core")
+        if self.max_record_bytes is not None and self.max_record_bytes < 1:
+            raise ValueError(f"{self.max_record_bytes=} must be >= 1 byte, or None for no limit")
         if self.num_workers < 0 or self.prefetch < 0:
             raise ValueError(f"{self.num_workers=} and {self.prefetch=} must be >= 0")
         if self.pp_microbatches is not None and not 1 <= self.pp_microbatches <= self.batch_size:
@@ -214,8 +220,9 @@ def neat_vlm_parts(
     family: FamilyPlan | None = plan_family(processor, cfg)  # None: Qwen-VL; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(
-        data, cfg.media_root, cache_dir=cfg.cache_dir, rank=rank, world_size=world_size
-    )
+        data, cfg.media_root, cache_dir=cfg.cache_dir, rank=rank, world_size=world_size,
+        max_record_bytes=cfg.max_record_bytes,
+    )  # fmt: skip
     estimator: Any = None
     if lengths is None:
         fix = MISSING_MEDIA_FIX

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from neatpack.pipes.contracts import Record
-from neatpack.pipes.read import JsonListSource, JsonlSource, RecordSource, SequenceSource
+from neatpack.pipes.read import (
+    MAX_RECORD_BYTES,
+    JsonListSource,
+    JsonlSource,
+    RecordSource,
+    SequenceSource,
+)
 
 __all__ = ["MISSING_MEDIA_FIX", "EstimateChecked", "open_source"]
 
@@ -31,11 +37,13 @@ def open_source(
     cache_dir: str | None = None,
     rank: int = 0,
     world_size: int = 1,
+    max_record_bytes: int | None = MAX_RECORD_BYTES,
 ) -> RecordSource:
     """A record source for a path (``.jsonl``, ``.json``), a list of dicts or a source; tar /
     Parquet shards (a path, a glob or a list of paths or fsspec URLs ending ``.tar`` /
     ``.parquet``; the tar offset index cached in ``cache_dir``, split over the ranks). A JSONL
-    file's line index is cached in ``cache_dir`` too (``JsonlSource``)."""
+    file's line index is cached in ``cache_dir`` too (``JsonlSource``, which also refuses a line
+    over ``max_record_bytes`` by its id)."""
     from neatpack.pipes.shards import shard_source
 
     shards = shard_source(data, media_root, cache_dir=cache_dir, rank=rank, world_size=world_size)
@@ -49,7 +57,9 @@ def open_source(
             )
         if path.suffix == ".json":
             return JsonListSource(path, media_root=media_root)
-        return JsonlSource(path, media_root=media_root, cache_dir=cache_dir)
+        return JsonlSource(
+            path, media_root=media_root, cache_dir=cache_dir, max_record_bytes=max_record_bytes
+        )
     if isinstance(data, RecordSource):
         return data
     if isinstance(data, Sequence):

@@ -26,7 +26,9 @@ class TokenSource:
             path = Path(data)
             if not path.exists():
                 raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-            self._jsonl: JsonlSource | None = JsonlSource(path)
+            # no size limit: a pre-tokenized line is parsed, never tokenized again (a 1M-token
+            # document with its labels is ~14 MB of JSON, ~50 MB once read)
+            self._jsonl: JsonlSource | None = JsonlSource(path, max_record_bytes=None)
             self._items: Any = None
         elif isinstance(data, Sequence) or hasattr(data, "__getitem__"):
             self._jsonl, self._items = None, data

@@ -40,6 +40,13 @@ def image_hw(value: Any, sample_id: int) -> tuple[int, int] | str:
         return "image_no_meta"  # a placeholder block without images_meta: nothing to read
     if not isinstance(value, str):
         return "image_not_a_path"
+    from .media import non_regular_file
+
+    if what := non_regular_file(value):  # before Image.open: a FIFO would block it forever
+        raise EstimateError(
+            f"sample_id={sample_id}: image {value!r} is {what}, not a regular file; point the "
+            "record at a regular file or drop it"
+        )
     try:
         with Image.open(value) as im:  # lazy: reads the header only, no decode
             w, h = im.size

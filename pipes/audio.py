@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .media import SampleError, existing_media_file
+from .media import SampleError, existing_media_file, non_regular_file
 
 __all__ = [
     "AUDIO_STAND_IN",
@@ -211,6 +211,11 @@ def audio_num_samples(value: Any, seconds: Any, rate: int, sample_id: Any) -> in
         return round(float(seconds) * rate)
     if isinstance(value, np.ndarray):
         return int(value.shape[0])
+    if isinstance(value, str | os.PathLike) and (what := non_regular_file(value)):
+        raise ValueError(  # before wave.open: a FIFO would block it forever
+            f"sample_id={sample_id}: audio {value!r:.80} is {what}, not a regular file; point "
+            "the record at a regular file or drop it"
+        )
     try:
         with wave.open(os.fspath(value), "rb") as w:
             return round(w.getnframes() * rate / w.getframerate())

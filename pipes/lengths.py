@@ -1,5 +1,7 @@
 """The length index: every sample's estimated length, built once (cooperatively across ranks),
-cached on disk under its fingerprint and reloaded in milliseconds.
+cached on disk under its fingerprint and reloaded in milliseconds (plus one ``stat`` per media
+file it sized from the file: a cached index is reused only while those files are unchanged,
+``pipes/media_stamp.py``).
 
 ``total[i]`` is sample ``i``'s estimated length after the shift (``L - 1``); ``visual[i]`` the
 image + video tokens inside it (``docs/data_contracts.md`` section 2).
@@ -18,6 +20,7 @@ import hashlib
 import itertools
 import json
 import os
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from ._record import RecordError, paused_gc
 from .estimate import LengthEstimator
 from .index_split import initialized_dist, side_group, split_points
 from .index_workers import index_start_method, index_workers
+from .media_stamp import MediaStamp, relative_to, unsized_media_paths
 from .npz_files import read_npz, write_npz
 
 __all__ = [
@@ -56,6 +60,8 @@ class LengthIndex:
     fingerprint: str
     fallback_ids: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     fallback_counts: dict[str, int] = field(default_factory=dict)
+    # the media files the lengths were read from (none for an index built by hand)
+    media: MediaStamp = field(default_factory=MediaStamp.empty)
 
     def __post_init__(self) -> None:
         if self.total.shape != self.visual.shape or self.total.ndim != 1:
@@ -68,7 +74,8 @@ class LengthIndex:
 
     def _checksum(self) -> str:
         h = hashlib.sha256(self.fingerprint.encode())
-        for a in (self.total, self.visual, self.fallback_ids):
+        media = self.media.arrays()
+        for a in (self.total, self.visual, self.fallback_ids, *media.values()):
             h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
         h.update(json.dumps(self.fallback_counts, sort_keys=True).encode())
         return h.hexdigest()
@@ -80,17 +87,22 @@ class LengthIndex:
             "fingerprint": self.fingerprint,
             "fallback_counts": self.fallback_counts,
             "checksum": self._checksum(),
+            "media_root": self.media.root,
         }
         write_npz(
             path, total=self.total, visual=self.visual, fallback_ids=self.fallback_ids,
-            meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+            meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **self.media.arrays(),
         )  # fmt: skip
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], fingerprint: str | None = None) -> LengthIndex:
         """Load and verify (format version, fingerprint, checksum over the arrays); a torn or
-        corrupt file raises ``ValueError`` instead of returning wrong lengths."""
-        z = read_npz(path, ("meta", "total", "visual", "fallback_ids"), what="length index file")
+        corrupt file raises ``ValueError`` instead of returning wrong lengths. A file written
+        before the media stamp existed lacks its fields: unreadable too, so it is rebuilt once
+        (same fingerprint)."""
+        fields = ("meta", "total", "visual", "fallback_ids", "media_paths", "media_sizes",
+                  "media_mtimes")  # fmt: skip
+        z = read_npz(path, fields, what="length index file")
         try:
             meta = json.loads(z["meta"].tobytes())
             index = cls(
@@ -99,6 +111,7 @@ class LengthIndex:
                 fingerprint=str(meta["fingerprint"]),
                 fallback_ids=z["fallback_ids"].astype(np.int64, copy=False),
                 fallback_counts={str(k): int(v) for k, v in meta["fallback_counts"].items()},
+                media=MediaStamp.from_arrays(meta.get("media_root"), z),
             )
         except (ValueError, KeyError) as e:
             raise ValueError(f"length index file {path} is unreadable: {e!r}") from e
@@ -140,9 +153,11 @@ def estimate_slice(
     stop: int,
     progress: bool,
     on_error: str = "raise",
+    media: list[str] | None = None,
 ) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
     """Fast path (``estimate_raw_batch``) per block of 8192; the records it leaves undecided go
-    through ``source[id]`` and ``estimate_sample`` (errors, fallbacks, header reads).
+    through ``source[id]`` and ``estimate_sample`` (errors, fallbacks, header reads); the paths
+    of the media files those may read (no metadata sizes them) are appended to ``media``.
     ``on_error="skip"``: a record that cannot be read or estimated (``RecordError``) gets length
     0 and the fallback reason ``record_error``; the materializer's failure policy then skips or
     replaces it, counted in the loader's ledger with its id."""
@@ -165,7 +180,7 @@ def estimate_slice(
             t, v, slow = estimator.estimate_raw_batch(block)
             for j, (tj, vj, reasons) in zip(
                 slow,
-                _estimate_ids(source, estimator, [start + k + j for j in slow], on_error),
+                _estimate_ids(source, estimator, [start + k + j for j in slow], on_error, media),
                 strict=True,
             ):
                 t[j], v[j] = tj, vj
@@ -180,7 +195,7 @@ def estimate_slice(
 
 
 def _estimate_ids(
-    source: Any, estimator: Any, ids: list[int], on_error: str
+    source: Any, estimator: Any, ids: list[int], on_error: str, media: list[str] | None = None
 ) -> list[tuple[int, int, tuple[str, ...]]]:
     """``(total, visual, fallback reasons)`` of ``source[id]`` for each id. An estimator with
     ``estimate_samples`` (``exact`` mode: one template and one tokenizer call for the lot) gets
@@ -189,13 +204,20 @@ def _estimate_ids(
     batch = getattr(estimator, "estimate_samples", None)
     if batch is not None and len(ids) > 1 and getattr(estimator, "mode", "") == "exact":
         try:
-            return [tuple(s) for s in batch([source[sid] for sid in ids])]
+            records = [source[sid] for sid in ids]
+            done = [tuple(s) for s in batch(records)]
+            if media is not None:
+                media.extend(p for r in records for p in unsized_media_paths(r))
+            return done
         except RecordError:
             pass  # one by one below: the same error, or the same skips, as without batching
     out: list[tuple[int, int, tuple[str, ...]]] = []
     for sid in ids:
         try:
-            out.append(tuple(estimator.estimate_sample(source[sid])))
+            record = source[sid]
+            if media is not None:  # a record refused for its media is stamped too
+                media.extend(unsized_media_paths(record))
+            out.append(tuple(estimator.estimate_sample(record)))
         except RecordError:
             if on_error == "raise":
                 raise
@@ -245,7 +267,8 @@ def build_length_index(
         )
     fp = length_index_fingerprint(source, estimator)
     path = None if cache_dir is None else Path(cache_dir) / f"{fp}.npz"
-    cached = _try_load(path, fp)
+    root = getattr(source, "media_root", None)
+    cached = _try_load(path, fp, root)
     dist = initialized_dist(world_size)
     if dist is not None:
         group = side_group(group)  # CPU gloo: never the (maybe NCCL) default group
@@ -270,7 +293,7 @@ def build_length_index(
         num_workers = index_workers(hi - lo)
     error: str | None = None
     empty = np.zeros(0, np.int64)
-    part: tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]] = (empty, empty, [])
+    part: _Part = (empty, empty, [], [])
     try:
         part = _estimate_parallel(
             source, estimator, lo, hi, progress and rank == 0, num_workers, on_error
@@ -288,13 +311,15 @@ def build_length_index(
         total = np.concatenate([p[1][0] for p in parts])
         visual = np.concatenate([p[1][1] for p in parts])
         fallbacks = [f for p in parts for f in p[1][2]]
+        media = [m for p in parts for m in p[1][3]]
     else:
-        total, visual, fallbacks = part
+        total, visual, fallbacks, media = part
     counts: Counter[str] = Counter(r for _, reasons in fallbacks for r in reasons)
     index = LengthIndex(
         total=total, visual=visual, fingerprint=fp,
         fallback_ids=np.asarray([sid for sid, _ in fallbacks], np.int64),
         fallback_counts=dict(sorted(counts.items())),
+        media=MediaStamp.of(media, root),
     )  # fmt: skip
     for sid, reasons in fallbacks:
         estimator.fallbacks.add(sid, reasons)
@@ -311,11 +336,11 @@ def _estimate_parallel(
     progress: bool,
     workers: int,
     on_error: str = "raise",
-) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
+) -> _Part:
+    """This rank's lengths of ids ``lo..hi-1`` and the media files read for them, relative to
+    the source's media root (so ranks with their own copy of the media agree)."""
     if workers == 0 or hi - lo < 2 * 8192:
-        if on_error == "raise":  # the default call shape (tests spy on it)
-            return estimate_slice(source, estimator, lo, hi, progress)
-        return estimate_slice(source, estimator, lo, hi, progress, on_error)
+        return _slice_with_media(source, estimator, lo, hi, progress, on_error)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
@@ -323,7 +348,7 @@ def _estimate_parallel(
     cuts = [lo + c for c in split_points(hi - lo, workers, bounds)]
     with ProcessPoolExecutor(workers, mp_context=mp.get_context(index_start_method())) as pool:
         futures = [
-            pool.submit(estimate_slice, source, estimator, a, b, False, on_error)
+            pool.submit(_slice_with_media, source, estimator, a, b, False, on_error)
             for a, b in itertools.pairwise(cuts)
         ]
         parts = [f.result() for f in futures]  # re-raises a worker's error here
@@ -331,13 +356,39 @@ def _estimate_parallel(
         np.concatenate([p[0] for p in parts]),
         np.concatenate([p[1] for p in parts]),
         [f for p in parts for f in p[2]],
+        [m for p in parts for m in p[3]],
     )
 
 
-def _try_load(path: Path | None, fp: str) -> LengthIndex | None:
+_Part = tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
+
+
+def _slice_with_media(
+    source: Any, estimator: LengthEstimator, lo: int, hi: int, progress: bool, on_error: str
+) -> _Part:
+    media: list[str] = []
+    total, visual, fallbacks = estimate_slice(source, estimator, lo, hi, progress, on_error, media)
+    return total, visual, fallbacks, relative_to(media, getattr(source, "media_root", None))
+
+
+def _try_load(path: Path | None, fp: str, root: str | None) -> LengthIndex | None:
+    """The cached index, or None to rebuild it: absent, torn or corrupt, or built from media
+    files that differ now (another ``media_root``, files re-exported: said in a warning)."""
     if path is None or not path.exists():
         return None
     try:
-        return LengthIndex.load(path, fingerprint=fp)
+        index = LengthIndex.load(path, fingerprint=fp)
     except ValueError:
         return None  # torn or corrupt: rebuild (the rebuild overwrites it atomically)
+    changed = index.media.changes(root)
+    if changed:
+        n = len(index.media.paths)
+        warnings.warn(
+            f"length index cache {path} was built from media files that differ now "
+            f"(media_root {index.media.root!r}, now {root!r}): {'; '.join(changed)}"
+            f"{' ...' if len(changed) >= 5 else ''} (of {n} files it sized); its lengths would "
+            "mis-plan every epoch, so it is rebuilt and overwritten",
+            stacklevel=3,
+        )
+        return None
+    return index

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,7 +16,15 @@ from PIL import Image, UnidentifiedImageError
 
 from .errors import REASONS, SampleError
 
-__all__ = ["REASONS", "SampleError", "existing_media_file", "load_image", "load_video", "to_rgb"]
+__all__ = [
+    "REASONS",
+    "SampleError",
+    "existing_media_file",
+    "load_image",
+    "load_video",
+    "non_regular_file",
+    "to_rgb",
+]
 
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 
@@ -70,10 +79,45 @@ def _check_size(img: Image.Image, where: str, sample_id: Any, limit: int | None)
         )
 
 
+_FILE_TYPES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def non_regular_file(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it exists but is no regular file (``"a FIFO (named pipe)"``,
+    ``"a directory"``, ...), else None (a regular file, or nothing there). Asked with ``stat``,
+    which opens nothing: opening a FIFO blocks until some process writes to it, i.e. forever,
+    so a media path must be refused before PIL, PyAV or ``wave`` touch it.
+
+    >>> non_regular_file("/"), non_regular_file("/no/such/file")
+    ('a directory', None)
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None  # missing or unreadable: the caller's missing-file path names it
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _FILE_TYPES if test(mode)), "not a regular file")
+
+
 def existing_media_file(src: str | os.PathLike[str], kind: str, sample_id: Any) -> str:
-    """``src`` as a path string if it names a non-empty file, else a ``SampleError``
-    (``missing_file`` / ``empty_file``) naming the sample, the ``kind`` of media and the fix."""
+    """``src`` as a path string if it names a non-empty regular file, else a ``SampleError``
+    (``missing_file`` / ``bad_media`` for a FIFO, directory or device / ``empty_file``) naming
+    the sample, the ``kind`` of media and the fix."""
     path = os.fspath(src)
+    if what := non_regular_file(path):
+        raise SampleError(
+            sample_id,
+            "bad_media",
+            f"{kind} file {path!r} is {what}, not a regular file (opening it could block "
+            "forever); point the record at a regular file or drop it",
+        )
     if not os.path.isfile(path):
         raise SampleError(
             sample_id,

@@ -236,13 +236,18 @@ class MixturePackSource(PackSource):
 
 class SourceTagger:
     """Batch step: ``batch["doc_sources"]`` (``[B, D]`` long, the source index of each document
-    of each row in row order, ``-1`` past the row's documents) and ``batch["source_names"]``.
+    of each row in row order, ``-1`` past the row's documents) and ``batch["source_names"]``;
+    each pack's meta gets ``source_tokens`` (real tokens per source name: the loader's
+    ``data/tokens/<source>`` figures).
 
     >>> tag = SourceTagger([0, 3, 5], ["ocr", "chat"])
-    >>> out = tag({"packs": [{"sample_ids": [4, 0], "report": {"packed": [4, 0]}},
-    ...                      {"sample_ids": [1], "report": None}]})
+    >>> out = tag({"packs": [
+    ...     {"sample_ids": [4, 0], "report": {"packed": [4, 0]}, "seq_lens": [7, 5]},
+    ...     {"sample_ids": [1], "report": None, "seq_lens": [9]}]})
     >>> out["doc_sources"].tolist(), out["source_names"]
     ([[1, 0], [0, -1]], ['ocr', 'chat'])
+    >>> [meta["source_tokens"] for meta in out["packs"]]  # real tokens per source, per pack
+    [{'ocr': 5, 'chat': 7}, {'ocr': 9, 'chat': 0}]
     """
 
     def __init__(self, bounds: Sequence[int] | IntArray, names: Sequence[str]) -> None:
@@ -255,6 +260,7 @@ class SourceTagger:
             report = meta.get("report") or {}
             ids = report.get("packed", meta["sample_ids"])
             rows.append(np.searchsorted(self.bounds, np.asarray(ids, np.int64), side="right") - 1)
+            meta["source_tokens"] = self.source_tokens(rows[-1], meta)
         width = max((len(r) for r in rows), default=0)
         out = torch.full((len(rows), width), -1, dtype=torch.long)
         for i, r in enumerate(rows):
@@ -262,3 +268,20 @@ class SourceTagger:
         batch["doc_sources"] = out
         batch["source_names"] = list(self.names)
         return batch
+
+    def source_tokens(self, sources: IntArray, meta: dict[str, Any]) -> dict[str, int]:
+        """Real tokens of each source in one pack, for the loader's ``data/tokens/<source>``:
+        each document's length (``meta["seq_lens"]``, in packed order) to its source."""
+        lens = meta.get("seq_lens")
+        if lens is None or len(lens) != len(sources):
+            raise ValueError(
+                f"pack {meta.get('pack_index')} (samples {list(meta['sample_ids'])}) has "
+                f"seq_lens={lens} for {len(sources)} packed documents: SourceTagger counts each "
+                "source's tokens by document length. Build the pack's meta with "
+                "neatpack.pipes.PackMaterializer, or pack_meta(..., seq_lens=<each document's "
+                "real length in packed order>)"
+            )
+        out = dict.fromkeys(self.names, 0)
+        for source, n in zip(sources.tolist(), lens, strict=True):
+            out[self.names[source]] += int(n)
+        return out

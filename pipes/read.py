@@ -35,6 +35,7 @@ from .contracts import Record
 from .npz_files import read_npz, write_npz
 
 __all__ = [
+    "MAX_RECORD_BYTES",
     "HFDatasetSource",
     "JsonListSource",
     "JsonlSource",
@@ -46,6 +47,12 @@ __all__ = [
 
 _CHUNK = 1 << 20  # 1 MiB: read and hash granularity
 _BLOCK = 8 << 20  # 8 MiB: sequential read block of iter_raw
+#: ``JsonlSource``'s default ``max_record_bytes``: one block of the length index. A record's
+#: parse and token count cost memory in proportion to it (tokenized whole ~200 bytes a
+#: character: a 20 MB line took 2.9 GB, a 200 MB one was killed at 18 GB; text_pieces.py cuts
+#: that for Qwen-style tokenizers, not for all), so one record may cost what one index block
+#: of many records costs, and no more.
+MAX_RECORD_BYTES = _BLOCK
 
 _fast_loads: Callable[[bytes | memoryview], Any] | None
 try:  # optional: ~3x faster than json.loads on typical records (3.4 vs 11 us for 440 bytes)
@@ -152,6 +159,12 @@ class JsonlSource:
     its ctime, which no tool can set back, so a changed file is never taken for the cached one;
     an unchanged one is not read again (a 1M-record, 557 MB file: 0.5 s -> a few ms at every
     start). The graphs pass their ``cache_dir``.
+
+    ``max_record_bytes``: a line longer than this (default ``MAX_RECORD_BYTES``, 8 MiB; None:
+    no limit) is never read: reading its id raises a ``RecordError`` naming the line, its size
+    and the fix, which ``on_bad_sample`` then raises, skips or replaces (counted). The limit
+    enters ``content_fingerprint()`` only when some line is over it, so the length index
+    cached for a file with no such line keeps its key.
     """
 
     def __init__(
@@ -160,7 +173,10 @@ class JsonlSource:
         media_root: str | os.PathLike[str] | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
     ) -> None:
+        if max_record_bytes is not None and max_record_bytes < 1:
+            raise ValueError(f"{max_record_bytes=} must be >= 1 byte, or None for no limit")
         self.path = Path(path)
         self.media_root = real_media_root(media_root)
         self._fd: int | None = None
@@ -170,7 +186,17 @@ class JsonlSource:
         self.ends: npt.NDArray[np.int64] = ends
         self._lines = lines  # 1-based file line numbers, or None when there were no blank lines
         self.blank_lines = blanks
-        self._fingerprint = digest
+        self.max_record_bytes = max_record_bytes
+        # ids of the lines over the limit, sorted: never read, refused by id
+        self.too_large: npt.NDArray[np.int64] = (
+            np.zeros(0, np.int64)
+            if max_record_bytes is None
+            else np.flatnonzero(ends - starts > max_record_bytes).astype(np.int64)
+        )
+        # The limit changes lengths only where it refuses a line: only then is it in the key.
+        self._fingerprint = (
+            f"{digest}\0max_record_bytes={max_record_bytes}" if self.too_large.size else digest
+        )
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -182,6 +208,14 @@ class JsonlSource:
 
     def read_bytes(self, sample_id: int) -> bytes:
         sid = _check_id(sample_id, len(self))
+        size = int(self.ends[sid] - self.starts[sid])
+        if self.max_record_bytes is not None and size > self.max_record_bytes:
+            raise RecordError(
+                f"{self.path} line {self.line_number(sid)} (sample_id={sid}) is {size} bytes, "
+                f"over max_record_bytes={self.max_record_bytes} (one record may not cost more "
+                "memory than that to parse and tokenize); split or shorten that record, or "
+                "raise max_record_bytes (NeatVLMConfig, GroupedConfig) if you have the memory"
+            )
         if self._fd is None or self._pid != os.getpid():
             self._fd = os.open(self.path, os.O_RDONLY)
             self._pid = os.getpid()
@@ -225,11 +259,19 @@ class JsonlSource:
     def iter_raw_blocks(self, start: int, stop: int) -> Iterator[list[Any]]:
         """``iter_raw`` as one list per ~8 MiB block read (no per-record generator step)."""
         i = start
+        big = self.too_large
         with self.path.open("rb") as f:
             while i < stop:
+                k = int(np.searchsorted(big, i))
+                if k < big.size and big[k] == i:
+                    yield [None]  # over max_record_bytes: not read; source[id] says why
+                    i += 1
+                    continue
                 base = int(self.starts[i])
                 j = min(stop, int(np.searchsorted(self.starts, base + _BLOCK, side="left")))
                 j = max(j, i + 1)
+                if k < big.size:
+                    j = min(j, int(big[k]))  # the block ends before the next line over the limit
                 f.seek(base)
                 block = f.read(int(self.ends[j - 1]) - base)
                 yield self._parse_block(block, i, j, base)

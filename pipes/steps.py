@@ -50,8 +50,10 @@ def pack_meta(
     real_tokens: int,
     estimated_tokens: int | None = None,
     report: dict[str, Any] | None = None,
+    seq_lens: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """What the loader's ledger and stats read of one pack (no tensors).
+    """What the loader's ledger and stats read of one pack (no tensors). ``seq_lens``: the real
+    length of each packed document in pack order (a mixture counts its sources' tokens by it).
 
     >>> ref = {"epoch": 0, "slot": 3, "pack_index": 7, "padded": False, "sample_ids": [4, 9]}
     >>> pack_meta(ref, real_tokens=120)["sample_ids"], pack_meta(ref, real_tokens=120)["slot"]
@@ -66,6 +68,7 @@ def pack_meta(
         "real_tokens": int(real_tokens),
         "estimated_tokens": estimated_tokens,
         "report": report,
+        "seq_lens": None if seq_lens is None else [int(n) for n in seq_lens],
     }
 
 
@@ -90,13 +93,18 @@ class PackMaterializer:
     def __call__(self, ref: Mapping[str, Any]) -> dict[str, Any]:
         pack = dict(self.materializer(ref))
         ids = ref["sample_ids"]
-        real = int(sum(pack.get("seq_lens", [])))
+        seq_lens = pack.get("seq_lens", [])
+        real = int(sum(seq_lens))
         if self.estimated is None:
             estimated = real
         else:
             estimated = int(self.estimated[list(ids)].sum()) if len(ids) else 0
         pack[META_KEY] = pack_meta(
-            ref, real_tokens=real, estimated_tokens=estimated, report=pack.pop("report", None)
+            ref,
+            real_tokens=real,
+            estimated_tokens=estimated,
+            report=pack.pop("report", None),
+            seq_lens=seq_lens,
         )
         return pack
 

@@ -95,3 +95,21 @@ def test_grouped_graph_batches_similar_lengths_and_resumes(corpus: Path, process
     assert same_item(
         [b["input_ids"] for b in head + list(resumed)], [b["input_ids"] for b in reference]
     )
+
+
+def test_llm_graph_reads_a_pre_tokenized_line_over_the_record_limit(tmp_path: Path) -> None:
+    """The record size limit (pipes/read.py MAX_RECORD_BYTES) guards text that is tokenized;
+    a pre-tokenized long document is only parsed, so the text graph reads it whole."""
+    import json
+
+    from neatpack.pipes.read import MAX_RECORD_BYTES
+
+    long_doc = list(range(1000, 1000 + 1_300_000))  # > 8 MiB of JSON
+    data = tmp_path / "tokens.jsonl"
+    data.write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n" + json.dumps(
+        {"input_ids": long_doc}) + "\n")  # fmt: skip
+    assert data.stat().st_size > MAX_RECORD_BYTES
+    cfg = NeatLLMConfig(pack_size=1_400_000, attn_implementation="doc_ids", shuffle=False)
+    metas = [m for b in neat_llm_graph(data, config=cfg) for m in b["packs"]]
+    assert sorted(i for m in metas for i in m["sample_ids"]) == [0, 1]
+    assert sum(m["real_tokens"] for m in metas) == 2 + len(long_doc) - 1  # shifted lengths

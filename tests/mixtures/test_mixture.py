@@ -426,10 +426,16 @@ def test_target_shares_and_other_sources_refused(world: dict[str, Any]) -> None:
     assert target_shares({"epoch_tokens": None, "sources": [["a", 1, None], ["b", 1, None]]},
                          [10, 30]) == [0.5, 0.5]  # fmt: skip
     state, _ = _saved_mid_epoch(world, steps=1)
-    other = dict(world["data"])
-    other["charts"] = world["data"]["caption"]
-    w2 = {**world, "data": other}
-    loader = neat_vlm_graph(None, world["processor"], config=_config(w2))
+    # 'charts' now reads the caption records, with their own media (under the charts media
+    # root they do not exist: the length index, not reusing the cache, says so)
+    swap = {n: "caption" if n == "charts" else n for n in NAMES}
+    mix = Mixture(sources=[
+        MixtureSource(name=n, data=world["data"][swap[n]],
+                      media_root=str(world["root"] / swap[n] / "media"), weight=wt)
+        for n, wt in zip(NAMES, GRAPH, strict=True)
+    ])  # fmt: skip
+    cfg = NeatVLMConfig(pack_size=1024, mixture=mix, cache_dir=str(world["root"] / "cache"))
+    loader = neat_vlm_graph(None, world["processor"], config=cfg)
     with pytest.raises(StateMismatchError):
         loader.load_state_dict(state)
 
@@ -468,3 +474,11 @@ def test_bad_record_is_named_or_counted_once_per_use(world: dict[str, Any], tmp_
     report = mixture_ledger([loader.ledgers[0]], plan.bounds, ["caption", "chat"])
     assert report["chat"]["failed"] == uses  # once per use, not once per record
     assert bad not in loader.ledgers[0].consumed
+
+
+def test_max_record_bytes_reaches_every_source(world: dict[str, Any]) -> None:
+    cfg = NeatVLMConfig(pack_size=1024, mixture=_mixture(world), max_record_bytes=64)
+    with pytest.raises(ValueError, match=r"line 1 \(sample_id=0\) is \d+ bytes, over max_record_"
+                       "bytes=64") as info:  # fmt: skip
+        neat_vlm_graph(None, world["processor"], config=cfg)
+    assert any("mixture source" in note for note in info.value.__notes__)

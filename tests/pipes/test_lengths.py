@@ -163,9 +163,9 @@ def _worker(rank: int, world: int, port: int, data: str, cache: str, out: str) -
         calls: list[int] = []
         real = lengths_mod.estimate_slice
 
-        def spy(s: Any, e: Any, lo: int, hi: int, p: bool) -> Any:
+        def spy(s: Any, e: Any, lo: int, hi: int, p: bool, *rest: Any) -> Any:
             calls.append(hi - lo)
-            return real(s, e, lo, hi, p)
+            return real(s, e, lo, hi, p, *rest)
 
         lengths_mod.estimate_slice = spy  # type: ignore[assignment]
         result: dict[str, Any] = {}

@@ -5,6 +5,7 @@ Nothing is dropped silently: every sample id lands in exactly one ledger list.""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -336,3 +337,36 @@ def test_graph_missing_image_error_names_options_that_exist(tmp_path: Path, proc
         grouped_vlm_graph(path, processor, config=GroupedConfig(media_root=str(tmp_path)))
     with pytest.raises(RecordError, match=r"sample_id=1: .*pass estimator=LengthEstimator"):
         LengthGroupedSampler(JsonlSource(path, media_root=tmp_path), processor=processor)
+
+
+def test_max_record_bytes_refuses_by_id_and_keys_the_cached_index(
+    tmp_path: Path, processor: Any
+) -> None:
+    """A line over ``NeatVLMConfig.max_record_bytes`` is never parsed or tokenized: skipped
+    and counted under ``on_bad_sample="skip"``. Lifting the limit on the same ``cache_dir``
+    measures it anew instead of reusing the index built while it was refused (length 0)."""
+    (tmp_path / "media").mkdir()
+    lines = [_msgs_line("Hi."), _msgs_line("word " * 600), _msgs_line("Bye.")]
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    assert len(lines[1]) > 2000 > max(len(lines[0]), len(lines[2]))
+    cache = str(tmp_path / "cache")
+    limited = _graph(tmp_path, processor, on_bad_sample="skip", max_record_bytes=2000,
+                     cache_dir=cache)  # fmt: skip
+    list(limited)
+    assert _ledger_partition(limited.ledgers[0], 3) == {0: "consumed", 1: "failed", 2: "consumed"}
+    lifted = _graph(tmp_path, processor, on_bad_sample="skip", max_record_bytes=None,
+                    cache_dir=cache)  # fmt: skip
+    batches = list(lifted)
+    assert _ledger_partition(lifted.ledgers[0], 3) == dict.fromkeys(range(3), "consumed")
+    assert lifted.ledgers[0].truncated == []
+    metas = [m for b in batches for m in b["packs"]]
+    assert sum(m["real_tokens"] for m in metas) > 600  # the long one is in
+    # exact mode: the plan's lengths are the real ones (a reused index would say 0 for it)
+    assert [m["estimated_tokens"] for m in metas] == [m["real_tokens"] for m in metas]
+    with pytest.raises(RecordError, match=r"line 2 \(sample_id=1\) is \d+ bytes, over max_rec"):
+        list(_graph(tmp_path, processor, max_record_bytes=2000, cache_dir=cache))
+
+
+def _msgs_line(user: str) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": user},
+                                    {"role": "assistant", "content": "Fine."}]})  # fmt: skip

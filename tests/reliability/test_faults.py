@@ -195,6 +195,54 @@ def test_torn_or_corrupt_cache_file_is_rebuilt(
     LengthIndex.load(path, fingerprint=good.fingerprint)  # rewritten whole
 
 
+# -- the cache and the media files its lengths were read from ----------------------------
+def _one_epoch(root: Path, processor: Any, media: Path) -> Any:
+    loader = neat_vlm_graph(root / "data.jsonl", processor, config=_config(
+        root, media_root=str(media), overlong="raise", overflow="truncate"))  # fmt: skip
+    metas = [m for batch in loader for m in batch["packs"]]
+    return loader.ledgers[0], metas
+
+
+@pytest.mark.parametrize("change", ["media_root", "re_exported"])
+def test_cached_index_is_rebuilt_for_other_media(
+    change: str, processor: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same JSONL, same cache_dir, other images (another media_root, or the same names
+    re-exported at twice the size): the lengths cached from the old files' headers are not
+    reused (they dropped 7 of 12 samples and truncated 1, every epoch, with no word): a warning
+    names the cache file and the changed files, the index is rebuilt, and the exact plan is
+    the real one again. Unchanged media reuse the cache without a word."""
+    import PIL.Image
+
+    write_corpus(tmp_path, num_samples=12, seed=0, with_meta=0.0)  # sizes from the headers
+    media = tmp_path / "media"
+    first, _ = _one_epoch(tmp_path, processor, media)
+    assert sorted(first.consumed) == list(range(12))
+    other = tmp_path / "media2" if change == "media_root" else media
+    other.mkdir(exist_ok=True)
+    for f in sorted(media.iterdir()):
+        with PIL.Image.open(f) as im:
+            im.load()
+        im.resize((im.width * 2, im.height * 2)).save(other / f.name, format=im.format)
+    (cache,) = [f for f in (tmp_path / "cache").glob("*.npz") if "jsonl" not in f.name]
+    with pytest.warns(UserWarning, match=rf"{re.escape(str(cache))} was built from media files "
+                      r"that differ now .*000000_0\.img: \d+ -> \d+ bytes.*rebuilt"):  # fmt: skip
+        ledger, metas = _one_epoch(tmp_path, processor, other)
+    assert (ledger.dropped, ledger.truncated, ledger.overlong) == ([], [], [])
+    assert sorted(ledger.consumed) == list(range(12))
+    assert [m["estimated_tokens"] for m in metas] == [m["real_tokens"] for m in metas]
+    calls: list[int] = []
+    real = lengths_mod.estimate_slice
+    monkeypatch.setattr(lengths_mod, "estimate_slice", lambda *a: calls.append(1) or real(*a))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rebuilt cache matches these files: no warning
+        again, _ = _one_epoch(tmp_path, processor, other)
+    assert calls == []  # served from the cache
+    assert sorted(again.consumed) == list(range(12))
+
+
 # -- loader state files: damaged, foreign, safe ---------------------------------------
 def _saved_state(corpus: Path, processor: Any, tmp_path: Path) -> Path:
     loader = neat_vlm_graph(corpus / "data.jsonl", processor, config=_config(corpus, prefetch=0))

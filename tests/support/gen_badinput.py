@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from neatpack.pipes.read import MAX_RECORD_BYTES
+
 __all__ = ["BOMB_LIMIT", "CASES", "Case", "write_bad_corpus"]
 
 BOMB_LIMIT = 10_000  # PIL.Image.MAX_IMAGE_PIXELS during the bomb cases; normal images are smaller
@@ -95,6 +97,17 @@ def _put(name: str, data: bytes | Callable[[], bytes]) -> Files:
         (root / "media" / name).write_bytes(data if isinstance(data, bytes) else data())
 
     return write
+
+
+def _fifo(name: str) -> Files:
+    """A named pipe where an image should be: opening it blocks until a writer comes."""
+
+    def make(root: Path) -> None:
+        path = root / "media" / name
+        if not path.exists():
+            os.mkfifo(path)
+
+    return make
 
 
 def _symlink_out(root: Path) -> None:
@@ -297,6 +310,14 @@ def _cases() -> list[Case]:
             rf"{SID}: image .*bomb_hard\.png.*(decompression|pixels)",
             files=_put("bomb_hard.png", lambda: _png((200, 200))),
         ),
+        Case(
+            "fifo_image_nometa",
+            _msgs(_img("pipe.png")),
+            "bad",
+            "estimate",
+            rf"{SID}: image .*pipe\.png' is a FIFO \(named pipe\), not a regular file",
+            files=_fifo("pipe.png"),
+        ),
         # -- the tokenizer refuses (images_meta given: the estimator never opens the file) --
         Case(
             "missing_file_meta",
@@ -305,6 +326,16 @@ def _cases() -> list[Case]:
             "tokenize",
             rf"{SID} \[missing_file\]: image file .*nope\.png.* does not exist; fix the path",
             "missing_file",
+        ),
+        Case(
+            "fifo_image",
+            _msgs(_img("pipe_meta.png"), **meta),
+            "bad",
+            "tokenize",
+            rf"{SID} \[bad_media\]: image file .*pipe_meta\.png' is a FIFO \(named pipe\), not "
+            "a regular file",
+            "bad_media",
+            files=_fifo("pipe_meta.png"),
         ),
         Case(
             "zero_size",
@@ -383,6 +414,15 @@ def _cases() -> list[Case]:
             "tokenize",
             rf"{SID} \[empty_text\]: message 0 \(user\) has no text and no media",
             "empty_text",
+        ),
+        # -- the reader refuses a line over max_record_bytes before reading it --------------
+        Case(
+            "too_large_line",
+            _msgs("Summarize.", "x" * MAX_RECORD_BYTES),
+            "bad",
+            "read",
+            rf"line \d+ \(sample_id=\d+\) is \d+ bytes, over max_record_bytes={MAX_RECORD_BYTES}"
+            ".*split or shorten that record",
         ),
         # -- the plan refuses -------------------------------------------------------------
         Case(
