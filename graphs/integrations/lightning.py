@@ -26,6 +26,9 @@ What it relies on in Lightning (2.6), and what it adds:
 * A checkpoint saved after an epoch's last step resumes with the next epoch, not an empty one
   (``TrainerBatches``): Lightning, like ``transformers.Trainer``, would count the empty
   remainder of the finished epoch as a whole epoch.
+* :class:`NeatDataMetrics` (a callback) logs the loader's ``data_metrics()`` (``data/wait_s``,
+  ``data/fill``, ...) with ``self.log_dict`` on each step Lightning writes its logs, so every
+  logger of the trainer (CSV, TensorBoard, W&B) shows when the data is the bottleneck.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import torch.distributed as dist
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.hf_trainer import TrainerBatches
 
-__all__ = ["RANKS_KEY", "LightningBatches", "NeatDataModule"]
+__all__ = ["RANKS_KEY", "LightningBatches", "NeatDataMetrics", "NeatDataModule"]
 
 RANKS_KEY = "neatpack_loader_ranks"  # every rank's loader state, by rank
 
@@ -91,3 +94,21 @@ class NeatDataModule(pl.LightningDataModule):
     def teardown(self, stage: str) -> None:
         if self.loader is not None:
             self.loader.close()
+
+
+class NeatDataMetrics(pl.Callback):
+    """Logs the loader's ``data_metrics()`` (the figures since the previous log: wait time,
+    fill, estimate error, per-source tokens) through ``LightningModule.log_dict`` on the steps
+    Lightning writes to its loggers (every ``log_every_n_steps`` optimizer steps), so one window
+    spans exactly the steps between two log rows. Figures are this rank's; rank 0's are written.
+    """
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        # Once per optimizer step, after its accumulation micro-batches; Lightning writes the
+        # logs of step N (0-based) when (N + 1) % log_every_n_steps == 0.
+        every = trainer.log_every_n_steps
+        if not every or (trainer.global_step + 1) % every:
+            return
+        loader = getattr(trainer.train_dataloader, "loader", None)
+        if loader is not None:
+            pl_module.log_dict(loader.data_metrics(), on_step=True, on_epoch=False)

@@ -6,6 +6,7 @@ and ``fit(ckpt_path="last")`` in a fresh process after a SIGKILL (the runs are
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 import subprocess
@@ -24,7 +25,9 @@ from neatpack.pipes.tiny import load_tiny_processor
 from neatpack.pipes.tiny_models import tiny_model
 
 pl = pytest.importorskip("lightning.pytorch")
-from neatpack.graphs.integrations.lightning import NeatDataModule  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+from neatpack.graphs.integrations.lightning import NeatDataMetrics, NeatDataModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "tests" / "support" / "lightning_run.py"
@@ -73,28 +76,46 @@ class Recorder(pl.LightningModule):  # type: ignore[misc]
         with torch.no_grad():  # labels alone: transformers shifts them a second time
             twice = self.model(**{**batch, "shift_labels": None}).loss
         self.seen.append((float(out.loss), float(ref), float(twice)))
+        self.log("loss", out.loss)
         return out.loss
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
-def test_fit_loss_is_next_token_cross_entropy(corpus: Path, tmp_path: Path) -> None:
-    """Three optimizer steps of ``Trainer.fit``: the loss Lightning backpropagates is the
-    model's next-token cross-entropy over the packed batch, not the doubly shifted one."""
+def test_fit_loss_is_next_token_ce_and_data_metrics_reach_the_logger(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """Four optimizer steps of ``Trainer.fit``: the loss Lightning backpropagates is the model's
+    next-token cross-entropy over the packed batch, not the doubly shifted one; and with
+    ``NeatDataMetrics`` and ``log_every_n_steps=2`` the trainer's logger (CSV) gets the data
+    figures in the rows of Lightning's own logs, each window the 2 batches since the last."""
     proc = load_tiny_processor("qwen2_vl")
     module = Recorder(tiny_model("qwen2_vl", processor=proc, attn_implementation="eager"))
     data = NeatDataModule(lambda: graph(corpus, proc))
     trainer = pl.Trainer(
-        accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        accelerator="cpu", max_steps=4, log_every_n_steps=2, enable_checkpointing=False,
+        logger=CSVLogger(tmp_path, name="logs", version=0), callbacks=[NeatDataMetrics()],
+        enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
-    assert len(module.seen) == 3
+    assert len(module.seen) == 4
     for loss, ref, twice in module.seen:
         assert abs(loss - ref) <= 1e-5 * max(1.0, ref), (loss, ref)
         assert abs(twice - ref) > 1e-3
-    assert data.loader.stats.batches == 3
+
+    with (tmp_path / "logs" / "version_0" / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    figures = [r for r in rows if r.get("data/batches")]
+    assert [r["step"] for r in figures] == [r["step"] for r in rows if r.get("loss")] == ["1", "3"]
+    assert [float(r["data/batches"]) for r in figures] == [2.0, 2.0]
+    for r in figures:
+        assert float(r["data/wait_s"]) >= 0.0
+        assert 0.0 <= float(r["data/wait_fraction"]) <= 1.0
+        assert float(r["data/estimate_error_p99"]) >= float(r["data/estimate_error_p50"]) >= 0.0
+    # equal windows of 1024-token packs: their mean fill is the run's real / pack tokens
+    mean_fill = sum(float(r["data/fill"]) for r in figures) / 2
+    assert abs(mean_fill - data.loader.stats.utilization()) < 1e-6
 
 
 def run(spec: dict[str, Any] | list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:

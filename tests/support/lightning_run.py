@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.graphs.integrations.lightning import NeatDataModule
+from neatpack.graphs.integrations.lightning import NeatDataMetrics, NeatDataModule
 from neatpack.pipes.tiny import load_tiny_processor
 from neatpack.pipes.tiny_models import tiny_model
 
@@ -74,7 +74,8 @@ def main(spec: dict[str, Any]) -> None:
     )
     trainer = pl.Trainer(
         accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-        max_epochs=spec["max_epochs"], callbacks=[save, Kill(spec.get("kill_at"))],
+        max_epochs=spec["max_epochs"],
+        callbacks=[save, Kill(spec.get("kill_at")), NeatDataMetrics()],
         logger=CSVLogger(dumps, name="logs"), log_every_n_steps=1,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
