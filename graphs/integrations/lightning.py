@@ -17,8 +17,9 @@ What it relies on in Lightning (2.6), and what it adds:
 * The loader is built in ``train_dataloader()``, after Lightning has started the process group,
   so the graph reads its rank and world size from ``torch.distributed``.
 * Only rank 0 writes the checkpoint: the saved state holds every rank's loader state (gathered
-  when it is saved) and each rank loads its own; on another world size every rank takes rank 0's,
-  and the loader re-strides the rest of the epoch from the global cursor.
+  when it is saved) and each rank loads its own. A resume on another number of processes is
+  refused: Lightning ends the resumed epoch after ``len(loader)`` batches per process counted
+  from the old layout, which would skip packs (the plain loader itself reshards).
 * Batches are ``model_inputs(batch)`` (:class:`~neatpack.graphs.hf_trainer.TrainerBatches`):
   the already shifted labels go in as ``labels`` and ``shift_labels``, so ``model(**batch).loss``
   is next-token cross-entropy (``labels`` alone would score each token against the one after
@@ -69,7 +70,18 @@ class LightningBatches(TrainerBatches):
             )
         states = state[RANKS_KEY]
         rank, world_size = resolve_rank(None, None)
-        super().load_state_dict(states[rank] if len(states) == world_size else states[0])
+        if len(states) != world_size:
+            # Lightning restores how many of the epoch's batches each process has done and ends
+            # the epoch by that count; the loader re-strides its remainder over the new number
+            # of processes, so the two disagree (1 -> 2 processes after 2 of 6 steps: Lightning
+            # takes 1 more step on each, the loader has 2 each; 2 packs would be skipped).
+            raise ValueError(
+                f"the checkpoint's loader state was saved by {len(states)} process(es); this "
+                f"run has {world_size}. Lightning counts the epoch's batches per process, so "
+                "on another number of processes the resumed epoch would not match the loader's "
+                f"remainder (more processes skip packs): resume on {len(states)} process(es)"
+            )
+        super().load_state_dict(states[rank])
 
 
 class NeatDataModule(pl.LightningDataModule):

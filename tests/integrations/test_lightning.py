@@ -165,14 +165,15 @@ def test_killed_runs_resume_exactly_through_fit_ckpt_path(corpus: Path, tmp_path
     assert_exactly_once(epoch_samples(kept[6:], epochs), range(NUM_SAMPLES))
 
 
-@pytest.mark.slow  # 3 runs of 2 processes: ~60 s of wall time on 2 cores
+@pytest.mark.slow  # 6 runs, 4 of them on 2 processes: ~2 min of wall time on 2 cores
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 def test_ddp_two_processes_resume_each_rank_exactly(corpus: Path, tmp_path: Path) -> None:
     """``strategy="ddp"`` on 2 CPU processes (gloo), 3 steps an epoch per rank: killed at step 3
     (checkpoint 2, mid-epoch), ``fit(ckpt_path="last")`` resumes each rank from its own loader
     state (rank 0 wrote the checkpoint for both): each rank trains its uninterrupted batches and
-    losses, and the two ranks together train each sample once an epoch."""
+    losses, and the two ranks together train each sample once an epoch. A resume on another
+    number of processes is refused, naming both counts."""
     spec = {"corpus": str(corpus), "out": str(tmp_path / "out"), "max_epochs": 2, "every": 2,
             "devices": 2}  # fmt: skip
     full = run({**spec, "out": str(tmp_path / "full"), "dumps": str(tmp_path / "full")})
@@ -195,3 +196,16 @@ def test_ddp_two_processes_resume_each_rank_exactly(corpus: Path, tmp_path: Path
         kept[1] += epoch_samples(trained[3:], epochs)
     for samples in kept:
         assert_exactly_once(samples, range(NUM_SAMPLES))
+    # another number of processes is refused, naming both counts: 2 -> 1, and 1 -> 2, where
+    # Lightning would take 1 more step of epoch 0 on each rank and the loader has 2 each
+    mid_epoch = str(tmp_path / "out" / "epoch=0-step=2.ckpt")
+    one = run({**spec, "devices": 1, "dumps": str(tmp_path / "one"), "resume": mid_epoch})
+    single = {**spec, "devices": 1, "out": str(tmp_path / "single")}
+    killed = run({**single, "dumps": str(tmp_path / "s"), "kill_at": 3})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    two = run({**single, "devices": 2, "dumps": str(tmp_path / "two"), "resume": "last"})
+    for refused, saved, now in ((one, 2, 1), (two, 1, 2)):
+        assert refused.returncode != 0
+        assert f"saved by {saved} process(es); this run has {now}" in refused.stderr
+    assert not (tmp_path / "one" / "steps-rank0.jsonl").exists()
+    assert not (tmp_path / "two" / "steps-rank0.jsonl").exists()
