@@ -38,7 +38,6 @@ What it changes in ``Trainer``, and why:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from collections.abc import Iterator
@@ -48,6 +47,7 @@ import torch
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from neatpack.graphs.checkpoint_dirs import atomic_file, newest_complete
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.train import model_inputs
 
@@ -63,7 +63,6 @@ __all__ = [
     "save_loader_state",
 ]
 
-logger = logging.getLogger(__name__)
 TRAINER_STATE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written last
 _CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -119,17 +118,8 @@ def save_loader_state(loader: Any, checkpoint_dir: str | os.PathLike[str]) -> No
     """This rank's loader state into a checkpoint folder, atomically (a temporary file, synced,
     renamed over the target): a kill mid-write leaves the old file or none, never half."""
     path = loader_state_path(checkpoint_dir, resolve_rank(None, None)[0])
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(loader.state_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_file(path) as f:
+        torch.save(loader.state_dict(), f)
 
 
 def load_loader_state(loader: Any, checkpoint_dir: str | os.PathLike[str]) -> None:
@@ -167,25 +157,10 @@ def checkpoint_problem(checkpoint_dir: str | os.PathLike[str]) -> str | None:
 def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str:
     """The newest complete ``checkpoint-N`` folder in ``output_dir``; newer torn ones are
     skipped with a warning naming each and what it lacks. ValueError when none is complete."""
-    folder = os.fspath(output_dir)
-    steps = sorted(
-        (int(m.group(1)), name)
-        for name in (os.listdir(folder) if os.path.isdir(folder) else [])
-        if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(folder, name))
-    )
-    torn: list[str] = []
-    for _, name in reversed(steps):
-        path = os.path.join(folder, name)
-        problem = checkpoint_problem(path)
-        if problem is None:
-            if torn:
-                logger.warning("resuming from %s; skipped incomplete %s", path, "; ".join(torn))
-            return path
-        torn.append(f"{name} ({problem})")
-    raise ValueError(
-        f"no complete checkpoint in {folder!r} (found: {'; '.join(torn) or 'none'}); "
-        "train from scratch (resume_from_checkpoint=None)"
-    )
+    return newest_complete(
+        output_dir, _CHECKPOINT, checkpoint_problem,
+        fix="train from scratch (resume_from_checkpoint=None)",
+    )  # fmt: skip
 
 
 class NeatTrainer(Trainer):

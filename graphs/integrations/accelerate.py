@@ -5,7 +5,7 @@
     model, optimizer = accelerator.prepare(model, optimizer)  # not the loader
     batches = prepare_loader(accelerator, loader)    # checks ranks, registers the state
     step = 0
-    accelerator.load_state("ckpt")                   # on resume: the loader continues exactly
+    accelerator.load_state(last_complete_state("ckpt"))   # on resume: the newest complete one
     while batches.epoch < epochs:
         for batch in batches:
             step += 1
@@ -14,7 +14,7 @@
             accelerator.backward(loss * loss_scale(accelerator))
             optimizer.step(); optimizer.zero_grad()
             batches.log_data_metrics(step)           # wait, fill, ... to the trackers
-            accelerator.save_state("ckpt")           # every rank calls it
+            save_state(accelerator, f"ckpt/step-{step}")  # every rank; marks it complete
 
 What Accelerate does with a loader on its own, and why this module exists:
 
@@ -33,19 +33,46 @@ What Accelerate does with a loader on its own, and why this module exists:
 * ``accelerator.backward`` divides the loss by ``gradient_accumulation_steps`` and DDP averages
   the gradients over the processes; a loss normalized by ``step_normalizer`` is already the
   mean over the whole step, so it is multiplied back by :func:`loss_scale`.
+* A run killed while ``accelerator.save_state`` writes leaves a torn folder (weights, no
+  optimizer or loader state, ...), and ``load_state`` on it fails on the missing file (or
+  ``load_state()`` under ``automatic_checkpoint_naming`` picks it, being the newest).
+  :func:`save_state` writes ``neatpack_complete.json`` after ``save_state`` has returned on
+  every process; :func:`last_complete_state` takes the newest folder that has it and warns
+  about each newer torn one it skips (the same rule as ``NeatTrainer``'s checkpoints).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["STATE_KEY", "AcceleratorBatches", "loss_scale", "prepare_loader"]
+from neatpack.graphs.checkpoint_dirs import atomic_file, newest_complete
 
+__all__ = [
+    "COMPLETE",
+    "STATE_KEY",
+    "AcceleratorBatches",
+    "last_complete_state",
+    "loss_scale",
+    "prepare_loader",
+    "save_state",
+    "state_problem",
+]
+
+logger = logging.getLogger(__name__)
 #: the key of every rank's loader state in the state ``AcceleratorBatches`` saves
 STATE_KEY = "neatpack_loader_ranks"
+#: written into a checkpoint folder after ``accelerator.save_state`` returned on every process
+COMPLETE = "neatpack_complete.json"
+#: a checkpoint folder's name: a word, then its number (``checkpoint_3``, ``step-40``)
+_NUMBERED = re.compile(r"^\D*(\d+)$")
 
 
 def prepare_loader(accelerator: Any, loader: Any) -> AcceleratorBatches:
@@ -71,6 +98,69 @@ def loss_scale(accelerator: Any) -> int:
     ``accelerator.backward``: the processes DDP averages over, times the accumulation steps
     ``backward`` divides by."""
     return int(accelerator.num_processes) * int(accelerator.gradient_accumulation_steps)
+
+
+def save_state(accelerator: Any, output_dir: str | None = None, **kwargs: Any) -> str:
+    """``accelerator.save_state(output_dir, **kwargs)``, then :data:`COMPLETE` once every
+    process has returned from it: a folder without it is torn (:func:`last_complete_state`
+    skips it). Call it on every process, as ``save_state``. Returns the folder.
+
+    Saving into a folder again removes its marker first (it is torn until the new save ends).
+    Under ``ProjectConfiguration(automatic_checkpoint_naming=True)`` a torn
+    ``checkpoint_<iteration>`` left by a killed run is removed, with a warning: Accelerate
+    refuses to save into an existing folder, and a resumed run saves that iteration again."""
+    auto = accelerator.project_configuration.automatic_checkpoint_naming
+    if auto:
+        name = f"checkpoint_{accelerator.save_iteration}"
+        target = os.path.join(accelerator.project_dir, "checkpoints", name)
+    elif output_dir is None:
+        raise ValueError(
+            "save_state(accelerator) needs output_dir, or an Accelerator with "
+            "ProjectConfiguration(automatic_checkpoint_naming=True)"
+        )
+    else:
+        target = os.fspath(output_dir)
+    each_node = accelerator.project_configuration.save_on_each_node
+    writer = accelerator.is_local_main_process if each_node else accelerator.is_main_process
+    marker = os.path.join(target, COMPLETE)
+    if writer and not auto and os.path.exists(marker):
+        os.remove(marker)
+    elif writer and auto and os.path.isdir(target) and state_problem(target) is not None:
+        logger.warning("removing %s, torn by a run killed while saving it", target)
+        shutil.rmtree(target)
+    accelerator.wait_for_everyone()  # nobody writes into the folder while it counts complete
+    location = str(accelerator.save_state(output_dir, **kwargs))
+    accelerator.wait_for_everyone()  # every process's files are written
+    if writer:
+        with atomic_file(marker) as f:
+            f.write(json.dumps({"processes": accelerator.num_processes}).encode())
+    return location
+
+
+def state_problem(folder: str | os.PathLike[str]) -> str | None:
+    """Why a checkpoint folder cannot be resumed from (torn by a kill while it was saved, or
+    saved by ``accelerator.save_state`` alone), or None when :func:`save_state` completed it."""
+    path = os.path.join(os.fspath(folder), COMPLETE)
+    try:
+        with open(path) as f:
+            json.load(f)
+    except FileNotFoundError:
+        return f"no {COMPLETE}"
+    except (OSError, ValueError) as e:
+        return f"unreadable {COMPLETE} ({e})"
+    return None
+
+
+def last_complete_state(output_dir: str | os.PathLike[str]) -> str:
+    """The newest complete checkpoint folder in ``output_dir`` (folders named a word then a
+    number: ``step-40``, or ``checkpoint_3`` in ``project_dir/checkpoints`` under automatic
+    naming), for ``accelerator.load_state``. Newer torn ones are skipped with a warning naming
+    each; ``ValueError`` when none is complete."""
+    return newest_complete(
+        output_dir, _NUMBERED, state_problem,
+        fix="train from scratch, or save with neatpack's save_state(accelerator, ...), which "
+        f"marks a folder complete ({COMPLETE}) once every process has saved",
+    )  # fmt: skip
 
 
 class AcceleratorBatches:

@@ -1,7 +1,8 @@
 """A neatpack loader in an ``accelerate`` loop (``graphs/integrations/accelerate.py``), run the
 way a user runs it: ``accelerate launch`` on 2 CPU processes (gloo), a tiny real Qwen2-VL, the
-loader checkpointed by ``accelerator.save_state`` and resumed by ``accelerator.load_state`` in
-a fresh launch after a SIGKILL (the runs are ``tests/support/accelerate_run.py``).
+loader checkpointed by neatpack's ``save_state`` (``accelerator.save_state``, then a marker) and
+resumed by ``accelerator.load_state(last_complete_state(out))`` in a fresh launch after a
+SIGKILL inside ``save_state`` (the runs are ``tests/support/accelerate_run.py``).
 
 Without ``prepare_loader``, ``register_for_checkpointing(loader)`` saves rank 0's loader state
 only and rank 1's ``load_state`` is refused; ``prepare(loader)`` does nothing to it.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.synth import write_corpus
@@ -24,6 +26,7 @@ from neatpack.pipes.tiny import load_tiny_processor
 
 accelerate = pytest.importorskip("accelerate")
 from neatpack.graphs.integrations.accelerate import (  # noqa: E402
+    COMPLETE,
     STATE_KEY,
     AcceleratorBatches,
     loss_scale,
@@ -66,6 +69,13 @@ def steps(dumps: Path, rank: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+def assert_same_weights(got: Path, want: Path) -> None:
+    a, b = torch.load(got), torch.load(want)
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"{len(differ)} of {len(a)} tensors not restored, e.g. {differ[:3]}"
+
+
 def uninterrupted(corpus: Path, rank: int, epochs: int) -> list[list[list[Any]]]:
     """This rank's batches (``packs``: sample ids, padded) over ``epochs`` epochs, no training:
     what any run must see, whatever the model does."""
@@ -80,12 +90,15 @@ def uninterrupted(corpus: Path, rank: int, epochs: int) -> list[list[list[Any]]]
 
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_launch_trains_next_token_ce_and_resumes_exactly_after_sigkill(
+def test_launch_trains_next_token_ce_and_resumes_exactly_after_sigkill_in_save_state(
     corpus: Path, tmp_path: Path
 ) -> None:
-    """Two ranks, 4 steps an epoch, a checkpoint every 2 steps. Rank 0 is SIGKILLed when step 3
-    arrives; a fresh launch ``load_state``s ``step-2`` and trains steps 3-5 (5: epoch 1); a
-    third resumes from ``step-4``, saved at epoch 0's end, into epoch 1. Every rank's batches
+    """Two ranks, 4 steps an epoch, ``save_state(accelerator, out/step-N)`` every 2 steps. Rank
+    0 is SIGKILLed inside step 4's save, after the weights, optimizer and loader state are on
+    disk: ``step-4`` is torn (no marker; Accelerate's ``load_state`` would fail on the missing
+    custom state). A fresh launch resumes from ``last_complete_state(out)``: ``step-2``, with a
+    warning naming ``step-4``, every weight as saved, and trains steps 3-5, rewriting ``step-4``;
+    a third resumes from that one, saved at epoch 0's end, into epoch 1. Every rank's batches
     equal the uninterrupted run's, epoch 0 trains each sample once over both ranks, and each
     step's loss is next-token cross-entropy of its batch (the model's logits against the next
     input token, over the step's trained tokens on both ranks), its gradient after
@@ -93,21 +106,30 @@ def test_launch_trains_next_token_ce_and_resumes_exactly_after_sigkill(
     The data figures reach the run's tracker once a step."""
     out = tmp_path / "out"
     spec = {"corpus": str(corpus), "out": str(out), "steps": 5, "save_every": 2}
-    killed = launch({**spec, "dumps": str(tmp_path / "a"), "kill_at": 3})
+    killed = launch({**spec, "dumps": str(tmp_path / "a"), "kill_in_save": 4})
     assert killed.returncode != 0
     assert "SIGKILL" in killed.stderr, killed.stderr[-3000:]  # torchrun names rank 0's signal
-    assert not (out / "step-4").exists()
-    resumed = launch({**spec, "dumps": str(tmp_path / "b"), "resume": str(out / "step-2")})
+    torn = {p.name for p in (out / "step-4").iterdir()}
+    assert {"model.safetensors", "optimizer.bin", "custom_checkpoint_0.pkl"} <= torn, torn
+    assert "custom_checkpoint_1.pkl" not in torn  # the tripwire's, saved last: Accelerate fails
+    assert COMPLETE not in torn
+    assert COMPLETE in {p.name for p in (out / "step-2").iterdir()}
+    resumed = launch({**spec, "dumps": str(tmp_path / "b"), "resume": "last"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    again = launch({**spec, "steps": 6, "dumps": str(tmp_path / "c"),
-                    "resume": str(out / "step-4")})  # fmt: skip
+    assert f"skipped incomplete step-4 (no {COMPLETE})" in resumed.stderr
+    assert_same_weights(tmp_path / "b" / "begin.pt", tmp_path / "a" / "saved-2.pt")
+    again = launch({**spec, "steps": 6, "dumps": str(tmp_path / "c"), "resume": "last"})
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "skipped incomplete" not in again.stderr
+    assert_same_weights(tmp_path / "c" / "begin.pt", tmp_path / "b" / "saved-4.pt")
 
     epoch0 = []
     for rank in range(WORLD):
         want = uninterrupted(corpus, rank, epochs=2)
-        assert len(want) == 8  # 4 steps an epoch: the kill at step 3 is mid-epoch
-        before = [s for s in steps(tmp_path / "a", rank) if s["step"] <= 2]
+        assert len(want) == 8  # 4 steps an epoch: the resume at step 2 is mid-epoch
+        killed_steps = steps(tmp_path / "a", rank)
+        assert [s["packs"] for s in killed_steps] == want[:4]
+        before = killed_steps[:2]
         after, later = steps(tmp_path / "b", rank), steps(tmp_path / "c", rank)
         assert [s["step"] for s in before + after] == [1, 2, 3, 4, 5]
         assert [s["packs"] for s in before + after] == want[:5]

@@ -8,8 +8,9 @@ processes (gloo)::
 
 The loop is the one ``neatpack.graphs.integrations.accelerate`` documents: a tiny real
 Qwen2-VL prepared by ``accelerator.prepare``, the loader through ``prepare_loader``, the loss
-through ``model_inputs`` and ``loss_scale``, ``accelerator.save_state(out/step-N)`` every
-``save_every`` steps, ``accelerator.load_state(resume)`` when ``resume`` names a checkpoint.
+through ``model_inputs`` and ``loss_scale``, ``save_state(accelerator, out/step-N)`` every
+``save_every`` steps, ``accelerator.load_state(resume)`` when ``resume`` names a checkpoint
+(``"last"``: ``last_complete_state(out)``).
 Each rank writes ``dumps/rank<R>.jsonl``, one line per step: ``step``, ``epoch``, the batch's
 ``packs`` (sample ids, padded), ``loss`` (the model's), ``reference`` (next-token
 cross-entropy from the logits and the input ids, not from neatpack's labels) and
@@ -18,6 +19,11 @@ cross-entropy from the logits and the input ids, not from neatpack's labels) and
 ``log_data_metrics`` logs the data figures through ``accelerator.log`` into a tracker of the
 main process that writes ``dumps/log.jsonl``.
 ``kill_at: N``: rank 0 SIGKILLs itself when step N's batch arrives (mid-epoch).
+``kill_in_save: N``: rank 0 SIGKILLs itself inside step N's ``save_state``, after the weights,
+optimizer, random states and the loader's state are written (a :class:`Tripwire` registered
+after the loader: its ``state_dict`` is called last).
+Rank 0 writes the model's weights to ``dumps/saved-N.pt`` after each save and to
+``dumps/begin.pt`` after ``load_state``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,12 @@ from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.graphs.integrations.accelerate import loss_scale, prepare_loader
+from neatpack.graphs.integrations.accelerate import (
+    last_complete_state,
+    loss_scale,
+    prepare_loader,
+    save_state,
+)
 from neatpack.graphs.train import model_inputs, step_normalizer
 from neatpack.pipes.tiny import load_tiny_processor
 from neatpack.pipes.tiny_models import tiny_model
@@ -58,6 +69,21 @@ class JsonlTracker(GeneralTracker):  # type: ignore[misc]
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **values}) + "\n")
+
+
+class Tripwire:
+    """A checkpointed object of no state that SIGKILLs rank 0 when saved at step ``kill``."""
+
+    def __init__(self, rank: int, kill: int | None) -> None:
+        self.rank, self.kill, self.step = rank, kill, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.step == self.kill and self.rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 def config(corpus: Path) -> NeatVLMConfig:
@@ -90,10 +116,17 @@ def main(spec: dict[str, Any]) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     model, optimizer = accelerator.prepare(model, optimizer)
     batches = prepare_loader(accelerator, neat_vlm_graph(corpus, proc, config=config(corpus)))
+    tripwire = Tripwire(rank, spec.get("kill_in_save"))
+    accelerator.register_for_checkpointing(tripwire)
+    weights = accelerator.unwrap_model(model)
     step = 0
     if spec.get("resume"):
-        accelerator.load_state(spec["resume"])
-        step = int(Path(spec["resume"]).name.split("-")[1])
+        resume = spec["resume"]
+        resume = last_complete_state(spec["out"]) if resume == "last" else resume
+        accelerator.load_state(resume)
+        step = int(Path(resume).name.split("-")[1])
+        if rank == 0:
+            torch.save(weights.state_dict(), dumps / "begin.pt")
     out = (dumps / f"rank{rank}.jsonl").open("a")
     while step < spec["steps"]:
         for batch in batches:
@@ -123,7 +156,10 @@ def main(spec: dict[str, Any]) -> None:
             optimizer.zero_grad()
             batches.log_data_metrics(step)
             if step % spec["save_every"] == 0:
-                accelerator.save_state(str(Path(spec["out"]) / f"step-{step}"))
+                tripwire.step = step
+                save_state(accelerator, str(Path(spec["out"]) / f"step-{step}"))
+                if rank == 0:
+                    torch.save(weights.state_dict(), dumps / f"saved-{step}.pt")
             if step == spec["steps"]:
                 break
     accelerator.end_training()
