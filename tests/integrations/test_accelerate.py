@@ -11,6 +11,7 @@ only and rank 1's ``load_state`` is refused; ``prepare(loader)`` does nothing to
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -29,8 +30,10 @@ from neatpack.graphs.integrations.accelerate import (  # noqa: E402
     COMPLETE,
     STATE_KEY,
     AcceleratorBatches,
+    last_complete_state,
     loss_scale,
     prepare_loader,
+    save_state,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,3 +238,62 @@ def test_loss_scale_undoes_the_accumulation_division(corpus: Path) -> None:
     assert got is not None
     assert ref is not None
     assert float((got - ref).abs().max() / ref.abs().max()) <= 1e-5
+
+
+class Tear:
+    """A checkpointed object whose save fails when ``armed``: ``save_state`` stops after the
+    model, optimizer, random states and loader state, as a kill there would leave the folder."""
+
+    armed = False
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.armed:
+            raise OSError("killed while saving")
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_automatic_naming_resumes_from_the_newest_complete_checkpoint(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``ProjectConfiguration(automatic_checkpoint_naming=True)``: ``checkpoint_1`` is torn.
+    Accelerate's ``load_state()`` picks it and fails, and its ``save_state`` refuses to save
+    that iteration again; ``last_complete_state`` takes ``checkpoint_0`` (warning about
+    ``checkpoint_1``), the loader continues there, and neatpack's ``save_state`` replaces the
+    torn folder with a complete one."""
+    project = accelerate.utils.ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True
+    )
+    accelerator = accelerate.Accelerator(cpu=True, project_config=project)
+    model = torch.nn.Linear(4, 4)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = neat_vlm_graph(corpus, load_tiny_processor("qwen2_vl"), config=config(corpus))
+    batches = prepare_loader(accelerator, loader)
+    tear = Tear()
+    accelerator.register_for_checkpointing(tear)
+    it = iter(batches)
+    next(it)
+    save_state(accelerator)
+    want = [b["sample_ids"] for b in it]
+    tear.armed = True
+    with pytest.raises(OSError, match="killed while saving"):
+        save_state(accelerator)
+    tear.armed = False
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(RuntimeError, match="Number of custom checkpoints"):
+        accelerator.load_state()  # Accelerate's own pick: the newest folder, torn
+    with caplog.at_level(logging.WARNING):
+        newest = last_complete_state(checkpoints)
+    assert newest == str(checkpoints / "checkpoint_0")
+    assert f"skipped incomplete checkpoint_1 (no {COMPLETE})" in caplog.text
+    accelerator.load_state(newest)
+    assert [b["sample_ids"] for b in batches] == want
+    with pytest.raises(ValueError, match="already exists"):
+        accelerator.save_state()  # Accelerate refuses the torn folder of this iteration
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        save_state(accelerator)
+    assert "removing" in caplog.text and "checkpoint_1" in caplog.text
+    assert last_complete_state(checkpoints) == str(checkpoints / "checkpoint_1")
