@@ -214,7 +214,7 @@ def test_doctests_of_the_split_modules() -> None:
     import doctest
     import importlib
 
-    names = ["neatpack.graphs.cli_inputs"] + [
+    names = ["neatpack.graphs.cli_inputs", "neatpack.graphs.checkpoint_dirs"] + [
         f"neatpack.pipes.{m}"
         for m in ("errors", "estimate_types", "mask_format", "collate_media", "seed_compat",
                   "contracts", "sample_collate", "pad_packs")
