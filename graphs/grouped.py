@@ -176,7 +176,7 @@ def grouped_vlm_graph(
     )
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        return map_stage(
+        node: BaseNode[Any] = map_stage(
             src,
             step,
             num_workers=cfg.num_workers,
@@ -184,6 +184,7 @@ def grouped_vlm_graph(
             prefetch=cfg.prefetch,
             pin_memory=cfg.pin_memory,
         )
+        return node
 
     keep = ("batch_size", "max_length", "truncate", "seed", "shuffle", "tail")
     key = {
