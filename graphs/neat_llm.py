@@ -24,7 +24,7 @@ import numpy as np
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
-from neatpack.graphs.stages import GraphParts
+from neatpack.graphs.stages import GraphParts, check_start_method
 from neatpack.graphs.token_source import TokenSource, token_lengths
 from neatpack.pipes.binpack import OVERLONG_POLICIES
 from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
@@ -93,6 +93,7 @@ class NeatLLMConfig:
                 "a sample longer than pack_size"
             )
         resolve_mask_format(self.attn_implementation)  # the collate's own check
+        check_start_method(self.multiprocessing_context)
 
 
 class TokenPacker:

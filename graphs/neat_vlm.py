@@ -36,7 +36,7 @@ from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
-from neatpack.graphs.stages import GraphParts
+from neatpack.graphs.stages import GraphParts, check_start_method
 from neatpack.pipes.binpack import OVERLONG_POLICIES
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
@@ -143,6 +143,7 @@ class NeatVLMConfig:
                 "count the samples that fail to load"
             )
         resolve_mask_format(self.attn_implementation)  # the collate's own check
+        check_start_method(self.multiprocessing_context)
         if self.worker_method not in WORKER_METHODS:
             raise ValueError(f"{self.worker_method=} is not one of {WORKER_METHODS}")
         if self.index_workers is not None and self.index_workers < 0:

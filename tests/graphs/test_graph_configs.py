@@ -1,12 +1,14 @@
 """Each graph config refuses an unknown policy or mask format when it is built, not later.
 
 Before, ``NeatVLMConfig(attn_implementation="nonsense")`` built a loader and the first collate,
-in a worker, refused it; ``overlong`` / ``overflow`` / ``on_bad_sample`` waited for the graph.
+in a worker, refused it; ``overlong`` / ``overflow`` / ``on_bad_sample`` waited for the graph,
+an unknown ``multiprocessing_context`` for the first iteration with workers.
 The valid values come from the tuples the checks downstream use (no second list here).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from neatpack.pipes.mask_format import MASK_FORMATS
 from neatpack.pipes.materialize import FAILURE_POLICIES, OVERFLOW_POLICIES
 from neatpack.pipes.source import TAIL_POLICIES
 
+START_METHODS = tuple(multiprocessing.get_all_start_methods())
 CASES = [
     (NeatVLMConfig, "attn_implementation", MASK_FORMATS),
     (NeatVLMConfig, "overlong", OVERLONG_POLICIES),
@@ -29,6 +32,10 @@ CASES = [
     (NeatLLMConfig, "overlong", OVERLONG_POLICIES),
     (NeatLLMConfig, "tail", TAIL_POLICIES),
     (GroupedConfig, "tail", TAIL_POLICIES),
+    *[
+        (c, "multiprocessing_context", START_METHODS)
+        for c in (NeatVLMConfig, NeatLLMConfig, GroupedConfig)
+    ],
 ]
 
 
