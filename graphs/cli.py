@@ -25,7 +25,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
-    from neatpack.pipes.mask_format import resolve_mask_format
     from neatpack.pipes.synth import write_corpus
     from neatpack.pipes.testing import same_item
 
@@ -41,8 +40,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="neatpack-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     data = write_corpus(root, num_samples=args.samples, seed=args.seed)
-    try:  # a choice the config or the plan refuses (--attn, a pack too small) is one line too
-        resolve_mask_format(args.attn)  # else only the first collate, in a worker, refuses it
+    # a choice the config or the plan refuses (--attn: the config checks it against the
+    # collate's MASK_FORMATS; a pack too small) is one line too
+    try:
         config = NeatVLMConfig(
             pack_size=args.pack_size,
             batch_size=args.batch_size,

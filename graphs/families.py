@@ -52,7 +52,8 @@ class FamilyPlan:
 
 def _is_qwen_vl(processor: Any) -> bool:
     cls = type(processor).__name__
-    return PROCESSOR_HANDLERS.get(cls) == QWEN_VL_HANDLER
+    handler: str | None = PROCESSOR_HANDLERS.get(cls)
+    return handler == QWEN_VL_HANDLER
 
 
 def plan_family(processor: Any, config: Any) -> FamilyPlan | None:

@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.open_data import open_source
-from neatpack.graphs.stages import map_stage
+from neatpack.graphs.stages import check_start_method, map_stage
 from neatpack.graphs.watchdog import init_worker
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
@@ -67,6 +67,7 @@ class GroupedConfig:
             raise ValueError(f"{self.max_record_bytes=} must be >= 1 byte, or None for no limit")
         if self.tail not in TAIL_POLICIES:
             raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
+        check_start_method(self.multiprocessing_context)
 
 
 def grouped_plan(
@@ -176,7 +177,7 @@ def grouped_vlm_graph(
     )
 
     def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        return map_stage(
+        node: BaseNode[Any] = map_stage(
             src,
             step,
             num_workers=cfg.num_workers,
@@ -184,6 +185,7 @@ def grouped_vlm_graph(
             prefetch=cfg.prefetch,
             pin_memory=cfg.pin_memory,
         )
+        return node
 
     keep = ("batch_size", "max_length", "truncate", "seed", "shuffle", "tail")
     key = {

@@ -96,7 +96,8 @@ class TrainerBatches:
 
     def inputs(self, batch: Any) -> dict[str, Any]:
         """One batch as the trainer's ``compute_loss`` takes it (a subclass adds keys)."""
-        return model_inputs(batch)
+        out: dict[str, Any] = model_inputs(batch)
+        return out
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -229,8 +229,9 @@ class NeatLoader:
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank (the same on every rank; for progress bars)."""
         src = self.source
-        unit = src.world_size * src.batch_size
-        return epoch_slots(len(src.plan_for(src.world_size)), 0, unit, src.tail) // unit
+        unit: int = src.world_size * src.batch_size
+        slots: int = epoch_slots(len(src.plan_for(src.world_size)), 0, unit, src.tail)
+        return slots // unit
 
     @property
     def epoch(self) -> int:
@@ -395,7 +396,8 @@ class NeatLoader:
             int(self._position["start"]),
             int(self._position["local"]),
         )
-        return self.source.state_at(point, started=started)
+        state: dict[str, Any] = self.source.state_at(point, started=started)
+        return state
 
     def state_dict(self) -> dict[str, Any]:
         """A small versioned dict of plain values (safe for ``weights_only`` loads): the

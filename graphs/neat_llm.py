@@ -24,10 +24,12 @@ import numpy as np
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.loader import NeatLoader
-from neatpack.graphs.stages import GraphParts
+from neatpack.graphs.stages import GraphParts, check_start_method
 from neatpack.graphs.token_source import TokenSource, token_lengths
+from neatpack.pipes.binpack import OVERLONG_POLICIES
 from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.leak_probe import packing_boundaries
+from neatpack.pipes.mask_format import resolve_mask_format
 from neatpack.pipes.mixture import Mixture, check_mixture_config, check_mixture_data
 from neatpack.pipes.pack import build_pack
 from neatpack.pipes.plan import PackPlan, plan_packs
@@ -84,6 +86,14 @@ class NeatLLMConfig:
             raise ValueError(f"{self.batch_size=} must be >= 1")
         if self.tail not in TAIL_POLICIES:
             raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
+        # checked here, not at the plan (overlong) or the first collate in a worker (the format)
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(
+                f"{self.overlong=} is not one of {OVERLONG_POLICIES}; drop counts and skips "
+                "a sample longer than pack_size"
+            )
+        resolve_mask_format(self.attn_implementation)  # the collate's own check
+        check_start_method(self.multiprocessing_context)
 
 
 class TokenPacker:

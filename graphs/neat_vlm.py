@@ -36,10 +36,17 @@ from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
-from neatpack.graphs.stages import GraphParts
+from neatpack.graphs.stages import GraphParts, check_start_method
+from neatpack.pipes.binpack import OVERLONG_POLICIES
 from neatpack.pipes.estimate import LengthEstimator
 from neatpack.pipes.lengths import LengthIndex, build_length_index
-from neatpack.pipes.materialize import MaterializeConfig, Materializer
+from neatpack.pipes.mask_format import resolve_mask_format
+from neatpack.pipes.materialize import (
+    FAILURE_POLICIES,
+    OVERFLOW_POLICIES,
+    MaterializeConfig,
+    Materializer,
+)
 from neatpack.pipes.mixture import Mixture, check_mixture_config, check_mixture_data
 from neatpack.pipes.overlong import check_overlong
 from neatpack.pipes.plan import PackPlan, plan_packs
@@ -118,6 +125,25 @@ class NeatVLMConfig:
             raise ValueError(f"{self.estimate_mode=} is not one of {ESTIMATE_MODES}")
         if self.tail not in TAIL_POLICIES:
             raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
+        # the policies below were checked only when the graph was built; the mask format only
+        # at the first collate, in a worker
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(
+                f"{self.overlong=} is not one of {OVERLONG_POLICIES}; drop counts and skips "
+                "a sample longer than pack_size"
+            )
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(
+                f"{self.overflow=} is not one of {OVERFLOW_POLICIES}; pick one for a pack "
+                "built longer than pack_size"
+            )
+        if self.on_bad_sample not in FAILURE_POLICIES:
+            raise ValueError(
+                f"{self.on_bad_sample=} is not one of {FAILURE_POLICIES}; skip and replace "
+                "count the samples that fail to load"
+            )
+        resolve_mask_format(self.attn_implementation)  # the collate's own check
+        check_start_method(self.multiprocessing_context)
         if self.worker_method not in WORKER_METHODS:
             raise ValueError(f"{self.worker_method=} is not one of {WORKER_METHODS}")
         if self.index_workers is not None and self.index_workers < 0:

@@ -253,7 +253,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if getattr(args, "mixture", None):  # several weighted sources (#16)
         from neatpack.graphs.mixture_cli import cmd_plan_mixture
 
-        return cmd_plan_mixture(args)
+        rc: int = cmd_plan_mixture(args)
+        return rc
     _check_common(args)
     if args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be >= 1")

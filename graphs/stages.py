@@ -4,6 +4,7 @@ each pack carries to the loader's ledger) lives in ``neatpack.pipes.steps``."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import warnings
 from collections.abc import Callable
@@ -20,7 +21,18 @@ from neatpack.pipes.source import PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, StepChain, pack_meta
 from neatpack.pipes.transfer import activate, to_transfer
 
-__all__ = ["GraphParts", "map_stage", "pack_meta"]
+__all__ = ["GraphParts", "check_start_method", "map_stage", "pack_meta"]
+
+
+def check_start_method(multiprocessing_context: str | None) -> None:
+    """Refuse, at config time, a start method this platform lacks (else the first iteration
+    with workers raises it, far from the config that set it)."""
+    valid = (*multiprocessing.get_all_start_methods(), None)
+    if multiprocessing_context not in valid:
+        raise ValueError(
+            f"{multiprocessing_context=} is not one of {valid}; fork starts workers fastest, "
+            "spawn or forkserver where a process must not fork"
+        )
 
 
 class InWorker:

@@ -57,7 +57,9 @@ def resolve_mask_format(
     if name not in MASK_FORMATS:
         raise ValueError(
             f"unknown mask format {name!r} (from {attn_implementation=}, {mask_format=}); "
-            f"valid: {', '.join(MASK_FORMATS)}"
+            f"valid: {', '.join(MASK_FORMATS)}. Fix: pass one of them: the model's own attention "
+            "implementation when listed, else doc_ids (per-token document ids) or thd "
+            "(cu_seqlens, no mask)"
         )
     if not materialize_4d_mask and name in ("sdpa", "eager"):
         return "doc_ids"

@@ -292,7 +292,8 @@ def gemma3_packed_mask(
     block = torch.where(img, torch.cumsum(start.long(), dim=1), 0)
     same_doc = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (doc_ids[:, :, None] > 0)
     same_img = (block[:, :, None] == block[:, None, :]) & (block[:, :, None] > 0)
-    out = to_4d_additive_mask(doc_ids, dtype)  # block-causal; padding rows as mask.py sets them
+    # block-causal; padding rows as mask.py sets them
+    out: Tensor = to_4d_additive_mask(doc_ids, dtype)
     return out.masked_fill((same_doc & same_img).unsqueeze(1), 0.0)
 
 

@@ -178,7 +178,10 @@ def gemma4_video_metadata(record: Mapping[str, Any]) -> list[dict[str, Any]] | N
         return None
     fps = [f if isinstance(f, int | float) and not isinstance(f, bool) and f > 0 else None
            for f in (b.get("fps") for b in blocks)]  # fmt: skip
-    return video_metadata_of(record, [b.get("video") for b in blocks], fps)
+    meta: list[dict[str, Any]] | None = video_metadata_of(
+        record, [b.get("video") for b in blocks], fps
+    )
+    return meta
 
 
 def _chain(hooks: list[Callable[[str], str]], text: str) -> str:
@@ -230,6 +233,7 @@ def _check_audio_tokens(sample: Mapping[str, Any], audio: list[Any], proc: Any) 
 
 
 def _video_frames(record: Mapping[str, Any]) -> list[Any]:
+    videos: list[Any]
     _, videos = record_media(record)
     return videos
 

@@ -87,13 +87,14 @@ def kimi_k25_fixed_length_batch(
     pad_id = 0 if pad is None else int(pad)
     packs = [build_pack(list(r), padding_idx=pad_id) for r in rows]  # type: ignore[arg-type]
     merge = int(processor.image_processor.merge_size)
-    return neat_packed_vlm_collater(
+    batch: dict[str, Any] = neat_packed_vlm_collater(
         packs,
         padding_idx=pad_id,
         max_length=max_length,
         mask_format=mask_format,
         spatial_merge_size=merge,
     )
+    return batch
 
 
 KIMI_K25_HANDLER = register_handler(

@@ -385,7 +385,9 @@ def test_version_flag_prints_the_installed_version() -> None:
         (["--samples", "-3"], "--samples -3 is too small"),
         (["--batch-size", "0"], "--batch-size 0 is too small"),
         (["--workers", "-1"], "--workers -1 is too small: pass at least 0"),
-        (["--attn", "nope"], "attn_implementation"),
+        (["--attn", "nope"], "attn_implementation='nope'"),
+        (["--attn", "nope"], "valid: sdpa, eager, flash_attention_2"),
+        (["--attn", "nope"], "Fix: pass one of them"),
     ],
 )
 def test_demo_bad_numbers_are_one_line_exit_2(tmp_path: Path, argv: list[str], expect: str) -> None:
