@@ -85,14 +85,18 @@ class TrainerBatches:
         self._resumed = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.loader_batches():
+            yield self.inputs(batch)
+
+    def loader_batches(self) -> Iterator[Any]:
+        """The loader's batches as they are, one epoch (the empty resumed remainder skipped)."""
         resumed, self._resumed = self._resumed, False
         empty = True
         for batch in self.loader:
             empty = False
-            yield self.inputs(batch)
+            yield batch
         if resumed and empty:
-            for batch in self.loader:
-                yield self.inputs(batch)
+            yield from self.loader
 
     def inputs(self, batch: Any) -> dict[str, Any]:
         """One batch as the trainer's ``compute_loss`` takes it (a subclass adds keys)."""

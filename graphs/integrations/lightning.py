@@ -6,7 +6,7 @@
 
     class Module(L.LightningModule):                      # the model's own loss
         def training_step(self, batch, batch_idx):
-            return self.model(**batch).loss
+            return self.model(**batch).loss * loss_scale(self.trainer)
 
 What it relies on in Lightning (2.6), and what it adds:
 
@@ -23,7 +23,14 @@ What it relies on in Lightning (2.6), and what it adds:
 * Batches are ``model_inputs(batch)`` (:class:`~neatpack.graphs.hf_trainer.TrainerBatches`):
   the already shifted labels go in as ``labels`` and ``shift_labels``, so ``model(**batch).loss``
   is next-token cross-entropy (``labels`` alone would score each token against the one after
-  next). The loss is each micro-batch's token mean, Lightning's own convention.
+  next). Each batch also carries ``num_items_in_batch``: the label tokens of its whole optimizer
+  step (the ``accumulate_grad_batches`` micro-batches, over every rank; ``step_normalizer``),
+  so the loss is ``sum / step tokens`` and the step's gradient is that of the token mean over
+  the step, whatever the packing, the number of processes or the accumulation. Lightning
+  divides each loss by ``accumulate_grad_batches`` and DDP averages over the processes;
+  :func:`loss_scale` multiplies both back. A mean of micro-batch means weighs a token by how
+  its micro-batch was filled: with micro-batches of 119 and 191 label tokens (the test's first
+  step), a token of the first counted 1.6 times one of the second.
 * A checkpoint saved after an epoch's last step resumes with the next epoch, not an empty one
   (``TrainerBatches``): Lightning, like ``transformers.Trainer``, would count the empty
   remainder of the finished epoch as a whole epoch.
@@ -34,7 +41,8 @@ What it relies on in Lightning (2.6), and what it adds:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -42,24 +50,91 @@ import torch.distributed as dist
 
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.hf_trainer import TrainerBatches
+from neatpack.graphs.train import step_normalizer
 
-__all__ = ["RANKS_KEY", "LightningBatches", "NeatDataMetrics", "NeatDataModule"]
+__all__ = [
+    "RANKS_KEY",
+    "WINDOW_KEY",
+    "LightningBatches",
+    "NeatDataMetrics",
+    "NeatDataModule",
+    "loss_scale",
+]
 
 RANKS_KEY = "neatpack_loader_ranks"  # every rank's loader state, by rank
+WINDOW_KEY = "neatpack_window"  # saved inside an accumulation window: [trained, window size]
+
+
+def loss_scale(trainer: Any) -> int:
+    """What to multiply the loss of a :class:`NeatDataModule` batch by in ``training_step``:
+    Lightning divides it by ``accumulate_grad_batches`` and DDP averages the gradients over the
+    ``world_size`` processes, but ``num_items_in_batch`` already counts the whole step."""
+    return int(trainer.accumulate_grad_batches) * int(trainer.world_size)
 
 
 class LightningBatches(TrainerBatches):
     """:class:`TrainerBatches` whose state is every rank's loader state (Lightning's checkpoint
-    is written by rank 0 alone); ``load_state_dict`` takes this rank's."""
+    is written by rank 0 alone); ``load_state_dict`` takes this rank's.
+
+    Each batch carries ``num_items_in_batch``, the label tokens of its optimizer step: the
+    batches are fetched one accumulation window at a time (``trainer.accumulate_grad_batches``,
+    read at each window, so a ``GradientAccumulationScheduler`` is followed) and counted with
+    :func:`step_normalizer` (an all-reduce over the ranks, on ``trainer.strategy.root_device``).
+    Lightning's windows are the same: ``accumulate_grad_batches`` batches from the epoch's
+    first, the epoch's last batch closing a shorter one. A checkpoint inside a window (Lightning
+    writes one at the first micro-batch after a resume: ``ModelCheckpoint`` does not restore
+    the step it last saved) holds the loader's state before the window and the number of its
+    batches trained; the resume fetches the window again and goes on after those.
+    """
+
+    def __init__(self, loader: Any, trainer: Any = None) -> None:
+        super().__init__(loader)
+        self.trainer = trainer
+        # Inside a window the loader is ahead of training, so the state saved there is the
+        # loader's state before the window plus how many of its batches were trained.
+        self._window: tuple[Any, int, int] | None = None  # (state before, trained, size)
+        self._resume_window: tuple[int, int] = (0, 0)  # (trained, size) from load_state_dict
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        (skip, size), self._resume_window = self._resume_window, (0, 0)
+        source = self.loader_batches()
+        while True:
+            accumulate = self._accumulate()
+            before = self.loader.state_dict() if accumulate > 1 else None
+            window = list(itertools.islice(source, accumulate))
+            self._window = None
+            if not window:  # every rank has as many batches: all skip the all-reduce together
+                return
+            if skip and len(window) != size:
+                raise ValueError(
+                    f"the checkpoint was saved after {skip} of the {size} micro-batches of an "
+                    f"accumulation window; this run's window has {len(window)} "
+                    f"(accumulate_grad_batches={accumulate}): resume with "
+                    f"accumulate_grad_batches={size}, or from a checkpoint saved on a step"
+                )
+            device = None if self.trainer is None else self.trainer.strategy.root_device
+            n = step_normalizer(window, device=device)  # the same on resume: the same window
+            for i in range(skip, len(window)):
+                trained = i + 1
+                self._window = (before, trained, len(window)) if trained < len(window) else None
+                yield {**self.inputs(window[i]), "num_items_in_batch": n}
+            skip = 0
+
+    def _accumulate(self) -> int:
+        return 1 if self.trainer is None else int(self.trainer.accumulate_grad_batches)
 
     def state_dict(self) -> dict[str, Any]:
-        own = super().state_dict()
+        window = self._window
+        own = super().state_dict() if window is None else dict(window[0])
         _, world_size = resolve_rank(None, None)
         states: list[Any] = [own]
         if world_size > 1:  # every rank saves (Lightning's save_checkpoint runs on all ranks)
             states = [None] * world_size
             dist.all_gather_object(states, own)
-        return {RANKS_KEY: states}
+        out: dict[str, Any] = {RANKS_KEY: states}
+        if window is not None:  # the same on every rank: each trains its window in lockstep
+            out[WINDOW_KEY] = [window[1], window[2]]
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if RANKS_KEY not in state:
@@ -82,6 +157,8 @@ class LightningBatches(TrainerBatches):
                 f"remainder (more processes skip packs): resume on {len(states)} process(es)"
             )
         super().load_state_dict(states[rank])
+        trained, size = state.get(WINDOW_KEY, (0, 0))
+        self._resume_window = (int(trained), int(size))
 
 
 class NeatDataModule(pl.LightningDataModule):
@@ -100,7 +177,7 @@ class NeatDataModule(pl.LightningDataModule):
         # with the loader's next epoch instead of building the graph again.
         if self.batches is None:
             self.loader = self.build_loader()
-            self.batches = LightningBatches(self.loader)
+            self.batches = LightningBatches(self.loader, self.trainer)
         return self.batches
 
     def teardown(self, stage: str) -> None:

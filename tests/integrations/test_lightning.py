@@ -6,6 +6,7 @@ and ``fit(ckpt_path="last")`` in a fresh process after a SIGKILL (the runs are
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import signal
@@ -25,9 +26,14 @@ from neatpack.pipes.tiny import load_tiny_processor
 from neatpack.pipes.tiny_models import tiny_model
 
 pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
-from neatpack.graphs.integrations.lightning import NeatDataMetrics, NeatDataModule  # noqa: E402
+from neatpack.graphs.integrations.lightning import (  # noqa: E402
+    NeatDataMetrics,
+    NeatDataModule,
+    loss_scale,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "tests" / "support" / "lightning_run.py"
@@ -116,6 +122,100 @@ def test_fit_loss_is_next_token_ce_and_data_metrics_reach_the_logger(
     # equal windows of 1024-token packs: their mean fill is the run's real / pack tokens
     mean_fill = sum(float(r["data/fill"]) for r in figures) / 2
     assert abs(mean_fill - data.loader.stats.utilization()) < 1e-6
+
+
+class GradientRecorder(pl.LightningModule):  # type: ignore[misc]
+    """The documented ``training_step`` (the model's loss times ``loss_scale``); keeps each
+    micro-batch and the gradient Lightning hands the optimizer at its first step."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.batches: list[dict[str, Any]] = []
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        self.batches.append(batch)
+        return self.model(**batch).loss * loss_scale(self.trainer)
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        if not self.grads:
+            self.grads = {k: p.grad.clone() for k, p in self.model.named_parameters()}
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=1e-2)
+
+
+def test_accumulated_gradient_is_the_step_token_mean(corpus: Path) -> None:
+    """``accumulate_grad_batches=2``: the gradient of the first optimizer step is that of
+    next-token cross-entropy over every label token of its 2 micro-batches (computed from the
+    initial model's logits on the same batches), not the mean of the 2 micro-batch means."""
+    proc = load_tiny_processor("qwen2_vl")
+    model = tiny_model("qwen2_vl", processor=proc, attn_implementation="eager")
+    initial = copy.deepcopy(model)
+    module = GradientRecorder(model)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=1, accumulate_grad_batches=2, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=NeatDataModule(lambda: graph(corpus, proc)))
+    assert len(module.batches) == 2
+
+    total, counts = torch.zeros(()), []
+    for batch in module.batches:
+        ids, labels = batch["input_ids"], batch["labels"]
+        inputs = {k: v for k, v in batch.items() if "labels" not in k and k != "num_items_in_batch"}
+        logits = initial(**inputs).logits.float()
+        trained = labels[:, :-1] != -100
+        assert torch.equal(labels[:, :-1][trained], ids[:, 1:][trained])
+        counts.append(int(trained.sum()))
+        total = total + F.cross_entropy(
+            logits[:, :-1][trained], ids[:, 1:][trained], reduction="sum"
+        )
+    assert counts[0] != counts[1]  # unequal micro-batches: a mean of means would differ
+    (total / sum(counts)).backward()
+    for name, p in initial.named_parameters():
+        want, got = p.grad, module.grads[name]
+        tol = 1e-4 * float(want.abs().max()) + 1e-9
+        assert float((got - want).abs().max()) <= tol, (name, float((got - want).abs().max()), tol)
+
+
+def test_resume_inside_an_accumulation_window_trains_the_rest_of_it(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """``accumulate_grad_batches=2``, a checkpoint every step: resumed after step 1, Lightning
+    saves again at the first micro-batch of step 2 (``ModelCheckpoint`` does not restore the
+    step it last saved), inside the window. A fit from that checkpoint trains the window's
+    second micro-batch with the whole window's label tokens, then the next window: the
+    uninterrupted run's batches and normalizers."""
+    proc = load_tiny_processor("qwen2_vl")
+
+    def fit(steps: int, out: Path, resume: str | None = None) -> list[dict[str, Any]]:
+        module = GradientRecorder(tiny_model("qwen2_vl", processor=proc))
+        save = ModelCheckpoint(out, every_n_train_steps=1, save_top_k=-1, save_last=True)
+        trainer = pl.Trainer(
+            accelerator="cpu", max_steps=steps, accumulate_grad_batches=2, logger=False,
+            callbacks=[save], enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        data = NeatDataModule(lambda: graph(corpus, proc))
+        trainer.fit(module, datamodule=data, ckpt_path=resume)
+        return module.batches
+
+    want = fit(3, tmp_path / "full")
+    fit(1, tmp_path / "out")
+    fit(2, tmp_path / "out", resume="last")
+    inside = [  # Lightning's own count: an odd number of micro-batches trained
+        p for p in sorted((tmp_path / "out").glob("*.ckpt"))
+        if torch.load(p, weights_only=False)["loops"]["fit_loop"][
+            "epoch_loop.batch_progress"]["total"]["ready"] % 2
+    ]  # fmt: skip
+    assert len(inside) == 1, sorted(p.name for p in (tmp_path / "out").glob("*.ckpt"))
+    got = fit(3, tmp_path / "out", resume=str(inside[0]))
+    assert len(want) == 6
+    assert len(got) == 3  # the window's second micro-batch, then step 3's two
+    for a, b in zip(got, want[3:], strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        assert int(a["num_items_in_batch"]) == int(b["num_items_in_batch"])
 
 
 def run(spec: dict[str, Any] | list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:

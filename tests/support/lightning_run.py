@@ -27,25 +27,26 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.graphs.integrations.lightning import NeatDataMetrics, NeatDataModule
+from neatpack.graphs.integrations.lightning import NeatDataMetrics, NeatDataModule, loss_scale
 from neatpack.pipes.tiny import load_tiny_processor
 from neatpack.pipes.tiny_models import tiny_model
 
 
 class TinyModule(pl.LightningModule):
-    """The model's own loss on the batch as it comes (``model_inputs``); each step recorded."""
+    """The model's own loss on the batch as it comes (``model_inputs``), scaled as documented;
+    each step recorded."""
 
     def __init__(self, model: Any, dumps: Path) -> None:
         super().__init__()
         self.model, self.dumps = model, dumps
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
-        loss = self.model(**batch).loss
+        loss = self.model(**batch).loss  # sum / the step's label tokens (every rank's)
         row = {"step": self.global_step, "epoch": self.current_epoch, "loss": float(loss),
                "ids": batch["input_ids"].flatten().tolist()}  # fmt: skip
         with (self.dumps / f"steps-rank{self.global_rank}.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
-        return loss
+        return loss * loss_scale(self.trainer)
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
