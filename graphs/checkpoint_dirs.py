@@ -19,6 +19,7 @@ to tell with its ``problem`` function. ``newest_complete`` takes the newest fold
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
-__all__ = ["atomic_file", "newest_complete"]
+__all__ = ["atomic_file", "json_problem", "newest_complete"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,19 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def json_problem(folder: str | os.PathLike[str], name: str) -> str | None:
+    """Why the JSON file ``name`` that marks ``folder`` complete (written last) does not: it is
+    missing or unreadable; None when it parses."""
+    try:
+        with open(os.path.join(os.fspath(folder), name)) as f:
+            json.load(f)
+    except FileNotFoundError:
+        return f"no {name}"
+    except (OSError, ValueError) as e:
+        return f"unreadable {name} ({e})"
+    return None
 
 
 def newest_complete(

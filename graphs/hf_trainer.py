@@ -37,7 +37,6 @@ What it changes in ``Trainer``, and why:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -47,7 +46,7 @@ import torch
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from neatpack.graphs.checkpoint_dirs import atomic_file, newest_complete
+from neatpack.graphs.checkpoint_dirs import atomic_file, json_problem, newest_complete
 from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.train import model_inputs
 
@@ -144,14 +143,9 @@ def checkpoint_problem(checkpoint_dir: str | os.PathLike[str]) -> str | None:
     readable ``trainer_state.json``, the file the Trainer writes after the weights and the
     optimizer."""
     folder = os.fspath(checkpoint_dir)
-    state = os.path.join(folder, TRAINER_STATE)
-    try:
-        with open(state) as f:
-            json.load(f)
-    except FileNotFoundError:
-        return f"no {TRAINER_STATE}"
-    except (OSError, ValueError) as e:
-        return f"unreadable {TRAINER_STATE} ({e})"
+    unfinished = json_problem(folder, TRAINER_STATE)
+    if unfinished is not None:
+        return unfinished
     world_size = resolve_rank(None, None)[1]
     missing = [r for r in range(world_size) if not os.path.exists(loader_state_path(folder, r))]
     if missing:

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from neatpack.graphs.checkpoint_dirs import atomic_file, newest_complete
+from neatpack.graphs.checkpoint_dirs import atomic_file, json_problem, newest_complete
 
 __all__ = [
     "COMPLETE",
@@ -140,15 +140,7 @@ def save_state(accelerator: Any, output_dir: str | None = None, **kwargs: Any) -
 def state_problem(folder: str | os.PathLike[str]) -> str | None:
     """Why a checkpoint folder cannot be resumed from (torn by a kill while it was saved, or
     saved by ``accelerator.save_state`` alone), or None when :func:`save_state` completed it."""
-    path = os.path.join(os.fspath(folder), COMPLETE)
-    try:
-        with open(path) as f:
-            json.load(f)
-    except FileNotFoundError:
-        return f"no {COMPLETE}"
-    except (OSError, ValueError) as e:
-        return f"unreadable {COMPLETE} ({e})"
-    return None
+    return json_problem(folder, COMPLETE)
 
 
 def last_complete_state(output_dir: str | os.PathLike[str]) -> str:
