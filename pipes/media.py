@@ -101,6 +101,10 @@ def non_regular_file(path: str | os.PathLike[str]) -> str | None:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return None  # missing or unreadable: the caller's missing-file path names it
+    return _non_regular(mode)
+
+
+def _non_regular(mode: int) -> str | None:
     if stat.S_ISREG(mode):
         return None
     return next((what for test, what in _FILE_TYPES if test(mode)), "not a regular file")
@@ -111,20 +115,22 @@ def existing_media_file(src: str | os.PathLike[str], kind: str, sample_id: Any) 
     (``missing_file`` / ``bad_media`` for a FIFO, directory or device / ``empty_file``) naming
     the sample, the ``kind`` of media and the fix."""
     path = os.fspath(src)
-    if what := non_regular_file(path):
+    try:
+        info = os.stat(path)  # once: the file's type and size (opens nothing)
+    except (OSError, ValueError):
+        raise SampleError(
+            sample_id,
+            "missing_file",
+            f"{kind} file {path!r} does not exist; fix the path or the media root",
+        ) from None
+    if what := _non_regular(info.st_mode):
         raise SampleError(
             sample_id,
             "bad_media",
             f"{kind} file {path!r} is {what}, not a regular file (opening it could block "
             "forever); point the record at a regular file or drop it",
         )
-    if not os.path.isfile(path):
-        raise SampleError(
-            sample_id,
-            "missing_file",
-            f"{kind} file {path!r} does not exist; fix the path or the media root",
-        )
-    if os.path.getsize(path) == 0:
+    if info.st_size == 0:
         raise SampleError(
             sample_id, "empty_file", f"{kind} file {path!r} is 0 bytes; re-export or drop it"
         )
