@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.pipes.plan import PackPlan, plan_packs
+from neatpack.pipes.planning.plan import PackPlan, plan_packs
 
 
 def make_samples(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from neatpack.pipes import read as read_mod
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import LengthIndex, build_length_index
-from neatpack.pipes.media_tokens import ImageTokenConfig
-from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
+from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
+from neatpack.pipes.reading.read import JsonlSource
 
 WORDS = [
     "the",

@@ -2,7 +2,7 @@
 
 * ``neat_vlm_graph`` with 0, 1 and 2 worker processes: batches/s and real packed tokens/s;
   and with the most workers again with batches handed over by torch's own tensor path
-  (``NEATPACK_WORKER_ARENA=0``) instead of reused segments (``pipes/transfer.py``);
+  (``NEATPACK_WORKER_ARENA=0``) instead of reused segments (``pipes/materializing/transfer.py``);
 * a map-style ``torch.utils.data.DataLoader`` over a PackedDatasetWrapper-style dataset (each
   item materializes one pack of the same plan with the same processor), at the same workers;
 * the bare single-process processor (chat template + processor call) on the same samples;
@@ -39,11 +39,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 class PackDataset(Dataset[dict[str, Any]]):
@@ -116,7 +116,7 @@ def time_dataloader(ds: PackDataset, workers: int, batch_size: int) -> dict[str,
 
 
 def time_bare_processor(source: Any, processor: Any, ids: list[int]) -> dict[str, float]:
-    from neatpack.pipes.media import load_image
+    from neatpack.pipes.reading.media import load_image
 
     t0, c0 = time.perf_counter(), time.process_time()
     tokens = 0
@@ -267,7 +267,8 @@ def main() -> None:
     metrics["bare_processor"] = best([_run_one(args, "bare:0") for _ in range(args.repeats)])
     top = max(workers_list)
     # The same top-worker graph with batches handed over by torch's own tensor path (a fresh
-    # shared-memory file per tensor per batch) instead of reused segments (pipes/transfer.py).
+    # shared-memory file per tensor per batch) instead of reused segments
+    # (pipes/materializing/transfer.py).
     torch_path = best(
         [_run_one(args, f"neat:{top}", {"NEATPACK_WORKER_ARENA": "0"}) for _ in range(args.repeats)]
     )

@@ -73,7 +73,7 @@ def cp_balance(lengths: np.ndarray, pack_size: int, cp: int) -> dict[str, Any]:
 
 def probe(family: str) -> dict[str, Any]:
     from neatpack.pipes import check_packing, tiny_hybrid_model
-    from neatpack.pipes.tiny_models import tiny_model
+    from neatpack.pipes.testing.tiny_models import tiny_model
 
     model = tiny_model("qwen2") if family == "qwen2" else tiny_hybrid_model(family)
     report = check_packing(model, allow_leak=True)

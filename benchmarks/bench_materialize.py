@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from PIL import Image
 
-from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 def _reference(source: Any, proc: Any, ids: list[int]) -> int:
@@ -125,8 +125,8 @@ def _throughput(source: Any, proc: Any, args: argparse.Namespace) -> dict[str, A
 
 def _utilization(source: Any, proc: Any, args: argparse.Namespace) -> dict[str, Any]:
     try:
-        from neatpack.pipes.estimate import LengthEstimator
-        from neatpack.pipes.plan import plan_packs
+        from neatpack.pipes.indexing.estimate import LengthEstimator
+        from neatpack.pipes.planning.plan import plan_packs
     except ImportError as exc:  # the estimator / planner are other modules; report, not fail
         return {"skipped": f"{type(exc).__name__}: {exc}"}
     n = min(args.util_samples, len(source))

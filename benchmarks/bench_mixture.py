@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.pipes.mixture import Mixture, MixtureSource
-from neatpack.pipes.mixture_report import realized_shares, target_shares
-from neatpack.pipes.mixture_source import MixtureLayout
-from neatpack.pipes.plan import plan_packs
+from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
+from neatpack.pipes.mixtures.mixture_report import realized_shares, target_shares
+from neatpack.pipes.mixtures.mixture_source import MixtureLayout
+from neatpack.pipes.planning.plan import plan_packs
 
 SHARES = (0.4, 0.3, 0.2, 0.09, 0.01)  # of the samples
 WEIGHTS = (0.3, 0.25, 0.2, 0.15, 0.1)  # of the tokens

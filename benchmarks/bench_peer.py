@@ -82,7 +82,7 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
     from nemo_automodel.components.datasets.vlm.neat_packing_vlm import neat_pack_dataset_vlm
     from torch.utils.data import DataLoader
 
-    from neatpack.pipes.tiny_models import tiny_model
+    from neatpack.pipes.testing.tiny_models import tiny_model
 
     torch.set_num_threads(1)
     root = Path(args.root)
@@ -151,7 +151,7 @@ def _processor(name: str) -> Any:
 
         return AutoProcessor.from_pretrained(name, local_files_only=True)  # type: ignore[no-untyped-call]
 
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     return load_tiny_processor(name)
 
@@ -199,11 +199,11 @@ def plan_corpus(path: Path, n: int, seed: int = 0) -> None:
 
 
 def plan_neat(args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    from neatpack.pipes.estimate import LengthEstimator
-    from neatpack.pipes.lengths import build_length_index
-    from neatpack.pipes.plan import plan_packs
-    from neatpack.pipes.read import JsonlSource
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.indexing.lengths import build_length_index
+    from neatpack.pipes.planning.plan import plan_packs
+    from neatpack.pipes.reading.read import JsonlSource
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     processor = load_tiny_processor("qwen2_vl")
     t0 = time.perf_counter()
@@ -222,7 +222,7 @@ def plan_peer(args: argparse.Namespace) -> dict[str, Any]:
     )
     from nemo_automodel.components.datasets.vlm.samplers import LengthGroupedSampler
 
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     processor = load_tiny_processor("qwen2_vl")
     image_cfg = LengthGroupedSampler._extract_image_config(processor)
@@ -310,7 +310,7 @@ def main() -> None:
         args.samples, args.pack_size, args.plan_records = 48, 4096, 20_000
     import neatpack
     import neatpack.pipes
-    from neatpack.pipes.synth import write_corpus
+    from neatpack.pipes.testing.synth import write_corpus
 
     args.root = tempfile.mkdtemp(prefix="neatpack-bench-peer-")
     write_corpus(args.root, num_samples=args.samples, seed=3)

@@ -26,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.pipes.binpack import best_fit_decreasing, bfd_bin_ids, greedy_knapsack, lower_bound
+from neatpack.pipes.planning.binpack import (
+    best_fit_decreasing,
+    bfd_bin_ids,
+    greedy_knapsack,
+    lower_bound,
+)
 
 DISTRIBUTIONS = ("lognormal", "uniform", "uniform_full")
 

@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.plan import plan_packs
-from neatpack.pipes.shards import ParquetSource
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.reading.shards import ParquetSource
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 WORDS = ("the", "a", "cat", "dog", "picture", "shows", "red", "blue", "small", "large")
 SIZES = [(64, 48), (96, 96), (128, 80), (200, 150), (300, 220), (48, 64), (160, 160), (90, 60)]
@@ -170,7 +170,7 @@ def video_figures(n: int, processor: Any) -> dict[str, Any]:
             answer = {"role": "assistant", "content": "a bar moves"}
             records.append({"messages": [{"role": "user", "content": user}, answer]})
         est = LengthEstimator.from_processor(processor, mode="exact")
-        from neatpack.pipes.read import SequenceSource
+        from neatpack.pipes.reading.read import SequenceSource
 
         index = build_length_index(SequenceSource(records), est, progress=False)
         decode_s = [0.0]

@@ -1,4 +1,4 @@
-"""Sharded sources (pipes/shards.py): offset-index build and length-index build, vs JSONL.
+"""Sharded sources (pipes/reading/shards.py): offset-index build and length-index build, vs JSONL.
 
 Writes the same metadata corpus (text + `images_meta`, ~1 image path per record, no pixels) as
 one JSONL file, as `--shards` WebDataset-style tar shards (`key.json` members) and as
@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.media_tokens import ImageTokenConfig
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.shards import ParquetSource, TarShardSource
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.reading.shards import ParquetSource, TarShardSource
 
 WORDS = ("the", "a", "cat", "dog", "picture", "shows", "red", "blue", "small", "large")
 

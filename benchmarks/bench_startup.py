@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 def first_batch(data: Any, processor: Any, cfg: NeatVLMConfig) -> tuple[float, float, int]:

@@ -26,11 +26,11 @@ from typing import Any
 
 from PIL import Image
 
-from neatpack.pipes.labels import build_labels, resolve_role_markers
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import FAMILIES, load_tiny_processor
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.materializing.labels import build_labels, resolve_role_markers
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import FAMILIES, load_tiny_processor
 
 
 def _reference_conv(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             "families": list(families),
             "repeats": args.repeats,
             "seed": args.seed,
-            "corpus": "neatpack.pipes.synth.write_corpus",
+            "corpus": "neatpack.pipes.testing.synth.write_corpus",
         },
         "metrics": metrics,
         "env": {

@@ -32,10 +32,10 @@ import torch
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.neat_vlm import open_source
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 def run_mode(

@@ -1,4 +1,4 @@
-"""Video decoder choice for pipes/video.py: PyAV vs torchcodec on the same files.
+"""Video decoder choice for pipes/reading/video.py: PyAV vs torchcodec on the same files.
 
 Prints one JSON object. The script encodes its own videos with PyAV (h264 .mp4, vp8 .webm,
 mpeg4 .mkv; a moving bar), then per decoder and file, in a fresh subprocess (so the peak RSS is
@@ -11,7 +11,7 @@ or does not load (torchcodec needs the system's FFmpeg shared libraries) is repo
 torchcodec can borrow the FFmpeg 8 that PyAV's wheel bundles: symlink `av.libs/libavcodec-*.so.62`
 etc. to their plain sonames in a folder and put it and `av.libs` on `LD_LIBRARY_PATH`.
 
-`kept_frames`: decoding only the frames the processor keeps (`pipes/video.py` `keep=`, the
+`kept_frames`: decoding only the frames the processor keeps (`pipes/reading/video.py` `keep=`, the
 default) against every frame (`DECODE_ONLY_KEPT = False`, the old path), side by side in this
 run, with the tiny Qwen3-VL processor (2 fps sampling):
 
@@ -144,10 +144,10 @@ def kept_frames(
 
     from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
     from neatpack.pipes import video
-    from neatpack.pipes.estimate import LengthEstimator
-    from neatpack.pipes.lengths import build_length_index
-    from neatpack.pipes.read import SequenceSource
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.indexing.lengths import build_length_index
+    from neatpack.pipes.reading.read import SequenceSource
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     proc = load_tiny_processor("qwen3_vl")
     keep = _keep_qwen3(proc)

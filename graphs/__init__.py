@@ -1,17 +1,23 @@
 """neatpack.graphs: prebuilt graphs and the checkpointable loader."""
 
+from neatpack.pipes.compat.moved import MOVED_GRAPHS, install_moved_modules
+
+install_moved_modules(__name__, MOVED_GRAPHS)  # neatpack.graphs.loader etc. (the flat layout)
+
+# ruff: noqa: E402
+
 from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph
-from neatpack.graphs.loader import (
+from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph, neat_llm_parts
+from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, neat_vlm_parts
+from neatpack.graphs.open_data import open_source
+from neatpack.graphs.runtime.loader import (
     BookkeepingError,
     EpochLedger,
     LoaderStats,
     NeatLoader,
     StateMismatchError,
 )
-from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph, neat_llm_parts
-from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, neat_vlm_parts
-from neatpack.graphs.open_data import open_source
-from neatpack.graphs.stages import GraphParts, map_stage
+from neatpack.graphs.runtime.stages import GraphParts, map_stage
 from neatpack.graphs.train import model_inputs, packed_loss, step_normalizer
 
 __all__ = [

@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from neatpack.pipes.collate_family import check_family_mask_format
+from neatpack.pipes.collating.collate_family import check_family_mask_format
+from neatpack.pipes.collating.mask_format import resolve_mask_format
 from neatpack.pipes.families import PROCESSOR_HANDLERS, Handler, get_handler
-from neatpack.pipes.handler_lengths import HANDLER_ESTIMATE_MODES, handler_estimator
-from neatpack.pipes.mask_format import resolve_mask_format
+from neatpack.pipes.indexing.handler_lengths import HANDLER_ESTIMATE_MODES, handler_estimator
 
 __all__ = ["QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
 
@@ -46,7 +46,7 @@ class FamilyPlan:
     collate_options: dict[str, Any] = field(default_factory=dict)
 
     def estimator(self, processor: Any, mode: str) -> Any:
-        """The family's length estimator (``pipes/handler_lengths.py``)."""
+        """The family's length estimator (``pipes/indexing/handler_lengths.py``)."""
         return handler_estimator(processor, self.handler.name, mode)
 
 

@@ -22,20 +22,20 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from neatpack.graphs.dist import resolve_rank
-from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.open_data import open_source
-from neatpack.graphs.stages import check_start_method, map_stage
-from neatpack.graphs.watchdog import init_worker
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import LengthIndex, build_length_index
-from neatpack.pipes.plan import PackPlan
-from neatpack.pipes.read import MAX_RECORD_BYTES
-from neatpack.pipes.sample_collate import pad_collate_fn
-from neatpack.pipes.source import TAIL_POLICIES, PackSource
+from neatpack.graphs.runtime.dist import resolve_rank
+from neatpack.graphs.runtime.loader import NeatLoader, describe_data
+from neatpack.graphs.runtime.stages import check_start_method, map_stage
+from neatpack.graphs.runtime.watchdog import init_worker
+from neatpack.pipes.collating.sample_collate import pad_collate_fn
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
+from neatpack.pipes.materializing.tokenize import tokenize_conversations
+from neatpack.pipes.materializing.transfer import collate_into_shared_memory
+from neatpack.pipes.planning.plan import PackPlan
+from neatpack.pipes.planning.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.reading.read import MAX_RECORD_BYTES
 from neatpack.pipes.steps import StepChain, pack_meta
-from neatpack.pipes.tokenize import tokenize_conversations
-from neatpack.pipes.transfer import collate_into_shared_memory
 
 __all__ = ["GroupedConfig", "grouped_plan", "grouped_vlm_graph"]
 

@@ -47,7 +47,7 @@ from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from neatpack.graphs.checkpoint_dirs import atomic_file, json_problem, newest_complete
-from neatpack.graphs.dist import resolve_rank
+from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.train import model_inputs
 
 __all__ = [

@@ -7,7 +7,7 @@
             ─► SourceTagger after the Collater                  (batch["doc_sources"])
 
 Everything else (workers, prefetch, checkpoints, elastic resume, ledgers) is the single-source
-graph's. The ledger speaks global ids: ``mixture_ledger`` (``pipes/mixture_report.py``)
+graph's. The ledger speaks global ids: ``mixture_ledger`` (``pipes/mixtures/mixture_report.py``)
 splits it per source.
 """
 
@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import plan_family
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
-from neatpack.graphs.stages import GraphParts
+from neatpack.graphs.runtime.dist import resolve_rank
+from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import LengthIndex, build_length_index
-from neatpack.pipes.mixture_source import (
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
+from neatpack.pipes.mixtures.mixture_source import (
     MixtureLayout,
     MixturePackSource,
     MixtureRecords,
@@ -139,7 +139,7 @@ def _mixed(
     mix = cfg.mixture
     planned = lengths.total
     if cfg.cp_size > 1:
-        from neatpack.pipes.context_parallel import cp_padded_lengths
+        from neatpack.pipes.parallel.context_parallel import cp_padded_lengths
 
         planned = np.asarray(cp_padded_lengths(planned, cfg.cp_size), dtype=np.int64)
     layout = MixtureLayout(

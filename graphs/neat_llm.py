@@ -22,18 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.graphs.dist import resolve_rank
-from neatpack.graphs.loader import NeatLoader
-from neatpack.graphs.stages import GraphParts, check_start_method
+from neatpack.graphs.runtime.dist import resolve_rank
+from neatpack.graphs.runtime.loader import NeatLoader
+from neatpack.graphs.runtime.stages import GraphParts, check_start_method
 from neatpack.graphs.token_source import TokenSource, token_lengths
-from neatpack.pipes.binpack import OVERLONG_POLICIES
-from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
-from neatpack.pipes.leak_probe import packing_boundaries
-from neatpack.pipes.mask_format import resolve_mask_format
-from neatpack.pipes.mixture import Mixture, check_mixture_config, check_mixture_data
-from neatpack.pipes.pack import build_pack
-from neatpack.pipes.plan import PackPlan, plan_packs
-from neatpack.pipes.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.collating.leak_probe import packing_boundaries
+from neatpack.pipes.collating.mask_format import resolve_mask_format
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.mixtures.mixture import Mixture, check_mixture_config, check_mixture_data
+from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
+from neatpack.pipes.planning.binpack import OVERLONG_POLICIES
+from neatpack.pipes.planning.plan import PackPlan, plan_packs
+from neatpack.pipes.planning.source import TAIL_POLICIES, PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
 
 __all__ = [
@@ -69,7 +69,7 @@ class NeatLLMConfig:
     boundaries: bool = False  # seq_idx + cu_seq_lens for linear-attention / SSM layers
     allow_packing_leak: bool = False  # pack a model whose leak probe fails (#20)
     cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size
-    # several weighted sources instead of `data` (#16; pipes/mixture.py, graphs/mixture.py)
+    # several weighted sources instead of `data` (#16; pipes/mixtures/mixture.py, graphs/mixture.py)
     mixture: Mixture | None = None
 
     def __post_init__(self) -> None:
@@ -128,7 +128,7 @@ def neat_llm_parts(
     documents raises ``PackingLeakError`` unless ``allow_packing_leak`` (docs/long_context.md).
     ``cp_size > 1`` plans and packs documents padded to a multiple of ``2 * cp_size``;
     ``cp_rank`` then makes every batch that context-parallel rank's shard
-    (``pipes/context_parallel.py``).
+    (``pipes/parallel/context_parallel.py``).
     """
     cfg = config or NeatLLMConfig()
     if cfg.mixture is not None:

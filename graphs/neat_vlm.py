@@ -5,8 +5,8 @@
                     cached)         global)    cursor)       shift, concat: one pack)
     ─► Batcher(batch_size) ─► Mapper(collate: pad + mask format) ─► Prefetcher ─► NeatLoader
 
->>> from neatpack.pipes.tiny import load_tiny_processor
->>> from neatpack.pipes.synth import write_corpus
+>>> from neatpack.pipes.testing.tiny import load_tiny_processor
+>>> from neatpack.pipes.testing.synth import write_corpus
 >>> import tempfile
 >>> root = tempfile.mkdtemp()
 >>> data = write_corpus(root, num_samples=12)
@@ -19,8 +19,10 @@
 Other families (Gemma 3/4, LLaVA-OneVision, Idefics3, InternVL, Qwen2.5-Omni) go through their
 ``families`` handler, picked from the processor's class (or ``NeatVLMConfig.handler``): the same
 planning, packing, workers and checkpoints, with the family's length estimate
-(``pipes/handler_lengths.py``), positions (1-D, or Omni's mRoPE with audio), media merged over
-the batch and attention mask (``pipes/collate_family.py``; ``graphs/families.py`` checks the
+(``pipes/indexing/handler_lengths.py``), positions (1-D, or Omni's mRoPE with audio), media merged
+over
+the batch and attention mask (``pipes/collating/collate_family.py``; ``graphs/families.py`` checks
+the
 config against the family before anything is built).
 """
 
@@ -32,26 +34,26 @@ from typing import Any, Literal
 
 import numpy as np
 
-from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.families import FamilyPlan, plan_family
-from neatpack.graphs.loader import NeatLoader, describe_data
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
-from neatpack.graphs.stages import GraphParts, check_start_method
-from neatpack.pipes.binpack import OVERLONG_POLICIES
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import LengthIndex, build_length_index
-from neatpack.pipes.mask_format import resolve_mask_format
-from neatpack.pipes.materialize import (
+from neatpack.graphs.runtime.dist import resolve_rank
+from neatpack.graphs.runtime.loader import NeatLoader, describe_data
+from neatpack.graphs.runtime.stages import GraphParts, check_start_method
+from neatpack.pipes.collating.mask_format import resolve_mask_format
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
+from neatpack.pipes.indexing.overlong import check_overlong
+from neatpack.pipes.materializing.materialize import (
     FAILURE_POLICIES,
     OVERFLOW_POLICIES,
     MaterializeConfig,
     Materializer,
 )
-from neatpack.pipes.mixture import Mixture, check_mixture_config, check_mixture_data
-from neatpack.pipes.overlong import check_overlong
-from neatpack.pipes.plan import PackPlan, plan_packs
-from neatpack.pipes.read import MAX_RECORD_BYTES
-from neatpack.pipes.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.mixtures.mixture import Mixture, check_mixture_config, check_mixture_data
+from neatpack.pipes.planning.binpack import OVERLONG_POLICIES
+from neatpack.pipes.planning.plan import PackPlan, plan_packs
+from neatpack.pipes.planning.source import TAIL_POLICIES, PackSource
+from neatpack.pipes.reading.read import MAX_RECORD_BYTES
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack, PPMediaSplitter
 
 __all__ = [
@@ -104,14 +106,16 @@ class NeatVLMConfig:
     boundaries: bool = False  # seq_idx + cu_seq_lens for linear-attention / SSM layers (#20)
     allow_packing_leak: bool = False  # pack a model whose leak probe fails (#20)
     cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size (#20)
-    # several weighted sources instead of `data` (#16; pipes/mixture.py, graphs/mixture.py)
+    # several weighted sources instead of `data` (#16; pipes/mixtures/mixture.py, graphs/mixture.py)
     mixture: Mixture | None = None
     # length index build: None (default) one forked process per core this rank may use once
-    # its slice is large enough to pay (pipes/index_workers.py), N exactly N, 0 this process;
+    # its slice is large enough to pay (pipes/indexing/index_workers.py), N exactly N, 0 this
+    # process;
     # the index is the same for any number
     index_workers: int | None = None
     # a JSONL line longer than this is refused by its id under on_bad_sample (None: no limit);
-    # tokenizing costs ~200 bytes of memory per byte of text (pipes/read.py MAX_RECORD_BYTES)
+    # tokenizing costs ~200 bytes of memory per byte of text (pipes/reading/read.py
+    # MAX_RECORD_BYTES)
     max_record_bytes: int | None = MAX_RECORD_BYTES
 
     def __post_init__(self) -> None:
@@ -224,7 +228,8 @@ def neat_vlm_parts(
     ``pack_transform`` each materialized pack (keep ``pack["meta"]``), ``batch_transform``
     each collated batch (keep ``batch["packs"]``); all run in the workers.
     ``model`` (a model or its config) turns on boundaries for hybrid models and refuses to pack
-    a model whose layers leak across documents (``pipes/leak_probe.py``; docs/long_context.md).
+    a model whose layers leak across documents (``pipes/collating/leak_probe.py``;
+    docs/long_context.md).
     ``cfg.cp_size > 1`` plans and packs documents padded to a multiple of ``2 * cp_size``;
     ``cp_rank`` then makes every batch that context-parallel rank's shard.
     """
@@ -238,7 +243,7 @@ def neat_vlm_parts(
             sample_transform=sample_transform, pack_transform=pack_transform,
             batch_transform=batch_transform, model=model, cp_rank=cp_rank,
         )  # fmt: skip
-    from neatpack.pipes.leak_probe import packing_boundaries
+    from neatpack.pipes.collating.leak_probe import packing_boundaries
 
     boundaries = packing_boundaries(
         model, boundaries=cfg.boundaries, allow_leak=cfg.allow_packing_leak
@@ -279,7 +284,7 @@ def neat_vlm_parts(
     if estimator is not None and index.fallback_ids.size:
         source = EstimateChecked(source, estimator, index.fallback_ids.tolist())
 
-    from neatpack.pipes.context_parallel import ContextParallelSplitter, cp_padded_lengths
+    from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
 
     planned = index.total if cfg.cp_size == 1 else cp_padded_lengths(index.total, cfg.cp_size)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from neatpack.pipes.contracts import Record
-from neatpack.pipes.read import (
+from neatpack.pipes.reading.read import (
     MAX_RECORD_BYTES,
     JsonListSource,
     JsonlSource,
@@ -44,7 +44,7 @@ def open_source(
     ``.parquet``; the tar offset index cached in ``cache_dir``, split over the ranks). A JSONL
     file's line index is cached in ``cache_dir`` too (``JsonlSource``, which also refuses a line
     over ``max_record_bytes`` by its id)."""
-    from neatpack.pipes.shards import shard_source
+    from neatpack.pipes.reading.shards import shard_source
 
     shards = shard_source(data, media_root, cache_dir=cache_dir, rank=rank, world_size=world_size)
     if shards is not None:
@@ -64,7 +64,7 @@ def open_source(
         return data
     if isinstance(data, Sequence):
         return SequenceSource(list(data), media_root=media_root)
-    from neatpack.pipes.read import HFDatasetSource
+    from neatpack.pipes.reading.read import HFDatasetSource
 
     if hasattr(data, "features"):  # a datasets.Dataset
         return HFDatasetSource(data, media_root=media_root)

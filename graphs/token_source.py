@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.text_pack import token_tensor
+from neatpack.pipes.compat.text_pack import token_tensor
+from neatpack.pipes.reading.read import JsonlSource
 
 __all__ = ["TokenSource", "to_token_sample", "token_lengths"]
 

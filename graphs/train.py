@@ -11,7 +11,8 @@ every position against the token after next.
 
 **Normalization.** A per-micro-batch mean weights tokens by how they were packed, sharded and
 accumulated. Each batch carries ``num_label_tokens``, ``num_documents`` and ``label_weights``
-(``neatpack.pipes.loss``); :func:`step_normalizer` sums one optimizer step's micro-batches over
+(``neatpack.pipes.materializing.loss``); :func:`step_normalizer` sums one optimizer step's
+micro-batches over
 the data-parallel ranks, and ``model_inputs(batch, num_items_in_batch=n)`` makes the model's loss
 ``sum / n``. Two conventions (``LOSS_CONVENTIONS``):
 
@@ -41,7 +42,8 @@ model attention        batch["attention_mask"] / extra kwargs     note
 
 Without a flash-attn build, ``flash_attention_2`` batches run on PyTorch's own varlen kernel
 through ``model.set_attn_implementation(neatpack.pipes.register_varlen_attention())``, which
-checks that each call's boundaries are its own tensor's (``neatpack.pipes.varlen_attention``).
+checks that each call's boundaries are its own tensor's
+(``neatpack.pipes.collating.varlen_attention``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from neatpack.pipes.loss import CROSS_ENTROPY_IGNORE_IDX, LOSS_COUNT_KEYS
+from neatpack.pipes.materializing.loss import CROSS_ENTROPY_IGNORE_IDX, LOSS_COUNT_KEYS
 
 __all__ = [
     "BOOKKEEPING_KEYS",
@@ -124,7 +126,7 @@ def _count(batch: Mapping[str, Any], key: str) -> int:
     if key not in batch:
         raise KeyError(
             f"batch has no {key!r}: build it with a neatpack collater (they attach "
-            f"{LOSS_COUNT_KEYS}) or call neatpack.pipes.loss.add_label_counts(batch)"
+            f"{LOSS_COUNT_KEYS}) or call neatpack.pipes.materializing.loss.add_label_counts(batch)"
         )
     return int(batch[key])
 

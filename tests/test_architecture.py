@@ -38,9 +38,9 @@ def test_every_module_has_one_line_and_every_line_a_module() -> None:
 
 def test_the_check_sees_a_missing_and_a_stale_line() -> None:
     text = DOC.read_text()
-    assert "pipes/collate.py" in listed(text)
-    dropped = re.sub(r"^- `pipes/collate.py`:.*\n", "", text, flags=re.M)
-    assert "pipes/collate.py" not in listed(dropped)
+    assert "pipes/collating/collate.py" in listed(text)
+    dropped = re.sub(r"^- `pipes/collating/collate.py`:.*\n", "", text, flags=re.M)
+    assert "pipes/collating/collate.py" not in listed(dropped)
     assert listed("- `pipes/gone.py`: a module that was deleted\n") == ["pipes/gone.py"]
 
 

@@ -202,7 +202,7 @@ def test_seed_names_importable_from_the_package() -> None:
         if isinstance(t, ast.Name)
     }  # fmt: skip
     assert "_estimate_sample_length" in defined
-    assert defined == set(_EXPORTS["seed_compat"])
+    assert defined == set(_EXPORTS["compat.seed_compat"])
     for name in defined:
         assert getattr(neatpack.pipes, name) is getattr(seed_compat, name)
     assert set(neatpack.pipes.__all__) <= set(dir(neatpack.pipes))
@@ -214,7 +214,7 @@ def test_doctests_of_the_split_modules() -> None:
     import doctest
     import importlib
 
-    names = ["neatpack.graphs.cli_inputs", "neatpack.graphs.checkpoint_dirs"] + [
+    names = ["neatpack.graphs.command.cli_inputs", "neatpack.graphs.checkpoint_dirs"] + [
         f"neatpack.pipes.{m}"
         for m in ("errors", "estimate_types", "mask_format", "collate_media", "seed_compat",
                   "contracts", "sample_collate", "pad_packs")

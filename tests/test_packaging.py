@@ -50,7 +50,7 @@ def test_graphs_exports() -> None:
 
 
 def test_embedded_processors_are_package_data() -> None:
-    from neatpack.pipes.tiny import tiny_processor_dir
+    from neatpack.pipes.testing.tiny import tiny_processor_dir
 
     assert (tiny_processor_dir("qwen2_vl") / "tokenizer.json").is_file()
 
@@ -59,7 +59,7 @@ def test_only_the_demo_processors_ship() -> None:
     """The package ships the Qwen-VL processors the demo and the quickstart load; the other
     families' tiny processors (and every tiny model builder but Qwen's) are test scaffolding
     under tests/support/."""
-    from neatpack.pipes.tiny import FAMILIES
+    from neatpack.pipes.testing.tiny import FAMILIES
 
     shipped = sorted(p.name for p in (ROOT / "pipes" / "_assets" / "processors").iterdir())
     assert shipped == sorted(FAMILIES)

@@ -135,7 +135,7 @@ def test_first_screen_has_the_two_commands() -> None:
 
 
 def test_demo_command_succeeds(tmp_path: Path) -> None:
-    from neatpack.graphs.cli import main
+    from neatpack.graphs.command.cli import main
 
     code = main(
         [
@@ -159,7 +159,7 @@ def test_demo_command_as_a_process(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "neatpack.graphs.cli",
+            "neatpack.graphs.command.cli",
             "demo",
             "--dir",
             str(tmp_path),

@@ -33,8 +33,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from neatpack.graphs.loader import NeatLoader
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
+from neatpack.graphs.runtime.loader import NeatLoader
 
 __all__ = ["PEER_OPTIONS", "build_dataloader", "neatpack_options"]
 

@@ -48,8 +48,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch.distributed as dist
 
-from neatpack.graphs.dist import resolve_rank
 from neatpack.graphs.hf_trainer import TrainerBatches
+from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.train import step_normalizer
 
 __all__ = [

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.labels import template_text
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.materializing.labels import template_text
+from neatpack.pipes.reading.media import SampleError
 
 __all__ = [
     "MEDIA_KINDS",
@@ -91,7 +91,7 @@ def images_meta_estimate(
     ``images_meta`` (``block_tokens`` is not called for a record without images)."""
     kw: dict[str, Any] = {}
     if mode != "exact":
-        from neatpack.pipes._template_probe import probe_overhead
+        from neatpack.pipes.indexing._template_probe import probe_overhead
 
         kw["overhead"] = probe_overhead(processor)
     est = LengthEstimator(

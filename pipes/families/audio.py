@@ -20,11 +20,11 @@ from typing import Any, Final
 
 import torch
 
-from neatpack.pipes._conversation import parse_conversation
-from neatpack.pipes._media_meta import image_hw
-from neatpack.pipes.audio import audio_num_samples, load_audio_block, split_audio_blocks
-from neatpack.pipes.labels import RoleMarkers, conversation_labels, template_text
-from neatpack.pipes.media import SampleError, load_image
+from neatpack.pipes.indexing._media_meta import image_hw
+from neatpack.pipes.materializing.labels import RoleMarkers, conversation_labels, template_text
+from neatpack.pipes.reading._conversation import parse_conversation
+from neatpack.pipes.reading.audio import audio_num_samples, load_audio_block, split_audio_blocks
+from neatpack.pipes.reading.media import SampleError, load_image
 
 from ._shared import check_modalities
 from .chat_template import (
@@ -247,8 +247,8 @@ def text_estimate(
 ) -> int:
     """``LengthEstimator``'s ``mode="estimate"`` count of the record's text, the audio blocks
     (at ``where`` in ``conv``) left out and the template overhead probed from the processor."""
-    from neatpack.pipes._template_probe import probe_overhead
-    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.indexing._template_probe import probe_overhead
+    from neatpack.pipes.indexing.estimate import LengthEstimator
 
     text_only = {**record, "conversation": [
         {**m, "content": [b for j, b in enumerate(m["content"]) if (k, j) not in where]}

@@ -20,7 +20,7 @@ dim 0, a block-causal packed mask), and the base the other families' tokenizers 
   ``token_type_ids``, ``num_crops``...) is kept in the Sample under its own name, batch dim
   removed for token-aligned ones.
 
->>> from neatpack.pipes.tiny import load_tiny_processor
+>>> from neatpack.pipes.testing.tiny import load_tiny_processor
 >>> proc = load_tiny_processor("qwen2_vl")
 >>> s = tokenize_default({"sample_id": 1, "conversation": [
 ...     {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}, proc)
@@ -36,9 +36,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from neatpack.pipes._conversation import forbidden_tokens, parse_conversation
-from neatpack.pipes.labels import RoleMarkers, conversation_labels, resolve_role_markers
-from neatpack.pipes.media import SampleError, load_image, load_video
+from neatpack.pipes.materializing.labels import (
+    RoleMarkers,
+    conversation_labels,
+    resolve_role_markers,
+)
+from neatpack.pipes.reading._conversation import forbidden_tokens, parse_conversation
+from neatpack.pipes.reading.media import SampleError, load_image, load_video
 
 from ._shared import check_modalities
 from .processor_compat import media_ids
@@ -222,8 +226,8 @@ def default_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "
     (``[height, width]``), the processor's own ``_get_num_multimodal_tokens`` count. Exact when
     that count is the placeholder's whole expansion (InternVL, LLaVA-OneVision, Idefics3);
     Gemma 3 adds newlines around each image: use ``gemma3.gemma3_estimator``."""
-    from neatpack.pipes._template_probe import probe_overhead
-    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.indexing._template_probe import probe_overhead
+    from neatpack.pipes.indexing.estimate import LengthEstimator
 
     kw: dict[str, Any] = {} if mode == "exact" else {"overhead": probe_overhead(processor)}
     est = LengthEstimator(

@@ -40,15 +40,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from neatpack.pipes._media_meta import (
+from neatpack.pipes.collating.mask import to_4d_additive_mask
+from neatpack.pipes.indexing._media_meta import (
     EstimateError,
     aligned_meta,
     image_hw,
     positive_meta,
     record_media,
 )
-from neatpack.pipes.estimate import LengthEstimator, SampleEstimate
-from neatpack.pipes.mask import to_4d_additive_mask
+from neatpack.pipes.indexing.estimate import LengthEstimator, SampleEstimate
 
 from .chat_template import tokenize_default
 from .processor_compat import set_call_defaults
@@ -251,7 +251,7 @@ class Gemma3LengthEstimator(LengthEstimator):
 def gemma3_estimator(processor: Any, **kw: Any) -> Gemma3LengthEstimator:
     """``Gemma3LengthEstimator`` for ``processor``: template overhead probed from it, an uncropped
     image ``gemma3_image_tokens``, its pan-and-scan settings (None when off)."""
-    from neatpack.pipes._template_probe import probe_overhead, tokenizer_id
+    from neatpack.pipes.indexing._template_probe import probe_overhead, tokenizer_id
 
     kw.setdefault("overhead", probe_overhead(processor))
     kw.setdefault("on_missing_media", "fallback")

@@ -21,7 +21,8 @@ against the processor's ``_get_num_multimodal_tokens(video_sizes=...)`` and agai
 patches of ``video_position_ids`` (what the vision tower will return).
 ``gemma4_estimate`` gives the length (exact mode == real); it is the handler's estimate.
 
-Audio (``neatpack.pipes.audio``: a .wav path or a float array at the extractor's 16 kHz, never
+Audio (``neatpack.pipes.reading.audio``: a .wav path or a float array at the extractor's 16 kHz,
+never
 resampled, at most ``audio_seq_length`` tokens = 30 s): each block becomes
 ``<|audio>`` + ``<|audio|>`` * k + ``<audio|>`` with k = the processor's duration rule (25 per
 second), checked against the runs in the text; the Sample carries ``input_features [n, T, 128]``
@@ -48,16 +49,16 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from neatpack.pipes._media_meta import (
+from neatpack.pipes.indexing._media_meta import (
     EstimateError,
     aligned_meta,
     image_hw,
     positive_meta,
     record_media,
 )
-from neatpack.pipes.audio import audio_num_samples, load_audio_block, split_audio_blocks
-from neatpack.pipes.labels import RoleMarkers, tail_alternatives
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.materializing.labels import RoleMarkers, tail_alternatives
+from neatpack.pipes.reading.audio import audio_num_samples, load_audio_block, split_audio_blocks
+from neatpack.pipes.reading.media import SampleError
 
 from .chat_template import tokenize_default
 from .gemma3 import gemma3_packed_mask
@@ -168,7 +169,7 @@ def gemma4_video_metadata(record: Mapping[str, Any]) -> list[dict[str, Any]] | N
     """``video_metadata`` for the record's frame-list videos when every one has a frame rate
     (block ``fps`` or ``videos_meta[k][3]``: ``tokenize._video_metadata``, the Qwen-VL rule),
     else None (the processor's default 24 fps)."""
-    from neatpack.pipes.tokenize import video_metadata_of
+    from neatpack.pipes.materializing.tokenize import video_metadata_of
 
     blocks: list[Mapping[str, Any]] = []
     for msg in record.get("conversation") or []:
@@ -292,7 +293,7 @@ def gemma4_packed_masks(
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Tensor]:
     """``{"full_attention", "sliding_attention"}`` additive masks for a packed Gemma 4 row."""
-    from neatpack.pipes.mask import to_4d_additive_mask
+    from neatpack.pipes.collating.mask import to_4d_additive_mask
 
     full = to_4d_additive_mask(doc_ids, dtype)
     if not bidirectional_vision:
@@ -412,8 +413,8 @@ def gemma4_estimate(record: Mapping[str, Any], processor: Any, *, mode: str = "e
     ``<|audio|>`` replaced by the processor's own expansion, tokenized once (== real).
     ``estimate``: ``LengthEstimator`` text (chars / 3 + template overhead) plus the expansions'
     and the prefixes' exact tokens."""
-    from neatpack.pipes._template_probe import probe_overhead
-    from neatpack.pipes.estimate import LengthEstimator
+    from neatpack.pipes.indexing._template_probe import probe_overhead
+    from neatpack.pipes.indexing.estimate import LengthEstimator
 
     tok = processor.tokenizer
     texts = _media_texts(record, processor)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from neatpack.pipes.labels import RoleMarkers, derive_role_markers
+from neatpack.pipes.materializing.labels import RoleMarkers, derive_role_markers
 
 from ._shared import images_meta_estimate
 from .chat_template import tokenize_default

@@ -80,8 +80,8 @@ def kimi_k25_fixed_length_batch(
     keys: ``pixel_values`` / ``image_grid_thw`` concatenated over the rows and
     ``n_images_per_sample`` (per row), ready for ``pp_media.prepare_vlm_media_for_pp``.
     """
-    from neatpack.pipes.collate import neat_packed_vlm_collater
-    from neatpack.pipes.pack import build_pack
+    from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+    from neatpack.pipes.materializing.pack import build_pack
 
     pad = getattr(processor.tokenizer, "pad_token_id", None)
     pad_id = 0 if pad is None else int(pad)

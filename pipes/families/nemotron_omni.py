@@ -36,8 +36,8 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from neatpack.pipes.labels import resolve_role_markers
-from neatpack.pipes.mask import to_4d_additive_mask
+from neatpack.pipes.collating.mask import to_4d_additive_mask
+from neatpack.pipes.materializing.labels import resolve_role_markers
 
 from .audio import AudioFamily, estimate_audio_family, tokenize_audio_family
 from .registry import Handler, register_handler

@@ -2,7 +2,7 @@
 and audio in one conversation (the seed's ``phi4_mm_collate_fn``).
 
 An audio block is ``{"type": "audio", "audio": <.wav path | 1-D float array>}``, read and checked
-by ``neatpack.pipes.audio`` (16 kHz, never resampled; missing / empty / non-finite refused
+by ``neatpack.pipes.reading.audio`` (16 kHz, never resampled; missing / empty / non-finite refused
 naming the sample). What differs from the default path:
 
 * the processor takes ``audio=[...]``; each ``<|audio|>`` becomes
@@ -50,7 +50,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from neatpack.pipes.labels import RoleMarkers
+from neatpack.pipes.materializing.labels import RoleMarkers
 
 from .audio import (
     AUDIO_FAMILY_MODALITIES,

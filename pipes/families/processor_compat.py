@@ -14,7 +14,7 @@ places. Every reader here detects the feature, never the version string:
   not, and the image processor's ``get_number_of_image_patches`` (in every 5.x) gives the same
   count.
 
->>> from neatpack.pipes.tiny import load_tiny_processor
+>>> from neatpack.pipes.testing.tiny import load_tiny_processor
 >>> proc = load_tiny_processor("qwen2_vl")
 >>> media_ids(proc, "image") == [proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")]
 True

@@ -11,7 +11,7 @@ The seed (``nemotron_parse_collate_fn``) also builds ``decoder_input_ids`` for i
 encoder-decoder model; here the Sample keeps the library's contract (unshifted ``input_ids`` /
 ``labels``) and the pack builder shifts.
 
->>> from neatpack.pipes.tiny import load_tiny_processor
+>>> from neatpack.pipes.testing.tiny import load_tiny_processor
 >>> tok = load_tiny_processor("qwen2_vl").tokenizer
 >>> s = tokenize_prompt_answer({"sample_id": 0, "conversation": [
 ...     {"role": "user", "content": "Parse:"}, {"role": "assistant", "content": "A table"}]}, tok)
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from neatpack.pipes.labels import IGNORE_INDEX
-from neatpack.pipes.media import SampleError, load_image
+from neatpack.pipes.materializing.labels import IGNORE_INDEX
+from neatpack.pipes.reading.media import SampleError, load_image
 
 from ._shared import check_modalities
 from .registry import Handler, register_handler

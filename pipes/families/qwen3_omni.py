@@ -45,8 +45,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from neatpack.pipes.labels import RoleMarkers
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.materializing.labels import RoleMarkers
+from neatpack.pipes.reading.media import SampleError
 
 from .processor_compat import processor_default
 from .qwen_omni import (

@@ -3,7 +3,7 @@ text, images, videos and AUDIO in one conversation; the path Qwen3-Omni shares
 (``qwen3_omni``: ``OmniRule`` holds the audio differences).
 
 Audio blocks (``{"type": "audio", "audio": <.wav path | 1-D float array>}``, optional
-``"sampling_rate"``) are found and read by ``neatpack.pipes.audio`` (rate must equal the
+``"sampling_rate"``) are found and read by ``neatpack.pipes.reading.audio`` (rate must equal the
 extractor's 16000 Hz, never resampled; mono PCM WAV; missing / empty / non-finite / longer than
 the extractor's 30 s window refused naming the sample). This family adds one refusal: audio too
 short to give one token (< 3 mel frames, about 30 ms).
@@ -46,10 +46,14 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from neatpack.pipes._conversation import parse_conversation
-from neatpack.pipes.audio import load_audio, load_audio_block, split_audio_blocks
-from neatpack.pipes.labels import RoleMarkers, conversation_labels, resolve_role_markers
-from neatpack.pipes.media import SampleError, load_image, load_video
+from neatpack.pipes.materializing.labels import (
+    RoleMarkers,
+    conversation_labels,
+    resolve_role_markers,
+)
+from neatpack.pipes.reading._conversation import parse_conversation
+from neatpack.pipes.reading.audio import load_audio, load_audio_block, split_audio_blocks
+from neatpack.pipes.reading.media import SampleError, load_image, load_video
 
 from ._shared import check_modalities
 from .audio import audio_conversation, audio_lengths, image_sizes, text_estimate
@@ -279,7 +283,7 @@ def _video_kwargs(
     the video's own audio track (``use_audio_in_video`` / ``load_audio_from_video`` on the
     record or a video block) is refused: interleaving it needs a decoder for the track and a
     position rule neatpack does not reproduce."""
-    from neatpack.pipes.tokenize import video_metadata_of
+    from neatpack.pipes.materializing.tokenize import video_metadata_of
 
     blocks = [b for m in record["conversation"] for b in m.get("content") or []
               if isinstance(b, Mapping) and b.get("type", "video" if "video" in b else None)

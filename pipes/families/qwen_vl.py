@@ -6,14 +6,14 @@ metadata) and its positions, collater and length estimate are the core path (``m
 the tokenizer and the processor classes; ``neat_vlm_graph`` keeps the Qwen-VL path for them.
 
 >>> from neatpack.pipes.families import get_handler
->>> from neatpack.pipes.tiny import load_tiny_processor
+>>> from neatpack.pipes.testing.tiny import load_tiny_processor
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 """
 
 from __future__ import annotations
 
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
 
 from .registry import Handler, register_handler
 
@@ -34,7 +34,7 @@ QWEN_VL_HANDLER = register_handler(
         tokenize_conversation,
         mrope=True,
         description="Qwen2-VL / Qwen2.5-VL / Qwen3-VL: grid_thw checks, fake images, video "
-        "metadata (pipes/tokenize.py)",
+        "metadata (pipes/materializing/tokenize.py)",
     ),
     QWEN_VL_PROCESSORS,
 )

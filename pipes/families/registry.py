@@ -17,7 +17,7 @@ Unlike the seed (which falls back to ``default`` with a warning even without a t
 fails deep inside ``apply_chat_template``), a template-less processor is refused up front.
 
 >>> from neatpack.pipes.families import get_handler
->>> from neatpack.pipes.tiny import load_tiny_processor
+>>> from neatpack.pipes.testing.tiny import load_tiny_processor
 >>> get_handler(load_tiny_processor("qwen2_vl")).name
 'qwen_vl'
 """
@@ -229,8 +229,8 @@ def packed_model_inputs(
 
     Qwen-VL (mRoPE) rows go through ``collate.neat_packed_vlm_collater`` instead.
     """
-    from neatpack.pipes.mask import to_4d_additive_mask
-    from neatpack.pipes.pack import build_pack
+    from neatpack.pipes.collating.mask import to_4d_additive_mask
+    from neatpack.pipes.materializing.pack import build_pack
 
     h = get_handler(processor, handler)
     if h.mrope:

@@ -146,7 +146,7 @@ def step3_pp_media(
         images_per_row [2, 0, 1], crops_per_row [9, 0, 3], 2 micro-batches (rows [0, 1] [2])
         pixel_values [3 views] -> [views 0..1] [view 2];  pixel_values_local -> [0:9] [9:12]
     """
-    from neatpack.pipes.pp_media import chunk_step3_media
+    from neatpack.pipes.parallel.pp_media import chunk_step3_media
 
     rows = torch.arange(batch_size)
     empty = torch.zeros(0, dtype=torch.long)

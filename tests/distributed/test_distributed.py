@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.testing import assert_exactly_once
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.resume import assert_exactly_once
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

@@ -18,11 +18,11 @@ from support.family_records import conversation_records, with_images_meta
 from support.tiny import load_tiny_gemma3_processor
 from support.tiny_family_models import tiny_gemma3_model
 
+from neatpack.pipes.collating.mask import to_4d_additive_mask
 from neatpack.pipes.families import get_handler, tokenize_with_handler
 from neatpack.pipes.families.gemma3 import gemma3_estimator, gemma3_image_tokens, gemma3_packed_mask
-from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.pack import build_pack
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.reading.media import SampleError
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +203,8 @@ def test_gemma4_text_length_estimate_bounds(gemma4: Any) -> None:
     """Text-only records, exact mode on the template without the prefix: the estimate is short by
     exactly the prefix's tokens per model turn (the estimator does not know the hook); adding them
     makes it exact."""
-    from neatpack.pipes.estimate import LengthEstimator
     from neatpack.pipes.families.gemma4 import GEMMA4_THINKING_PREFIX
+    from neatpack.pipes.indexing.estimate import LengthEstimator
 
     per_turn = len(gemma4.tokenizer(GEMMA4_THINKING_PREFIX, add_special_tokens=False)["input_ids"])
     est = LengthEstimator(mode="exact", processor=gemma4)
@@ -332,8 +332,8 @@ def test_qwen_video_frame_sampling_matches_the_estimate(family: str, n: int, fps
     ``do_sample_frames`` (Qwen3-VL: sample at 2 fps; Qwen2.5-VL: keep all), exactly as the
     length estimator assumes; grids, ``second_per_grid_ts`` and Qwen3-VL's timestamps agree.
     Before, tokenization always kept every frame and the Qwen3-VL estimate was 2-3x short."""
-    from neatpack.pipes.estimate import LengthEstimator
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     proc = load_tiny_processor(family)
     frames = [Image.new("RGB", (64, 48), (10 * i, 0, 0)) for i in range(n)]
@@ -559,7 +559,7 @@ def test_packed_model_inputs_equal_separate_runs(family: str) -> None:
 @pytest.mark.badinput
 def test_packed_model_inputs_refuses_mrope_families() -> None:
     from neatpack.pipes.families import packed_model_inputs
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     with pytest.raises(ValueError, match="'qwen_vl' needs mRoPE positions"):
         packed_model_inputs([], load_tiny_processor("qwen2_vl"))
@@ -608,7 +608,7 @@ def test_a_placeholder_missing_from_the_vocabulary_is_reported_not_looked_up() -
     import transformers as tf
     from support.tiny import load_tiny_idefics3_processor, load_tiny_smolvlm_processor
 
-    from neatpack.pipes._template_probe import (
+    from neatpack.pipes.indexing._template_probe import (
         placeholder_tokens,
         probe_overhead,
         templated_text_tokens,

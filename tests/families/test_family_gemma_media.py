@@ -31,8 +31,8 @@ from neatpack.pipes.families.gemma3 import (
     gemma3_pan_and_scan,
     gemma3_pan_and_scan_settings,
 )
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.pack import build_pack
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.reading.media import SampleError
 
 WORDS = "the a cat sat on mat dog ran far quick brown fox jumps over lazy river".split()  # noqa: SIM905
 # (width, height): square, wide and tall (crops), just under / at the 1.2 ratio, very wide
@@ -386,7 +386,7 @@ def test_gemma4_audio_packed_equals_separate(gemma4: Any, tmp_path: Path) -> Non
 
 @pytest.mark.badinput
 def test_gemma4_bad_audio_names_the_sample(gemma4: Any) -> None:
-    from neatpack.pipes.media import SampleError
+    from neatpack.pipes.reading.media import SampleError
 
     def rec(block: dict[str, Any]) -> dict[str, Any]:
         return {"sample_id": "a-7", "conversation": [

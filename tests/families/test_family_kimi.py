@@ -29,7 +29,7 @@ from support.tiny_family_models import tiny_kimi_k25_model
 from neatpack.pipes.families import get_handler, tokenize_with_handler
 from neatpack.pipes.families.chat_template import default_estimate
 from neatpack.pipes.families.kimi import kimi_k25_fixed_length_batch, kimi_k25_image_tokens
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.reading.media import SampleError
 
 _FOLDER = ASSETS / "kimi_k25"
 

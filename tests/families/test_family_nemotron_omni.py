@@ -30,7 +30,7 @@ from neatpack.pipes.families.nemotron_omni import (
     nemotron_image_tokens,
     nemotron_omni_estimate,
 )
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.reading.media import SampleError
 
 MEDIA_KEYS = ("pixel_values", "image_grid_hw", "input_features", "input_features_mask")
 

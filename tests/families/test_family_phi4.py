@@ -21,6 +21,7 @@ from support.audio_family_records import RATE, _audio_rec, _tone, audio_family_r
 from support.family_checks import assert_script_rebuilds, estimate_error
 from support.tiny import load_tiny_phi4_processor
 
+from neatpack.pipes.collating.mask import to_4d_additive_mask
 from neatpack.pipes.families import get_handler, packed_model_inputs, tokenize_with_handler
 from neatpack.pipes.families.phi4 import (
     phi4_audio_tokens,
@@ -28,9 +29,8 @@ from neatpack.pipes.families.phi4 import (
     phi4_image_tokens,
     phi4_pack_media,
 )
-from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.pack import build_pack
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.reading.media import SampleError
 
 MEDIA_KEYS = (
     "image_pixel_values", "image_sizes", "image_attention_mask",

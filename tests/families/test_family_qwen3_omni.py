@@ -51,7 +51,7 @@ from neatpack.pipes.families.qwen_omni import (
     qwen_omni_pack_media,
     qwen_omni_position_ids,
 )
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.reading.media import SampleError
 
 _FOLDER = ASSETS / "qwen3_omni"
 

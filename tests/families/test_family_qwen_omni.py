@@ -47,7 +47,7 @@ from neatpack.pipes.families.qwen_omni import (
     qwen_omni_position_ids,
     tokenize_qwen_omni,
 )
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.reading.media import SampleError
 
 _FOLDER = ASSETS / "qwen2_5_omni"
 
@@ -182,8 +182,8 @@ def test_length_estimate_against_the_real_length(omni: Any, tmp_path: Path) -> N
 @pytest.mark.badinput
 @pytest.mark.parametrize("handler", [None, "chat_template"])
 def test_audio_to_a_family_without_audio_names_the_sample(handler: str | None) -> None:
-    from neatpack.pipes.tiny import load_tiny_processor
-    from neatpack.pipes.tokenize import tokenize_conversation
+    from neatpack.pipes.materializing.tokenize import tokenize_conversation
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     qwen = load_tiny_processor("qwen2_vl")
     rec = _audio_rec(41, {"type": "audio", "audio": np.zeros(RATE, np.float32)})

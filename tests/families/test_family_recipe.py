@@ -17,9 +17,9 @@ from support.tiny import load_tiny_internvl_processor
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.families import HANDLERS, PROCESSOR_HANDLERS, Handler, register_handler
 from neatpack.pipes.families.chat_template import default_estimate, tokenize_default
-from neatpack.pipes.handler_lengths import handler_estimator
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.indexing.handler_lengths import handler_estimator
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
 
 PACK_SIZE = 640
 

@@ -31,7 +31,7 @@ from neatpack.pipes.families.smolvlm import (
     smolvlm_image_block_tokens,
     smolvlm_image_tokens,
 )
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.reading.media import SampleError
 
 _FOLDER = ASSETS / "smolvlm"
 

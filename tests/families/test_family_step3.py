@@ -22,7 +22,7 @@ from support.family_records import conversation_records, random_text, with_image
 from support.tiny import ASSETS, load_tiny_step3_processor
 from support.tiny_family_models import tiny_step3_model
 
-from neatpack.pipes.collate import neat_packed_vlm_collater
+from neatpack.pipes.collating.collate import neat_packed_vlm_collater
 from neatpack.pipes.families import get_handler, tokenize_with_handler
 from neatpack.pipes.families.step3 import (
     step3_batch_media,
@@ -31,9 +31,9 @@ from neatpack.pipes.families.step3 import (
     step3_image_tokens,
     step3_pp_media,
 )
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.pack import build_pack
-from neatpack.pipes.pp_media import microbatch_bounds
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.parallel.pp_media import microbatch_bounds
+from neatpack.pipes.reading.media import SampleError
 
 _FOLDER = ASSETS / "step3"
 

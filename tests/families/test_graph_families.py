@@ -19,12 +19,12 @@ from support import tiny, tiny_family_models
 from support.graph_records import omni_corpus
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.collating.mask import to_4d_additive_mask
 from neatpack.pipes.families import tokenize_with_handler
-from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.mrope import MRopeConfig, mrope_position_ids
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.testing import assert_exactly_once, same_item
+from neatpack.pipes.materializing.mrope import MRopeConfig, mrope_position_ids
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.resume import assert_exactly_once, same_item
+from neatpack.pipes.testing.synth import write_corpus
 
 #: family: (model builder, per-sample media keys, token-type kwarg of the model)
 FAMILIES: dict[str, tuple[str, tuple[str, ...], str | None]] = {
@@ -235,7 +235,7 @@ def test_handler_selection() -> None:
     """``handler=None`` picks the processor's family (Qwen-VL classes: the Qwen-VL path, None);
     an explicit name wins; an unknown name is refused listing the registered ones."""
     from neatpack.graphs.families import plan_family
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     def chosen(proc: Any, handler: str | None = None) -> str | None:
         plan = plan_family(proc, NeatVLMConfig(handler=handler))
@@ -281,7 +281,7 @@ def test_family_overflow_cuts_text_but_never_media() -> None:
     """``overflow="truncate"`` on a family pack: a cut after the image keeps the image (its
     pixels stay in ``media_samples``); a cut through the image tokens drops the sample instead
     (tiles / crops cannot be cut per item), named in ``report.dropped``."""
-    from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
+    from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
 
     proc = _processor("gemma3")
     words = " ".join(["cat sat on the mat"] * 20)

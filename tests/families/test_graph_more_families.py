@@ -29,9 +29,9 @@ from support.graph_records import _wav, jsonl_source, omni_corpus
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.families import tokenize_with_handler
-from neatpack.pipes.handler_lengths import HandlerEstimator
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.indexing.handler_lengths import HandlerEstimator
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
 
 #: family: (module, media keys the model takes)
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {

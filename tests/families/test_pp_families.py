@@ -20,6 +20,7 @@ from PIL import Image
 from support import tiny, tiny_family_models
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 
+from neatpack.pipes.collating.mask import to_4d_additive_mask
 from neatpack.pipes.families import (
     HANDLERS,
     Handler,
@@ -28,15 +29,14 @@ from neatpack.pipes.families import (
     tokenize_with_handler,
 )
 from neatpack.pipes.families.gemma3 import gemma3_pan_and_scan
-from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.pack import build_pack
-from neatpack.pipes.pp_family_media import (
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.parallel.pp_family_media import (
     chunk_family_media,
     family_media_counts,
     prepare_family_media_for_pp,
     wrap_family_collate_for_pp,
 )
-from neatpack.pipes.pp_media import VLM_PP_MEDIA_KEY, microbatch_bounds
+from neatpack.pipes.parallel.pp_media import VLM_PP_MEDIA_KEY, microbatch_bounds
 
 N_MICRO = 3
 WORDS = ["the", "a", "cat", "sat", "on", "mat", "dog", "ran", "quick", "fox", "over", "river"]
@@ -133,8 +133,8 @@ def _rows(proc: Any, family: str) -> list[list[dict[str, Any]]]:
 
 def _media_keys(h: Handler, samples: list[dict[str, Any]]) -> dict[str, Any]:
     """The media of ``samples`` as the family collater merges them (``merge_family_media``)."""
-    from neatpack.pipes.collate_family import merge_family_media
-    from neatpack.pipes.sample_media import split_media
+    from neatpack.pipes.collating.collate_family import merge_family_media
+    from neatpack.pipes.materializing.sample_media import split_media
 
     return dict(merge_family_media([m for s in samples if (m := split_media(s)[1])], h))
 
@@ -174,7 +174,7 @@ def _batch(rows: list[list[dict[str, Any]]], h: Handler, proc: Any) -> dict[str,
 
 def _media_rows(rows: list[list[dict[str, Any]]]) -> list[list[dict[str, Any] | None]]:
     """Each row's ``media_samples`` as ``materialize_pack`` stores them (``split_media``)."""
-    from neatpack.pipes.sample_media import split_media
+    from neatpack.pipes.materializing.sample_media import split_media
 
     return [[split_media(s)[1] or None for s in row] for row in rows]
 
@@ -295,8 +295,8 @@ def test_the_family_collater_wrapped_for_pp(family: str) -> None:
     the real ``neat_packed_family_collater`` at a fixed ``max_length`` and wrapped for PP: every
     micro-batch (pipelining's split of the row tensors + its media chunk) gives the whole
     batch's logits (<= 1e-5 fp32)."""
-    from neatpack.pipes.collate_family import neat_packed_family_collater
-    from neatpack.pipes.sample_media import split_media
+    from neatpack.pipes.collating.collate_family import neat_packed_family_collater
+    from neatpack.pipes.materializing.sample_media import split_media
 
     proc, builder = _load(family)
     model = builder(proc)

@@ -36,7 +36,7 @@ from neatpack.pipes.families.processor_compat import (
     set_call_defaults,
     video_token_counts,
 )
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 SIZES = [(28, 28), (56, 84), (100, 70), (31, 200), (300, 17), (448, 448)]
 

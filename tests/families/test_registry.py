@@ -17,9 +17,9 @@ from neatpack.pipes.families import (
     register_handler,
     tokenize_with_handler,
 )
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.reading.media import SampleError
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_prompt_answer_bad_input(proc: Any) -> None:
 def test_materialize_pack_selects_a_handler(proc: Any) -> None:
     """``MaterializeConfig(handler=...)``: the pipeline's pack step goes through the registry;
     the processor-agnostic path gives the same pack as the Qwen path on a Qwen processor."""
-    from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
+    from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
 
     source = [dict(_record(sid), sample_id=sid) for sid in range(3)]
     base = MaterializeConfig(pack_size=512, mrope=False)

@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neatpack.graphs.cli import main
+from neatpack.graphs.command.cli import main
+from neatpack.graphs.command.pictures import _LEFT, _RIGHT, PLAN_SIZE, RANK_COLORS, WHITE
+from neatpack.graphs.command.report import PICTURE_STEPS, step_loads
 from neatpack.graphs.open_data import open_source
-from neatpack.graphs.pictures import _LEFT, _RIGHT, PLAN_SIZE, RANK_COLORS, WHITE
-from neatpack.graphs.report import PICTURE_STEPS, step_loads
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.plan import plan_packs
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 WORDS = ("cat", "dog", "tree", "sky", "blue", "chart", "page", "road")
 

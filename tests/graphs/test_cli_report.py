@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neatpack.graphs.cli import main
-from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, open_source
-from neatpack.graphs.pictures import (
+from neatpack.graphs.command.cli import main
+from neatpack.graphs.command.pictures import (
     COVER,
     GREY,
     PLAN_SIZE,
@@ -31,13 +30,14 @@ from neatpack.graphs.pictures import (
     doc_color,
     mask_image,
 )
-from neatpack.graphs.report import imbalance
-from neatpack.pipes.binpack import lower_bound
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import LengthIndex, build_length_index
-from neatpack.pipes.plan import plan_packs
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.graphs.command.report import imbalance
+from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, open_source
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
+from neatpack.pipes.planning.binpack import lower_bound
+from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 PACK = 1024
 
@@ -338,13 +338,14 @@ def test_bad_input_is_one_line_exit_2(
 @pytest.mark.badinput
 @pytest.mark.parametrize("how", ["console_script", "python_m"])
 def test_console_script_exit_2_without_traceback(tmp_path: Path, how: str) -> None:
-    """Also as ``python -m neatpack.graphs.cli``, whose ``__main__`` copy of cli.py must catch
-    the ``UsageError`` that report.py raises (one class, in graphs/cli_inputs.py)."""
+    """Also as ``python -m neatpack.graphs.command.cli``, whose ``__main__`` copy of cli.py must
+    catch
+    the ``UsageError`` that report.py raises (one class, in graphs/command/cli_inputs.py)."""
     script = Path(sys.executable).parent / "neatpack"
-    code = "import sys; from neatpack.graphs.cli import main; sys.exit(main())"
+    code = "import sys; from neatpack.graphs.command.cli import main; sys.exit(main())"
     cmd = [str(script)] if script.exists() else [sys.executable, "-c", code]
     if how == "python_m":
-        cmd = [sys.executable, "-m", "neatpack.graphs.cli"]
+        cmd = [sys.executable, "-m", "neatpack.graphs.command.cli"]
     proc = subprocess.run(
         [*cmd, "plan", str(tmp_path / "nope.jsonl"), "--processor", "qwen2_vl", "--pack-size",
          "1024"], capture_output=True, text=True, timeout=120,
@@ -361,8 +362,8 @@ def test_console_script_exit_2_without_traceback(tmp_path: Path, how: str) -> No
 def _neatpack(*argv: str) -> subprocess.CompletedProcess[str]:
     """The ``neatpack`` command as a user runs it, to its exit."""
     return subprocess.run(
-        [sys.executable, "-m", "neatpack.graphs.cli", *argv], capture_output=True, text=True,
-        timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False,
+        [sys.executable, "-m", "neatpack.graphs.command.cli", *argv], capture_output=True,
+        text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False,
     )  # fmt: skip
 
 

@@ -14,10 +14,10 @@ import torch
 from transformers import TrainerCallback, TrainingArguments
 
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.mixture import Mixture, MixtureSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 GRAPH_S = 0.3  # a slow step in the graph, per batch
 CONSUMER_S = 0.05  # the trainer's step, per batch

@@ -15,10 +15,10 @@ import pytest
 
 from neatpack.graphs import GroupedConfig, NeatLLMConfig, NeatVLMConfig, neat_llm_graph
 from neatpack.graphs.neat_vlm import ESTIMATE_MODES
-from neatpack.pipes.binpack import OVERLONG_POLICIES
-from neatpack.pipes.mask_format import MASK_FORMATS
-from neatpack.pipes.materialize import FAILURE_POLICIES, OVERFLOW_POLICIES
-from neatpack.pipes.source import TAIL_POLICIES
+from neatpack.pipes.collating.mask_format import MASK_FORMATS
+from neatpack.pipes.materializing.materialize import FAILURE_POLICIES, OVERFLOW_POLICIES
+from neatpack.pipes.planning.binpack import OVERLONG_POLICIES
+from neatpack.pipes.planning.source import TAIL_POLICIES
 
 START_METHODS = tuple(multiprocessing.get_all_start_methods())
 CASES = [

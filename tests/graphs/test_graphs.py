@@ -16,10 +16,10 @@ from neatpack.graphs import (
     neat_llm_graph,
     neat_vlm_graph,
 )
-from neatpack.pipes.pp_media import VLM_PP_MEDIA_KEY
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.testing import assert_exactly_once, same_item
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.parallel.pp_media import VLM_PP_MEDIA_KEY
+from neatpack.pipes.testing.resume import assert_exactly_once, same_item
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +98,11 @@ def test_grouped_graph_batches_similar_lengths_and_resumes(corpus: Path, process
 
 
 def test_llm_graph_reads_a_pre_tokenized_line_over_the_record_limit(tmp_path: Path) -> None:
-    """The record size limit (pipes/read.py MAX_RECORD_BYTES) guards text that is tokenized;
+    """The record size limit (pipes/reading/read.py MAX_RECORD_BYTES) guards text that is tokenized;
     a pre-tokenized long document is only parsed, so the text graph reads it whole."""
     import json
 
-    from neatpack.pipes.read import MAX_RECORD_BYTES
+    from neatpack.pipes.reading.read import MAX_RECORD_BYTES
 
     long_doc = list(range(1000, 1000 + 1_300_000))  # > 8 MiB of JSON
     data = tmp_path / "tokens.jsonl"

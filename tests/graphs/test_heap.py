@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-from neatpack.graphs.heap import InMainProcess, heap_reuse
+from neatpack.graphs.runtime.heap import InMainProcess, heap_reuse
 
 _FAULTS = """
 import resource, torch
 from torchdata.nodes import IterableWrapper
-from neatpack.graphs.stages import map_stage
+from neatpack.graphs.runtime.stages import map_stage
 
 def step(i):  # a pack-sized temporary (64 MiB), freed before the step returns
     torch.empty(64 << 20, dtype=torch.uint8).fill_(1)

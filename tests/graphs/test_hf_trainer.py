@@ -24,9 +24,9 @@ from support import tiny_family_models
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.hf_trainer import load_weights
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import TINY_FAMILIES
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import TINY_FAMILIES
 
 pytest.importorskip("accelerate")
 ROOT = Path(__file__).resolve().parents[2]

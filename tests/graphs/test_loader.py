@@ -13,9 +13,9 @@ import pytest
 import torch
 from torchdata.nodes import Batcher, Mapper, ParallelMapper
 
-from neatpack.graphs.loader import NeatLoader, StateMismatchError
-from neatpack.pipes.source import PackSource
-from neatpack.pipes.testing import assert_exactly_once, same_item
+from neatpack.graphs.runtime.loader import NeatLoader, StateMismatchError
+from neatpack.pipes.planning.source import PackSource
+from neatpack.pipes.testing.resume import assert_exactly_once, same_item
 
 
 class ShufflePlan:

@@ -1,5 +1,6 @@
 """Worker batches reach the trainer's process through segments the worker reuses
-(``pipes/transfer.py``): the same batches as without workers, never overwritten while the
+(``pipes/materializing/transfer.py``): the same batches as without workers, never overwritten while
+the
 trainer holds them (or a slice of them), and reused once it lets them go."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import torch
 from torchdata.nodes import IterableWrapper
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.graphs.stages import map_stage
+from neatpack.graphs.runtime.stages import map_stage
 from neatpack.pipes import transfer
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 accelerate = pytest.importorskip("accelerate")
 from neatpack.graphs.integrations.accelerate import (  # noqa: E402
@@ -216,7 +216,7 @@ def test_loss_scale_undoes_the_accumulation_division(corpus: Path) -> None:
     from support.accelerate_run import next_token_ce
 
     from neatpack.graphs.train import model_inputs, step_normalizer
-    from neatpack.pipes.tiny_models import tiny_model
+    from neatpack.pipes.testing.tiny_models import tiny_model
 
     accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
     assert loss_scale(accelerator) == 2

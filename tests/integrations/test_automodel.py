@@ -24,8 +24,8 @@ import pytest
 from PIL import Image
 
 from neatpack.graphs.integrations.automodel import PEER_OPTIONS, build_dataloader
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "tests" / "support" / "automodel_yaml_run.py"

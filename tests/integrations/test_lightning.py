@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.testing import assert_exactly_once
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.testing.resume import assert_exactly_once
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402

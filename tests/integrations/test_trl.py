@@ -21,9 +21,9 @@ from transformers import TrainerCallback
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.train import model_inputs
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 trl = pytest.importorskip("trl")
 from neatpack.graphs.integrations.trl import NeatSFTTrainer  # noqa: E402

@@ -14,20 +14,20 @@ import pytest
 import torch
 
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.mixture import (
+from neatpack.pipes.mixtures.mixture import (
     Mixture,
     MixtureSource,
     epoch_counts,
     fill_counts,
     source_targets,
 )
-from neatpack.pipes.mixture_plan import plan_mixture, replan_from_cursor
-from neatpack.pipes.mixture_report import mixture_ledger, realized_shares, target_shares
-from neatpack.pipes.mixture_source import MixtureLayout, MixturePackSource
-from neatpack.pipes.source import StateMismatchError
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.testing import assert_resumable
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.mixtures.mixture_plan import plan_mixture, replan_from_cursor
+from neatpack.pipes.mixtures.mixture_report import mixture_ledger, realized_shares, target_shares
+from neatpack.pipes.mixtures.mixture_source import MixtureLayout, MixturePackSource
+from neatpack.pipes.planning.source import StateMismatchError
+from neatpack.pipes.testing.resume import assert_resumable
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 NAMES = ("caption", "ocr", "charts")
 WEIGHTS = (0.6, 0.3, 0.1)  # the window test (plan level)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from neatpack.graphs.cli import main
-from neatpack.pipes.synth import write_corpus
+from neatpack.graphs.command.cli import main
+from neatpack.pipes.testing.synth import write_corpus
 
 
 @pytest.fixture(scope="module")

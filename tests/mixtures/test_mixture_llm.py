@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
-from neatpack.pipes.mixture import Mixture, MixtureSource, epoch_counts
+from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource, epoch_counts
 
 SIZES = {"web": 40, "code": 20, "math": 4}
 

@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 def _batch(mrope: bool) -> dict[str, Any]:
     from neatpack.pipes import neat_packed_vlm_collater
-    from neatpack.pipes.pack import build_pack
+    from neatpack.pipes.materializing.pack import build_pack
 
     gen = torch.Generator().manual_seed(5)
     packs = []
@@ -49,7 +49,7 @@ def _batch(mrope: bool) -> dict[str, Any]:
 
 
 def _layer(family: str) -> tuple[Any, Any, Any, Any]:
-    from neatpack.pipes.tiny_models import tiny_model
+    from neatpack.pipes.testing.tiny_models import tiny_model
 
     model = tiny_model(family, attn_implementation="eager")
     lm = model.model.language_model if family != "qwen2" else model.model
@@ -82,7 +82,7 @@ def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowe
 
 def _rank_main(rank: int, port: int, out_dir: str) -> None:
     from neatpack.pipes import shard_for_context_parallel
-    from neatpack.pipes.mask import to_4d_additive_mask
+    from neatpack.pipes.collating.mask import to_4d_additive_mask
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=CP)
     try:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.pack import build_pack
-from neatpack.pipes.text_positions import to_text_position_ids
+from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+from neatpack.pipes.collating.text_positions import to_text_position_ids
+from neatpack.pipes.materializing.pack import build_pack
 
 pytestmark = pytest.mark.parity
 VOCAB = 512
@@ -99,7 +99,7 @@ def test_text_parity(attn: str, fmt: str, packs: Any) -> None:
     model = tiny_qwen2(attn)
     if fmt == "doc_ids-as-4d":  # materialize_4d_mask=False, then the user builds the mask
         batch = neat_packed_vlm_collater(built, materialize_4d_mask=False)
-        from neatpack.pipes.mask import to_4d_bool_mask
+        from neatpack.pipes.collating.mask import to_4d_bool_mask
 
         assert batch["attention_mask"].dim() == 2
         batch["attention_mask"] = to_4d_bool_mask(batch["attention_mask"])
@@ -237,9 +237,9 @@ def _vl_records() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def vl_setup(request: Any) -> tuple[Any, list[list[dict[str, Any]]], list[dict[str, Any]]]:
-    from neatpack.pipes.tiny import load_tiny_processor
-    from neatpack.pipes.tiny_models import tiny_model
-    from neatpack.pipes.tokenize import tokenize_conversation
+    from neatpack.pipes.materializing.tokenize import tokenize_conversation
+    from neatpack.pipes.testing.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny_models import tiny_model
 
     proc = load_tiny_processor(request.param)
     model = tiny_model(request.param, processor=proc)
@@ -279,7 +279,7 @@ def _vl_max_diff(model: Any, rows: list[list[dict[str, Any]]], batch: dict[str, 
     ("attn", "fmt"), [("sdpa", "sdpa"), ("eager", "eager"), ("sdpa", "position_ids")]
 )
 def test_qwen_vl_parity(attn: str, fmt: str, vl_setup: Any) -> None:
-    from neatpack.pipes.tiny_models import set_attn_implementation
+    from neatpack.pipes.testing.tiny_models import set_attn_implementation
 
     model, rows, built = vl_setup
     set_attn_implementation(model, attn)

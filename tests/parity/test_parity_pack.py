@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from PIL import Image
 from support.versions import TRUNCATED_VIDEO_TIME, rope_index_truncates_video_time
 
-from neatpack.pipes.mrope import MRopeConfig
-from neatpack.pipes.pack import build_pack
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.materializing.mrope import MRopeConfig
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 pytestmark = pytest.mark.parity
 TOL = 1e-5
@@ -243,9 +243,9 @@ def test_real_pack_invariants(
 
 def test_materialized_pack_with_fake_images_equals_separate() -> None:
     """End to end: materialize_pack (tokenize with fake_image=True) vs separate masked runs."""
-    from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
-    from neatpack.pipes.read import SequenceSource
-    from neatpack.pipes.tokenize import tokenize_conversation
+    from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
+    from neatpack.pipes.materializing.tokenize import tokenize_conversation
+    from neatpack.pipes.reading.read import SequenceSource
 
     proc = load_tiny_processor("qwen2_vl")
     rng = random.Random(1)

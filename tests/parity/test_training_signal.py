@@ -28,14 +28,14 @@ from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
 from neatpack.graphs.train import model_inputs, packed_loss, step_normalizer
-from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.loss import label_counts
-from neatpack.pipes.packed_dataset import neat_pack_dataset_vlm
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor, tiny_processor_dir
-from neatpack.pipes.tiny_models import tiny_model
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+from neatpack.pipes.compat.packed_dataset import neat_pack_dataset_vlm
+from neatpack.pipes.materializing.loss import label_counts
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor, tiny_processor_dir
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 pytestmark = pytest.mark.parity
 TOL = 1e-5
@@ -197,7 +197,7 @@ def test_llm_graph_loss(fmt: str, text_records: list[dict[str, Any]]) -> None:
 def test_neat_pack_dataset_loss(text_records: list[dict[str, Any]]) -> None:
     """The seed's text path: a dataset that shifted its own labels, ``neat_pack_dataset``, the
     collater in a torch DataLoader, then ``model(**model_inputs(batch)).loss``."""
-    from neatpack.pipes.text_pack import neat_pack_dataset
+    from neatpack.pipes.compat.text_pack import neat_pack_dataset
 
     model = tiny_model("qwen2", attn_implementation="eager")
     shifted = [{"input_ids": r["input_ids"][:-1], "labels": r["labels"][1:]} for r in text_records]

@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 import torch
 
-import neatpack.pipes.varlen_attention as va
+import neatpack.pipes.collating.varlen_attention as va
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.train import model_inputs
 from neatpack.pipes import check_boundaries, register_varlen_attention
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 pytestmark = pytest.mark.parity
 TOL = 1e-4

@@ -1,4 +1,5 @@
-"""``neatpack.pipes.audio``: the family-agnostic audio contract (WAV / array reading, rate check,
+"""``neatpack.pipes.reading.audio``: the family-agnostic audio contract (WAV / array reading, rate
+check,
 length limit, refusals naming the sample, finding the audio blocks of a conversation).
 
 WAV files are written with the stdlib ``wave`` module (and one IEEE-float file by hand, which
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from neatpack.pipes.audio import (
+from neatpack.pipes.reading.audio import (
     audio_num_samples,
     is_audio_block,
     load_audio,
@@ -25,7 +26,7 @@ from neatpack.pipes.audio import (
     read_wav,
     split_audio_blocks,
 )
-from neatpack.pipes.media import SampleError
+from neatpack.pipes.reading.media import SampleError
 
 RATE = 16000
 
@@ -182,7 +183,7 @@ def test_an_audio_processor_counts_as_audio_like_a_feature_extractor() -> None:
     from neatpack.pipes.families import HANDLERS, Handler
     from neatpack.pipes.families._shared import processor_modalities
     from neatpack.pipes.families.phi4 import PHI4_MODALITIES, tokenize_phi4
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     phi4 = load_tiny_phi4_processor()
     assert getattr(phi4, "feature_extractor", None) is None

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neatpack.pipes import binpack
-from neatpack.pipes.binpack import best_fit_decreasing, bfd_bin_ids
+from neatpack.pipes.planning.binpack import best_fit_decreasing, bfd_bin_ids
 
 
 def argsort_bin_ids(lengths: npt.ArrayLike, cap: int) -> npt.NDArray[np.int64]:

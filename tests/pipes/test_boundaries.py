@@ -27,8 +27,8 @@ from neatpack.pipes import (
     needs_boundaries,
     stateful_layers,
 )
-from neatpack.pipes.mask_format import MASK_FORMATS
-from neatpack.pipes.pack import build_pack
+from neatpack.pipes.collating.mask_format import MASK_FORMATS
+from neatpack.pipes.materializing.pack import build_pack
 
 KEYS = ("seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import neatpack.pipes as C
-from neatpack.pipes.mask import to_4d_bool_mask
+from neatpack.pipes.collating.mask import to_4d_bool_mask
 
 IMG = 1  # mm_token_type_ids value of an image token
 
@@ -267,7 +267,7 @@ def test_bad_doc_ids_in_pack() -> None:
 
 @pytest.fixture(scope="module")
 def processor() -> Any:
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     return load_tiny_processor("qwen2_vl")
 
@@ -434,7 +434,7 @@ def _record(sid: int, text: str, answer: str, image: Any = None) -> dict[str, An
 def test_default_collate_fn_tokenizes_labels_and_shifts(processor: Any) -> None:
     from PIL import Image
 
-    from neatpack.pipes.tokenize import tokenize_conversation
+    from neatpack.pipes.materializing.tokenize import tokenize_conversation
 
     records = [
         _record(4, "what colour", "red", Image.new("RGB", (56, 56), (255, 0, 0))),

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from neatpack import pipes as M
 from neatpack.pipes import collate as C
 from neatpack.pipes import mask_format as MF
-from neatpack.pipes.pack import build_pack
+from neatpack.pipes.materializing.pack import build_pack
 
 IMG, VID = 1, 2
 

@@ -48,7 +48,7 @@ from neatpack.pipes import (
     plan_packs,
     write_corpus,
 )
-from neatpack.pipes.testing import assert_exactly_once, assert_resumable, same_item
+from neatpack.pipes.testing.resume import assert_exactly_once, assert_resumable, same_item
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

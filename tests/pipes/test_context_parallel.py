@@ -18,8 +18,8 @@ from neatpack.pipes import (
     plan_packs,
     shard_for_context_parallel,
 )
-from neatpack.pipes.mask import to_4d_bool_mask
-from neatpack.pipes.pack import build_pack
+from neatpack.pipes.collating.mask import to_4d_bool_mask
+from neatpack.pipes.materializing.pack import build_pack
 
 SEQ_KEYS = ("input_ids", "labels", "doc_ids", "mm_token_type_ids", "seq_idx", "position_ids")
 
@@ -172,8 +172,8 @@ def test_vlm_graph_cp_shards_and_boundaries(tmp_path: Path) -> None:
     from a hybrid model's config."""
     from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
     from neatpack.pipes import tiny_hybrid_model
-    from neatpack.pipes.synth import write_corpus
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.synth import write_corpus
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     data = write_corpus(str(tmp_path), num_samples=12)
     processor = load_tiny_processor()

@@ -20,16 +20,21 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize 
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as hf_resize_video
 from transformers.video_utils import VideoMetadata
 
-from neatpack.pipes._record import to_record
-from neatpack.pipes.estimate import EstimateError, LengthEstimator, TemplateOverhead, text_stats
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.media_tokens import (
+from neatpack.pipes.indexing.estimate import (
+    EstimateError,
+    LengthEstimator,
+    TemplateOverhead,
+    text_stats,
+)
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.indexing.media_tokens import (
     ImageTokenConfig,
     VideoTokenConfig,
     smart_resize,
     smart_resize_video,
 )
-from neatpack.pipes.read import JsonlSource, SequenceSource
+from neatpack.pipes.reading._record import to_record
+from neatpack.pipes.reading.read import JsonlSource, SequenceSource
 
 SIZES = [
     (28, 4000), (4000, 28), (10, 10), (8000, 6000), (1, 1), (27, 29), (100, 70), (1080, 1920),
@@ -41,7 +46,7 @@ QWEN3 = {"patch_size": 16, "merge_size": 2, "min_pixels": 32 * 32 * 4, "max_pixe
 
 @functools.cache
 def tiny(family: str) -> Any:
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     return load_tiny_processor(family)
 

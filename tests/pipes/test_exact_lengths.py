@@ -13,12 +13,12 @@ import pytest
 from PIL import Image, PngImagePlugin
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes._media_meta import image_hw
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.read import JsonlSource, SequenceSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing._media_meta import image_hw
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.reading.read import JsonlSource, SequenceSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 def _video_record(i: int) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def test_backend_encode_equals_the_tokenizer_call(family: str, tmp_path: Path) -
     goes through the transformers call instead (its own result, not the raw backend's)."""
     import copy
 
-    from neatpack.pipes._template_probe import encode_ids
+    from neatpack.pipes.indexing._template_probe import encode_ids
 
     proc = load_tiny_processor(family)
     src = JsonlSource(write_corpus(tmp_path, num_samples=40, seed=9), media_root=tmp_path / "media")

@@ -1,4 +1,5 @@
-"""Hub dataset formats (pipes/formats.py) read through ``neat_vlm_graph``: HF/TRL ``messages`` +
+"""Hub dataset formats (pipes/reading/formats.py) read through ``neat_vlm_graph``: HF/TRL
+``messages`` +
 ``images``, the_cauldron, ShareGPT, OpenAI ``image_url`` and a real ``datasets.Dataset`` with
 an Image feature. Each format's batches equal those of the same data in neatpack's canonical
 form; the ``datasets`` path plans without decoding a pixel."""
@@ -15,11 +16,11 @@ from PIL import Image, ImageFile
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import RecordError, SequenceSource, to_record
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.testing import same_item
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.reading.media import SampleError
+from neatpack.pipes.testing.resume import same_item
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 N = 6
 WORDS = ("red", "cat", "sits", "on", "a", "mat", "blue", "sky", "the", "dog")
@@ -211,7 +212,7 @@ def test_datasets_image_feature_plans_without_decoding(
     _, samples = corpus
     ds = _dataset(samples)
     assert isinstance(ds[1]["images"][0], Image.Image)  # datasets itself decodes by default
-    from neatpack.pipes.read import HFDatasetSource
+    from neatpack.pipes.reading.read import HFDatasetSource
 
     loads = []
     real_load = ImageFile.ImageFile.load

@@ -15,11 +15,11 @@ import pytest
 from support.shard_records import WORDS, N, png_bytes, write_tars
 
 from neatpack.pipes import index_split
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.index_split import split_points
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.shards import TarShardSource
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.index_split import split_points
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.reading.shards import TarShardSource
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from neatpack.pipes.index_workers import (
+from neatpack.pipes.indexing.index_workers import (
     MIN_RECORDS_PER_WORKER,
     index_start_method,
     index_workers,
@@ -38,10 +38,10 @@ def test_a_script_without_main_guard_builds_the_index_on_worker_processes(
     data = _corpus(tmp_path / "d.jsonl", 2 * MIN_RECORDS_PER_WORKER + 100)
     script = tmp_path / "build.py"
     script.write_text(textwrap.dedent(f"""
-        from neatpack.pipes.estimate import LengthEstimator
-        from neatpack.pipes.lengths import build_length_index
-        from neatpack.pipes.read import JsonlSource
-        from neatpack.pipes.tiny import load_tiny_processor
+        from neatpack.pipes.indexing.estimate import LengthEstimator
+        from neatpack.pipes.indexing.lengths import build_length_index
+        from neatpack.pipes.reading.read import JsonlSource
+        from neatpack.pipes.testing.tiny import load_tiny_processor
         src = JsonlSource({str(data)!r})
         est = LengthEstimator.from_processor(load_tiny_processor("qwen2_vl"), mode="estimate")
         one = build_length_index(src, est, progress=False)
@@ -93,10 +93,10 @@ def test_the_default_build_uses_a_pool_once_the_slice_pays(
     import concurrent.futures
 
     from neatpack.pipes import index_workers as mod
-    from neatpack.pipes.estimate import LengthEstimator
-    from neatpack.pipes.lengths import build_length_index
-    from neatpack.pipes.read import JsonlSource
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.indexing.lengths import build_length_index
+    from neatpack.pipes.reading.read import JsonlSource
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     pools: list[int] = []
     real_pool = concurrent.futures.ProcessPoolExecutor
@@ -123,7 +123,7 @@ def test_the_default_build_uses_a_pool_once_the_slice_pays(
 
 def test_graph_index_workers_option(tmp_path: Path) -> None:
     from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     with pytest.raises(ValueError, match="index_workers=-1"):
         NeatVLMConfig(pack_size=1024, index_workers=-1)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neatpack.pipes.labels import (
+from neatpack.pipes.materializing.labels import (
     IGNORE_INDEX,
     RoleMarkers,
     assistant_spans,
@@ -20,7 +20,7 @@ from neatpack.pipes.labels import (
     qwen_role_markers,
     resolve_role_markers,
 )
-from neatpack.pipes.tiny import FAMILIES, load_tiny_processor
+from neatpack.pipes.testing.tiny import FAMILIES, load_tiny_processor
 
 END = "<|im_end|>"
 

@@ -15,8 +15,8 @@ from neatpack.pipes import (
     probe_packing_leak,
     tiny_hybrid_model,
 )
-from neatpack.pipes.pack import build_pack
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 HYBRIDS = ("qwen3_next", "qwen3_5", "mamba2", "bamba", "nemotron_h", "falcon_h1")
 

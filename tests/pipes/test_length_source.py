@@ -6,13 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.length_source import LengthSource
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.testing import assert_resumable
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.length_source import LengthSource
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.resume import assert_resumable
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 def test_stream_equals_index_and_resumes(tmp_path: Path) -> None:

@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 
 from neatpack.pipes import lengths as lengths_mod
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import LengthIndex, build_length_index, length_index_fingerprint
-from neatpack.pipes.media_tokens import ImageTokenConfig
-from neatpack.pipes.read import JsonlSource, RecordError, SequenceSource
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import (
+    LengthIndex,
+    build_length_index,
+    length_index_fingerprint,
+)
+from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
+from neatpack.pipes.reading.read import JsonlSource, RecordError, SequenceSource
 
 EST = LengthEstimator(image=ImageTokenConfig(), on_missing_media="fallback")
 

@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neatpack.pipes import read as read_mod
-from neatpack.pipes._record import paused_gc
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.media_tokens import ImageTokenConfig
-from neatpack.pipes.read import JsonlSource, loads_exact
-from neatpack.pipes.synth import write_corpus
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
+from neatpack.pipes.reading._record import paused_gc
+from neatpack.pipes.reading.read import JsonlSource, loads_exact
+from neatpack.pipes.testing.synth import write_corpus
 
 EDGE_LINES = [
     b'{"a": 123456789012345678901234567890}',  # past 64 bits: orjson would give a float

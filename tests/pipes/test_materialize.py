@@ -10,21 +10,21 @@ from typing import Any
 import pytest
 import torch
 
-from neatpack.pipes.materialize import (
+from neatpack.pipes.compat.packed_dataset import PackedDatasetWrapper, neat_pack_dataset_vlm
+from neatpack.pipes.materializing.materialize import (
     MaterializeConfig,
     Materializer,
     materialize_pack,
     replacement_id,
 )
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.mrope import MRopeConfig
-from neatpack.pipes.pack import build_pack, truncate_sample
-from neatpack.pipes.packed_dataset import PackedDatasetWrapper, neat_pack_dataset_vlm
-from neatpack.pipes.read import JsonlSource, SequenceSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.materializing.mrope import MRopeConfig
+from neatpack.pipes.materializing.pack import build_pack, truncate_sample
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.reading.media import SampleError
+from neatpack.pipes.reading.read import JsonlSource, SequenceSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 IDS = [0, 1, 2, 3]
 

@@ -1,4 +1,5 @@
-"""Media references of shard records confined to the dataset's location (pipes/media_policy.py):
+"""Media references of shard records confined to the dataset's location
+(pipes/reading/media_policy.py):
 the pure rule on each kind of poisoned reference, and local tar / Parquet shards refusing them
 through ``source[id]`` and the graph's ``on_bad_sample`` policy."""
 
@@ -17,9 +18,9 @@ from support.shard_records import png_bytes, trl
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import media_policy
-from neatpack.pipes.media_policy import MediaRefusedError, confine_media_ref
-from neatpack.pipes.shards import ParquetSource, TarShardSource
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.reading.media_policy import MediaRefusedError, confine_media_ref
+from neatpack.pipes.reading.shards import ParquetSource, TarShardSource
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 BASE = "s3://bucket/set1"
 
@@ -196,7 +197,7 @@ def test_doctests_pass() -> None:
 
 
 def test_only_media_references_are_confined() -> None:
-    from neatpack.pipes.media_policy import confine_record_media
+    from neatpack.pipes.reading.media_policy import confine_record_media
 
     block = {"type": "image_url", "image_url": {"url": "https://evil.example/x.png"}}
     row: dict[str, Any] = {

@@ -9,8 +9,12 @@ import pytest
 import torch
 from support.versions import TRUNCATED_VIDEO_TIME, rope_index_truncates_video_time
 
-from neatpack.pipes.mrope import MRopeConfig, compute_mrope_position_ids, mrope_position_ids
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.materializing.mrope import (
+    MRopeConfig,
+    compute_mrope_position_ids,
+    mrope_position_ids,
+)
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 N_CASES = 24

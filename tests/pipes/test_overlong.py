@@ -11,11 +11,11 @@ import pytest
 from PIL import Image
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.overlong import OverlongError, overlong_summary, record_modality
-from neatpack.pipes.read import SequenceSource
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.indexing.overlong import OverlongError, overlong_summary, record_modality
+from neatpack.pipes.reading.read import SequenceSource
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 PACK = 1024
 

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neatpack.pipes.mrope import MRopeConfig, mrope_position_ids
-from neatpack.pipes.pack import build_pack, build_packed_sample, shift_sample
-from neatpack.pipes.seed_compat import build_packed_vlm_sample
+from neatpack.pipes.compat.seed_compat import build_packed_vlm_sample
+from neatpack.pipes.materializing.mrope import MRopeConfig, mrope_position_ids
+from neatpack.pipes.materializing.pack import build_pack, build_packed_sample, shift_sample
 
 IMG = 4108
 CFG = MRopeConfig(family="qwen2_vl", image_token_id=IMG, video_token_id=4109)

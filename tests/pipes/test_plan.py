@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neatpack.pipes.binpack import (
+from neatpack.pipes.planning.binpack import (
     best_fit_decreasing,
     bfd_bin_ids,
     greedy_knapsack,
     lower_bound,
     overlong_ids,
 )
-from neatpack.pipes.plan import PackPlan, greedy_knapsack_vt_balanced, plan_packs
+from neatpack.pipes.planning.plan import PackPlan, greedy_knapsack_vt_balanced, plan_packs
 
 
 def reference_greedy(lengths: list[int], max_length: int) -> list[list[int]]:

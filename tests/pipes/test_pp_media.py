@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 
 from neatpack.pipes import pp_media as P
-from neatpack.pipes.collate import neat_packed_vlm_collater
+from neatpack.pipes.collating.collate import neat_packed_vlm_collater
 
 
 def pipelining_rows(batch_size: int, n: int) -> list[list[int]]:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neatpack.pipes.read import (
+from neatpack.pipes.reading.read import (
     HFDatasetSource,
     JsonListSource,
     JsonlSource,
@@ -247,7 +247,7 @@ def test_a_video_blocks_fps_survives_the_reader(tmp_path: Path) -> None:
     """A JSONL video block's ``fps`` (the rate its timestamps use) reaches the Record, and so the
     tokenizers, as it does for an in-memory Record; other extra keys of a media block are
     dropped."""
-    from neatpack.pipes._conversation import parse_conversation
+    from neatpack.pipes.reading._conversation import parse_conversation
 
     row = {"messages": [{"role": "user", "content": [
         {"type": "video", "video": "v.mp4", "fps": 2.5, "note": "x"},
@@ -322,8 +322,8 @@ def test_the_graph_reads_an_unchanged_jsonl_file_once(
     and hash from the cache (the file is not scanned again) and plans the same packs."""
     from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
     from neatpack.pipes import read as read_mod
-    from neatpack.pipes.synth import write_corpus
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.synth import write_corpus
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     data = write_corpus(tmp_path / "c", num_samples=30, seed=1)
     cfg = NeatVLMConfig(pack_size=2048, media_root=str(tmp_path / "c" / "media"),

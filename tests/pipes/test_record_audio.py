@@ -1,4 +1,5 @@
-"""Audio blocks through the standard readers (``pipes/_record.py``): JSONL / JSON list / in-memory
+"""Audio blocks through the standard readers (``pipes/reading/_record.py``): JSONL / JSON list /
+in-memory
 records with audio come out as Records with paths resolved against, and confined to, the media
 root; LLaVA form takes ``<audio>`` + ``audio(s)``; the length index's fast path leaves audio to the
 full path; and one JSONL audio record tokenizes through the real ``qwen_omni`` handler."""
@@ -17,11 +18,17 @@ import torch
 from support.omni_records import RATE, _wave_form, write_wav
 from support.tiny import load_tiny_qwen_omni_processor
 
-from neatpack.pipes._record import raw_text_stats
 from neatpack.pipes.families import tokenize_with_handler
 from neatpack.pipes.families.qwen_omni import qwen_omni_estimate
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.read import JsonListSource, JsonlSource, RecordError, SequenceSource, to_record
+from neatpack.pipes.reading._record import raw_text_stats
+from neatpack.pipes.reading.media import SampleError
+from neatpack.pipes.reading.read import (
+    JsonListSource,
+    JsonlSource,
+    RecordError,
+    SequenceSource,
+    to_record,
+)
 
 MESSAGES = {
     "messages": [
@@ -181,7 +188,7 @@ def test_a_jsonl_audio_record_tokenizes_through_qwen_omni(tmp_path: Path) -> Non
 def test_a_jsonl_audio_record_is_refused_by_a_family_without_audio(
     tmp_path: Path, handler: str | None
 ) -> None:
-    from neatpack.pipes.tiny import load_tiny_processor
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     record, _ = _jsonl_audio_record(tmp_path)
     qwen = load_tiny_processor("qwen2_vl")

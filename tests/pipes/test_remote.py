@@ -32,13 +32,13 @@ from support.shard_records import (
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import shards as S
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.media_policy import MediaRefusedError
-from neatpack.pipes.remote import RemoteReadError
-from neatpack.pipes.shards import ParquetSource, TarShardSource
-from neatpack.pipes.testing import same_item
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.reading.media_policy import MediaRefusedError
+from neatpack.pipes.reading.remote import RemoteReadError
+from neatpack.pipes.reading.shards import ParquetSource, TarShardSource
+from neatpack.pipes.testing.resume import same_item
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")

@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.sampler import LengthGroupedSampler
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.planning.sampler import LengthGroupedSampler
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 def chunks_of(order: list[int], sorted_ids: list[int], batch_size: int) -> list[list[int]]:

@@ -21,10 +21,10 @@ from neatpack.pipes import (
     neat_pack_dataset_vlm,
     neat_packed_vlm_collater,
 )
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ from neatpack.pipes import (
     SampleError,
     neat_pack_dataset_vlm,
 )
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import LengthIndex, build_length_index
-from neatpack.pipes.read import JsonlSource, to_record
-from neatpack.pipes.source import StateMismatchError
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
+from neatpack.pipes.planning.source import StateMismatchError
+from neatpack.pipes.reading.read import JsonlSource, to_record
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +123,8 @@ def test_materializing_a_placeholder_names_the_sample(processor: Any, tmp_path: 
 
 @pytest.mark.parametrize("handler", [None, "qwen_vl", "chat_template"])
 def test_every_tokenize_path_refuses_a_placeholder_by_sample(processor: Any, handler: Any) -> None:
-    from neatpack.pipes.materialize import MaterializeConfig, load_sample
-    from neatpack.pipes.read import SequenceSource
+    from neatpack.pipes.materializing.materialize import MaterializeConfig, load_sample
+    from neatpack.pipes.reading.read import SequenceSource
 
     source = SequenceSource([_seed_record([[280, 560]]), _seed_record([[280, 560]])])
     config = MaterializeConfig(pack_size=1024, handler=handler)

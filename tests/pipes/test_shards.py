@@ -1,4 +1,4 @@
-"""Local tar shards and Parquet files (pipes/shards.py) through ``neat_vlm_graph``: the same
+"""Local tar shards and Parquet files (pipes/reading/shards.py) through ``neat_vlm_graph``: the same
 batches as the records in canonical form, exactly-once resume mid-epoch, the offset index
 cached by shard fingerprint."""
 
@@ -28,9 +28,9 @@ from support.shard_records import (
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import shards as S
-from neatpack.pipes.shards import ParquetSource, ShardIndexError, TarShardSource
-from neatpack.pipes.testing import assert_exactly_once, same_item
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.reading.shards import ParquetSource, ShardIndexError, TarShardSource
+from neatpack.pipes.testing.resume import assert_exactly_once, same_item
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +128,8 @@ def test_bad_shards_are_named(tmp_path: Path) -> None:
 def test_elastic_resume_two_to_three_ranks_over_tar_shards(
     samples: Any, processor: Any, tmp_path: Path
 ) -> None:
-    from neatpack.pipes.estimate import LengthEstimator
-    from neatpack.pipes.lengths import build_length_index
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.indexing.lengths import build_length_index
 
     write_tars(tmp_path, samples, per=3)
     source = TarShardSource(sorted(tmp_path.glob("*.tar")))
@@ -161,8 +161,8 @@ def test_tar_planning_reads_image_headers_only(
 ) -> None:
     from PIL import ImageFile
 
-    from neatpack.pipes.estimate import LengthEstimator
-    from neatpack.pipes.lengths import build_length_index
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.indexing.lengths import build_length_index
 
     big = [
         dict(s, images=[_noise(200 + 10 * i) for _ in s["images"]]) for i, s in enumerate(samples)

@@ -12,14 +12,18 @@ import pytest
 import torch
 import torch.multiprocessing  # registers the tensor reductions ForkingPickler uses
 
-from neatpack.graphs.stages import InWorker
-from neatpack.pipes._tensors import cat_shared
-from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.materialize import MaterializeConfig, Materializer, materialize_pack
-from neatpack.pipes.read import JsonlSource
+from neatpack.graphs.runtime.stages import InWorker
+from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+from neatpack.pipes.materializing._tensors import cat_shared
+from neatpack.pipes.materializing.materialize import (
+    MaterializeConfig,
+    Materializer,
+    materialize_pack,
+)
+from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack, StepChain
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +69,9 @@ def _run_in_child(
     if arena == "0":  # torch's path: the collater wrote the pixels into shared memory itself
         q.put((type(out).__name__, bool(out["pixel_values"].is_shared()), out))
     else:
-        q.put((type(out).__name__, None, out))  # travels as one segment (pipes/transfer.py)
+        q.put(
+            (type(out).__name__, None, out)
+        )  # travels as one segment (pipes/materializing/transfer.py)
     done.wait(60)  # as a loader worker lives on: the receiver fetches descriptors from it
 
 

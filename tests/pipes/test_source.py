@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neatpack.pipes.source import PackSource, StateMismatchError, epoch_slots
-from neatpack.pipes.testing import assert_exactly_once, assert_resumable
+from neatpack.pipes.planning.source import PackSource, StateMismatchError, epoch_slots
+from neatpack.pipes.testing.resume import assert_exactly_once, assert_resumable
 
 
 class ListPlan:

@@ -1,4 +1,4 @@
-"""The tar offset index in flat arrays (pipes/tar_index.py): same samples as ``index_tar``,
+"""The tar offset index in flat arrays (pipes/reading/tar_index.py): same samples as ``index_tar``,
 an ``.npz`` round trip without pickle, a torn cache file rebuilt."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from support.shard_records import WORDS, png_bytes, write_tars
 
 from neatpack.pipes import tar_index
-from neatpack.pipes.shards import TarShardSource, index_tar
-from neatpack.pipes.tar_index import TarIndex
+from neatpack.pipes.reading.shards import TarShardSource, index_tar
+from neatpack.pipes.reading.tar_index import TarIndex
 
 
 @pytest.fixture

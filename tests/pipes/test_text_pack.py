@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from neatpack.pipes.binpack import greedy_knapsack
-from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.text_pack import neat_pack_dataset
+from neatpack.pipes.collating.mask import to_4d_additive_mask
+from neatpack.pipes.compat.text_pack import neat_pack_dataset
+from neatpack.pipes.planning.binpack import greedy_knapsack
 
 datasets = pytest.importorskip("datasets")
 
@@ -105,7 +105,7 @@ def test_max_packs_keeps_the_first_packs() -> None:
 def test_packed_row_equals_separate_runs_on_a_tiny_qwen2() -> None:
     """A pack through a real tiny Qwen2 with a 4D additive block-causal mask and reset positions
     gives the same logits as each document alone (fp32, max abs diff <= 1e-5)."""
-    from neatpack.pipes.tiny_models import tiny_model
+    from neatpack.pipes.testing.tiny_models import tiny_model
 
     model = tiny_model("qwen2", attn_implementation="eager")
     rows = [{"input_ids": r["input_ids"]} for r in _rows(6, seed=3)]

@@ -1,4 +1,5 @@
-"""A long text tokenized in pieces (``pipes/text_pieces.py``, through ``encode_ids``): the ids
+"""A long text tokenized in pieces (``pipes/indexing/text_pieces.py``, through ``encode_ids``): the
+ids
 equal the whole text's, for every cut the pieces make; tokenizers whose ids a cut could change
 are never cut; and the exact length index counts a long record the same either way."""
 
@@ -10,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neatpack.pipes._template_probe import encode_ids
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.text_pieces import cuts_exactly, pieces
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing._template_probe import encode_ids
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.text_pieces import cuts_exactly, pieces
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 QWEN = load_tiny_processor("qwen2_vl")
 TOKENIZER = QWEN.tokenizer

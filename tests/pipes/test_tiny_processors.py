@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from neatpack.pipes.tiny import FAMILIES, load_tiny_processor, tiny_processor_dir
+from neatpack.pipes.testing.tiny import FAMILIES, load_tiny_processor, tiny_processor_dir
 
 EXPECTED_CLASS = {
     "qwen2_vl": "Qwen2VLProcessor",
@@ -105,7 +105,7 @@ def test_loader_never_needs_the_network(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
     code = (
-        "from neatpack.pipes.tiny import load_tiny_processor\n"
+        "from neatpack.pipes.testing.tiny import load_tiny_processor\n"
         "p = load_tiny_processor('qwen3_vl')\n"
         "print(type(p).__name__)\n"
     )

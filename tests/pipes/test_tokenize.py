@@ -14,10 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
-from neatpack.pipes.labels import IGNORE_INDEX
-from neatpack.pipes.media import SampleError, load_image, to_rgb
-from neatpack.pipes.tiny import FAMILIES, load_tiny_processor
-from neatpack.pipes.tokenize import FAKE_IMAGE_SIZE, tokenize_conversation
+from neatpack.pipes.materializing.labels import IGNORE_INDEX
+from neatpack.pipes.materializing.tokenize import FAKE_IMAGE_SIZE, tokenize_conversation
+from neatpack.pipes.reading.media import SampleError, load_image, to_rgb
+from neatpack.pipes.testing.tiny import FAMILIES, load_tiny_processor
 
 END = "<|im_end|>"
 IMAGE_PAD, VIDEO_PAD = 4108, 4109
@@ -393,8 +393,8 @@ def test_sample_error_pickles() -> None:
 
 def test_synth_corpus_through_reader(tmp_path: Path) -> None:
     """Records from the real reader (relative media paths resolved) tokenize end to end."""
-    from neatpack.pipes.read import JsonlSource
-    from neatpack.pipes.synth import write_corpus
+    from neatpack.pipes.reading.read import JsonlSource
+    from neatpack.pipes.testing.synth import write_corpus
 
     path = write_corpus(tmp_path, num_samples=10, seed=3)
     source = JsonlSource(path, media_root=tmp_path / "media")
@@ -422,7 +422,7 @@ def test_missing_sample_id(proc: Any) -> None:
 
 @pytest.mark.badinput
 def test_wrong_markers_is_label_mismatch(proc: Any) -> None:
-    from neatpack.pipes.labels import RoleMarkers
+    from neatpack.pipes.materializing.labels import RoleMarkers
 
     rec = _rec(_user(_txt("q")), _asst("a"))
     _raises("label_mismatch", rec, proc, markers=RoleMarkers((1, 2, 3), (4,)))

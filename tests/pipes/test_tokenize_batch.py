@@ -10,14 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
-from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.mrope import MRopeConfig
-from neatpack.pipes.pack import _cat_media, build_pack
-from neatpack.pipes.read import JsonlSource, SequenceSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tokenize import tokenize_conversation, tokenize_conversations
+from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
+from neatpack.pipes.materializing.mrope import MRopeConfig
+from neatpack.pipes.materializing.pack import _cat_media, build_pack
+from neatpack.pipes.materializing.tokenize import tokenize_conversation, tokenize_conversations
+from neatpack.pipes.reading.media import SampleError
+from neatpack.pipes.reading.read import JsonlSource, SequenceSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Video files (pipes/video.py): mp4 / webm / mkv encoded here with PyAV, planned from the
+"""Video files (pipes/reading/video.py): mp4 / webm / mkv encoded here with PyAV, planned from the
 container's metadata (no decode) and decoded in the workers; through ``neat_vlm_graph`` the
 estimated lengths equal the real ones. Needs PyAV (``neatpack[video]``, in the test extra)."""
 
@@ -14,17 +14,17 @@ from support.versions import TRUNCATED_VIDEO_TIME, rope_index_truncates_video_ti
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import SequenceSource
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.reading.media import SampleError
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 av = pytest.importorskip("av")
 
 from support.video_files import CODECS, encode, truncated_mp4  # noqa: E402
 
-from neatpack.pipes.video import decode_video, probe_video  # noqa: E402
+from neatpack.pipes.reading.video import decode_video, probe_video  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_bad_videos_are_named_errors(
         tokenize_conversation(source[0], proc)
     with pytest.raises(SampleError, match=r"sample_id=1 \[video_error\]: video file .*cut"):
         tokenize_conversation(source[1], proc)
-    import neatpack.pipes.video as video_mod
+    import neatpack.pipes.reading.video as video_mod
 
     monkeypatch.setattr(video_mod, "MAX_VIDEO_BYTES", 1000)
     with pytest.raises(SampleError, match=r"sample_id=5 \[video_error\].*too large"):
@@ -197,7 +197,7 @@ def test_videos_meta_overrides_the_container_rate(videos: dict[str, Path]) -> No
 def test_video_file_pack_equals_separate_runs_on_tiny_qwen2_5_vl(videos: dict[str, Path]) -> None:
     """A packed row holding a decoded video file and text samples gives, per document, the
     logits of that document run alone on a tiny real Qwen2.5-VL (fp32, <= 1e-5)."""
-    from neatpack.pipes.tiny_models import tiny_model
+    from neatpack.pipes.testing.tiny_models import tiny_model
 
     proc = load_tiny_processor("qwen2_5_vl")
     text = {"messages": [{"role": "user", "content": "name a colour"},

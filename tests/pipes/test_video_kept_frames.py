@@ -1,5 +1,7 @@
-"""Video files decode only the frames the processor keeps (``pipes/video.py`` ``keep=``, picked
-in ``pipes/tokenize.py`` by the video processor's own ``sample_frames``). The reference is the
+"""Video files decode only the frames the processor keeps (``pipes/reading/video.py`` ``keep=``,
+picked
+in ``pipes/materializing/tokenize.py`` by the video processor's own ``sample_frames``). The
+reference is the
 old path written out: every frame decoded, then the real processor samples them itself
 (``do_sample_frames=True`` with the file's metadata). Real mp4 / webm files encoded here with
 PyAV (constant and variable frame rate), the real tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL
@@ -18,18 +20,18 @@ from transformers.video_utils import VideoMetadata
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes import SequenceSource
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import build_length_index
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tokenize import prepare_conversation, tokenize_conversation
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.materializing.tokenize import prepare_conversation, tokenize_conversation
+from neatpack.pipes.reading.media import SampleError
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 av = pytest.importorskip("av")
 
 from support.video_files import encode, truncated_mp4  # noqa: E402
 
 from neatpack.pipes import video  # noqa: E402
-from neatpack.pipes.video import decode_video, probe_video  # noqa: E402
+from neatpack.pipes.reading.video import decode_video, probe_video  # noqa: E402
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 

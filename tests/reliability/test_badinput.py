@@ -17,15 +17,15 @@ import pytest
 import torch
 from support.gen_badinput import BOMB_LIMIT, CASES, Case, write_bad_corpus
 
-from neatpack.graphs.loader import EpochLedger
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.materialize import MaterializeConfig, materialize_pack
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.plan import plan_packs
-from neatpack.pipes.read import JsonlSource, RecordError
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tokenize import tokenize_conversation
+from neatpack.graphs.runtime.loader import EpochLedger
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
+from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.reading.media import SampleError
+from neatpack.pipes.reading.read import JsonlSource, RecordError
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 pytestmark = [pytest.mark.badinput, pytest.mark.timeout(120)]
 
@@ -119,7 +119,7 @@ def test_case_through_reader_estimator_tokenizer(
 
 
 def test_cmyk_and_16bit_images_keep_their_content(corpus: tuple[Path, list[Case]]) -> None:
-    from neatpack.pipes.media import load_image
+    from neatpack.pipes.reading.media import load_image
 
     root, _ = corpus
     grey = load_image(str(root / "media" / "grey16.png"), sample_id=3)
@@ -307,7 +307,7 @@ def test_graph_missing_image_error_names_options_that_exist(tmp_path: Path, proc
     import json
 
     from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph
-    from neatpack.pipes.sampler import LengthGroupedSampler
+    from neatpack.pipes.planning.sampler import LengthGroupedSampler
 
     def record(image: str | None) -> dict[str, Any]:
         content: list[dict[str, Any]] = [{"type": "text", "text": "what is in the picture?"}]

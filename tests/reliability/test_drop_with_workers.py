@@ -19,7 +19,7 @@ batch carries an object that takes ``DELAY`` seconds to unpickle in the trainer'
 followed by a tensor. The sort thread is therefore inside that unpickling almost all the time,
 and a drop lands there. On the old code every child run printed the traceback (measured:
 10 of 10 runs, 2 loaders dropped each); the fix stops the threads first and the workers after
-them (graphs/watchdog.py ``stop_graph``).
+them (graphs/runtime/watchdog.py ``stop_graph``).
 """
 
 from __future__ import annotations

@@ -17,15 +17,19 @@ import numpy as np
 import pytest
 import torch
 
-from neatpack.graphs.loader import StateMismatchError
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
-from neatpack.graphs.watchdog import mapper_iters
+from neatpack.graphs.runtime.loader import StateMismatchError
+from neatpack.graphs.runtime.watchdog import mapper_iters
 from neatpack.pipes import lengths as lengths_mod
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.lengths import LengthIndex, build_length_index, length_index_fingerprint
-from neatpack.pipes.read import JsonlSource
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.lengths import (
+    LengthIndex,
+    build_length_index,
+    length_index_fingerprint,
+)
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 

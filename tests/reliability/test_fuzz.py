@@ -22,13 +22,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neatpack.pipes.collate import neat_packed_vlm_collater
-from neatpack.pipes.estimate import LengthEstimator
-from neatpack.pipes.media_tokens import ImageTokenConfig
-from neatpack.pipes.pack import build_pack
-from neatpack.pipes.plan import plan_packs
-from neatpack.pipes.pp_media import chunk_vlm_media
-from neatpack.pipes.read import JsonlSource, RecordError, SequenceSource
+from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.parallel.pp_media import chunk_vlm_media
+from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.reading.read import JsonlSource, RecordError, SequenceSource
 
 pytestmark = [pytest.mark.badinput, pytest.mark.timeout(120)]
 
@@ -347,9 +347,9 @@ _PROCESSOR: list[Any] = []
 @settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations | valid_conversations)
 def _tokenizer_cases(raw: Any) -> None:
-    from neatpack.pipes.media import SampleError
-    from neatpack.pipes.tiny import load_tiny_processor
-    from neatpack.pipes.tokenize import tokenize_conversation
+    from neatpack.pipes.materializing.tokenize import tokenize_conversation
+    from neatpack.pipes.reading.media import SampleError
+    from neatpack.pipes.testing.tiny import load_tiny_processor
 
     if not _PROCESSOR:
         _PROCESSOR.append(load_tiny_processor())

@@ -1,6 +1,6 @@
 """What one long record costs in memory, measured in a fresh process through ``neat_vlm_graph``
 (the default exact length index): tokenized whole, a 4.1 MB text grew the process by 576 MB;
-in pieces (``pipes/text_pieces.py``) by 73 MB, mostly its ids."""
+in pieces (``pipes/indexing/text_pieces.py``) by 73 MB, mostly its ids."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 SCRIPT = """
 import json, resource, sys, warnings
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 processor = load_tiny_processor()
 processor.apply_chat_template([{"role": "user", "content": "warm up"}], tokenize=False)

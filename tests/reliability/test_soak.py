@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.synth import write_corpus
-from neatpack.pipes.testing import assert_exactly_once
-from neatpack.pipes.tiny import load_tiny_processor
+from neatpack.pipes.testing.resume import assert_exactly_once
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 pytestmark = [pytest.mark.faults, pytest.mark.distributed]
 _SHARED: dict[str, Any] = {}  # the processor, loaded once in the parent, inherited by forks

@@ -99,7 +99,7 @@ def leave(mode):
     elif mode == "unstarted":  # iter() starts the graph's threads; next() never called
         it = iter(loader)
     elif mode == "close":
-        from neatpack.graphs.watchdog import graph_threads
+        from neatpack.graphs.runtime.watchdog import graph_threads
 
         with loader:
             next(iter(loader))

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from neatpack.graphs.watchdog import init_worker
+from neatpack.graphs.runtime.watchdog import init_worker
 
 
 def _report_threads(owner: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -43,8 +43,8 @@ def test_script_with_live_worker_loader_exits_without_teardown_noise(tmp_path: P
     script = textwrap.dedent(
         f"""
         from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-        from neatpack.pipes.synth import write_corpus
-        from neatpack.pipes.tiny import load_tiny_processor
+        from neatpack.pipes.testing.synth import write_corpus
+        from neatpack.pipes.testing.tiny import load_tiny_processor
         root = {str(tmp_path)!r}
         data = write_corpus(root, num_samples=24, seed=0)
         cfg = NeatVLMConfig(pack_size=2048, batch_size=1, media_root=root + "/media",
@@ -68,7 +68,7 @@ def test_script_with_live_worker_loader_exits_without_teardown_noise(tmp_path: P
 
 _FAULTS = """
 import resource, sys, torch
-from neatpack.graphs.watchdog import keep_freed_memory
+from neatpack.graphs.runtime.watchdog import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 torch.empty(64 << 20, dtype=torch.uint8).fill_(1)  # warm: the first one always faults
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -98,7 +98,7 @@ def test_workers_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
 
 
 def test_worker_malloc_tuning_can_be_turned_off(monkeypatch: Any) -> None:
-    from neatpack.graphs.watchdog import keep_freed_memory
+    from neatpack.graphs.runtime.watchdog import keep_freed_memory
 
     monkeypatch.setenv("NEATPACK_WORKER_MALLOC", "default")
     assert keep_freed_memory() is False  # and nothing was changed in this (test) process

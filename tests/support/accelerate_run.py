@@ -48,8 +48,8 @@ from neatpack.graphs.integrations.accelerate import (
     save_state,
 )
 from neatpack.graphs.train import model_inputs, step_normalizer
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 
 class JsonlTracker(GeneralTracker):  # type: ignore[misc]

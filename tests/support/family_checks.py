@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from neatpack.pipes.collating.mask import to_4d_additive_mask
 from neatpack.pipes.families import packed_model_inputs, tokenize_with_handler
-from neatpack.pipes.mask import to_4d_additive_mask
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSORS = ROOT / "tests" / "support" / "assets" / "processors"

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from neatpack.pipes.read import MAX_RECORD_BYTES
+from neatpack.pipes.reading.read import MAX_RECORD_BYTES
 
 __all__ = ["BOMB_LIMIT", "CASES", "Case", "write_bad_corpus"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from neatpack.pipes.read import JsonlSource
+from neatpack.pipes.reading.read import JsonlSource
 
 RATE = 16000
 

@@ -28,8 +28,8 @@ from lightning.pytorch.loggers import CSVLogger
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.integrations.lightning import NeatDataMetrics, NeatDataModule, loss_scale
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 
 class TinyModule(pl.LightningModule):

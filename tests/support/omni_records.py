@@ -16,12 +16,12 @@ import pytest
 import torch
 from PIL import Image
 
+from neatpack.pipes.collating.mask import to_4d_additive_mask
 from neatpack.pipes.families import tokenize_with_handler
 from neatpack.pipes.families.processor_compat import video_token_counts
 from neatpack.pipes.families.qwen_omni import qwen_omni_pack_media
-from neatpack.pipes.mask import to_4d_additive_mask
-from neatpack.pipes.media import SampleError
-from neatpack.pipes.pack import build_pack
+from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.reading.media import SampleError
 from support.family_checks import label_spans, runs
 from support.versions import knows_its_media_ids
 

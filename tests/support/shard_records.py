@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
-from neatpack.pipes.testing import assert_exactly_once, same_item
+from neatpack.pipes.testing.resume import assert_exactly_once, same_item
 
 N = 10
 WORDS = ("red", "cat", "sits", "on", "a", "mat", "blue", "sky", "the", "dog")

@@ -4,7 +4,7 @@ The folders under ``tests/support/assets/processors/<folder>/`` are written by t
 ``scripts/build_tiny_*`` scripts (a tiny byte-level BPE wrapped in each family's real tokenizer
 class, the family's chat template and its real image / audio processors, saved with
 ``save_pretrained``). The package ships only the Qwen-VL ones
-(``neatpack.pipes.tiny.load_tiny_processor``); these serve the tests::
+(``neatpack.pipes.testing.tiny.load_tiny_processor``); these serve the tests::
 
     from support.tiny import load_tiny_gemma3_processor
     proc = load_tiny_gemma3_processor()   # a real Gemma3Processor, no network

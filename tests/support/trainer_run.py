@@ -32,8 +32,8 @@ from transformers import TrainerCallback, TrainingArguments
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.hf_trainer import NeatTrainer
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
-from neatpack.pipes.tiny import load_tiny_processor
-from neatpack.pipes.tiny_models import tiny_model
+from neatpack.pipes.testing.tiny import load_tiny_processor
+from neatpack.pipes.testing.tiny_models import tiny_model
 
 
 def text_records() -> list[dict[str, Any]]:

@@ -1,0 +1,1 @@
+"""command: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""collating: see docs/architecture.md."""

@@ -1,0 +1,109 @@
+"""The attention-input formats a batch can be collated into, and the attention inputs of each.
+
+``MASK_FORMATS`` is the one list of accepted ``mask_format`` / ``attn_implementation`` values;
+``attention_inputs`` builds, from a batch's document ids, what each format puts in the batch
+(the functions behind it live in ``mask.py``, ``block_mask.py``, ``cu_seqlens.py``). A new
+format is one entry in ``MASK_FORMATS`` and one branch in ``attention_inputs``.
+
+>>> resolve_mask_format("flash_attention_2"), resolve_mask_format("sdpa", materialize_4d_mask=False)
+('flash_attention_2', 'doc_ids')
+>>> sorted(attention_inputs(torch.tensor([[1, 1, 2, 0]]), "flash_attention_2"))
+['attention_mask', 'cu_seq_lens_k', 'cu_seq_lens_q', 'max_length_k', 'max_length_q']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from neatpack.pipes.collating.block_mask import to_block_mask
+from neatpack.pipes.collating.cu_seqlens import (
+    cu_seqlens_from_doc_lengths,
+    thd_params_from_doc_lengths,
+    to_cu_seqlens,
+    to_thd_params,
+)
+from neatpack.pipes.collating.mask import to_4d_additive_mask, to_4d_bool_mask
+
+__all__ = [
+    "FLASH_FORMATS",
+    "MASK_FORMATS",
+    "MASK_FREE_FORMATS",
+    "attention_inputs",
+    "resolve_mask_format",
+]
+
+FLASH_FORMATS = ("flash_attention_2", "flash_attention_3")
+#: Every accepted ``attn_implementation`` / ``mask_format`` value; the check uses this tuple.
+MASK_FORMATS = ("sdpa", "eager", *FLASH_FORMATS, "flex_attention", "position_ids", "thd", "doc_ids")
+#: Formats with no attention mask: document boundaries travel in positions or cu_seqlens.
+MASK_FREE_FORMATS = (*FLASH_FORMATS, "position_ids", "thd")
+
+
+def resolve_mask_format(
+    attn_implementation: str | None = None,
+    mask_format: str | None = None,
+    materialize_4d_mask: bool = True,
+) -> str:
+    """The mask format to build: ``mask_format`` wins, then ``attn_implementation``, then sdpa.
+
+    ``materialize_4d_mask=False`` turns the 4D formats (sdpa, eager) into ``doc_ids`` (the
+    seed's behaviour, used with context parallelism where the mask is built per shard).
+    """
+    name = mask_format if mask_format is not None else attn_implementation
+    name = "sdpa" if name is None else name
+    if name not in MASK_FORMATS:
+        raise ValueError(
+            f"unknown mask format {name!r} (from {attn_implementation=}, {mask_format=}); "
+            f"valid: {', '.join(MASK_FORMATS)}. Fix: pass one of them: the model's own attention "
+            "implementation when listed, else doc_ids (per-token document ids) or thd "
+            "(cu_seqlens, no mask)"
+        )
+    if not materialize_4d_mask and name in ("sdpa", "eager"):
+        return "doc_ids"
+    return name
+
+
+def attention_inputs(
+    doc_ids: Tensor,
+    fmt: str,
+    doc_lengths: list[list[int]] | None = None,
+    *,
+    seq_lens: list[list[int]] | None = None,
+    mask_dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    """The batch keys of format ``fmt`` (one of ``MASK_FORMATS``) for checked ``[B, S]`` ids.
+
+    ``doc_lengths``: per row, the document lengths the ids were checked to match exactly (the
+    collater's fast path), so cu_seqlens / THD params come from them without a scan of the ids.
+    ``seq_lens``: the real (unpadded) lengths per row, for THD. The ids are not validated here.
+    """
+    if fmt not in MASK_FORMATS:
+        raise ValueError(f"unknown mask format {fmt!r}; valid: {', '.join(MASK_FORMATS)}")
+    out: dict[str, Any] = {}
+    if fmt == "sdpa":
+        out["attention_mask"] = to_4d_bool_mask(doc_ids, validate=False)
+    elif fmt == "eager":
+        out["attention_mask"] = to_4d_additive_mask(doc_ids, mask_dtype, validate=False)
+    elif fmt == "flex_attention":
+        out["attention_mask"] = to_block_mask(doc_ids, validate=False)
+    elif fmt == "doc_ids":
+        out["attention_mask"] = doc_ids
+    else:
+        out["attention_mask"] = None
+        s = doc_ids.shape[1]
+        if fmt in FLASH_FORMATS:
+            out.update(
+                to_cu_seqlens(doc_ids, validate=False)
+                if doc_lengths is None
+                else cu_seqlens_from_doc_lengths(doc_lengths, s)
+            )
+        elif fmt == "thd":
+            out["packed_seq_params"] = (
+                to_thd_params(doc_ids, seq_lens=seq_lens, validate=False)
+                if doc_lengths is None
+                else thd_params_from_doc_lengths(doc_lengths, s, seq_lens=seq_lens)
+            )
+    return out

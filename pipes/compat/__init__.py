@@ -1,0 +1,1 @@
+"""compat: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""indexing: see docs/architecture.md."""

@@ -1,0 +1,395 @@
+"""The length index: every sample's estimated length, built once (cooperatively across ranks),
+cached on disk under its fingerprint and reloaded in milliseconds (plus one ``stat`` per media
+file it sized from the file: a cached index is reused only while those files are unchanged,
+``pipes/indexing/media_stamp.py``).
+
+``total[i]`` is sample ``i``'s estimated length after the shift (``L - 1``); ``visual[i]`` the
+image + video tokens inside it (``docs/data_contracts.md`` section 2).
+
+>>> from neatpack.pipes.reading.read import SequenceSource
+>>> from neatpack.pipes.indexing.estimate import LengthEstimator
+>>> src = SequenceSource([{"messages": [{"role": "user", "content": "x" * 30}]}])
+>>> index = build_length_index(src, LengthEstimator(), progress=False)
+>>> index.total.tolist(), index.visual.tolist()  # 30 // 3 + 5 (message) + 11 (system) - 1
+([25], [0])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.index_split import initialized_dist, side_group, split_points
+from neatpack.pipes.indexing.index_workers import index_start_method, index_workers
+from neatpack.pipes.indexing.media_stamp import MediaStamp, relative_to, unsized_media_paths
+from neatpack.pipes.reading._record import RecordError, paused_gc
+from neatpack.pipes.reading.npz_files import read_npz, write_npz
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ON_ERROR",
+    "LengthIndex",
+    "build_length_index",
+    "length_index_fingerprint",
+]
+
+FORMAT_VERSION = 1
+ON_ERROR = ("raise", "skip")
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class LengthIndex:
+    """Per-sample lengths of one source under one estimator config."""
+
+    total: IntArray
+    visual: IntArray
+    fingerprint: str
+    fallback_ids: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    fallback_counts: dict[str, int] = field(default_factory=dict)
+    # the media files the lengths were read from (none for an index built by hand)
+    media: MediaStamp = field(default_factory=MediaStamp.empty)
+
+    def __post_init__(self) -> None:
+        if self.total.shape != self.visual.shape or self.total.ndim != 1:
+            raise ValueError(
+                f"total {self.total.shape} and visual {self.visual.shape} must be equal 1-D"
+            )
+
+    def __len__(self) -> int:
+        return int(self.total.shape[0])
+
+    def _checksum(self) -> str:
+        h = hashlib.sha256(self.fingerprint.encode())
+        media = self.media.arrays()
+        for a in (self.total, self.visual, self.fallback_ids, *media.values()):
+            h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+        h.update(json.dumps(self.fallback_counts, sort_keys=True).encode())
+        return h.hexdigest()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Atomic write (``write_npz``)."""
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "fingerprint": self.fingerprint,
+            "fallback_counts": self.fallback_counts,
+            "checksum": self._checksum(),
+            "media_root": self.media.root,
+        }
+        write_npz(
+            path, total=self.total, visual=self.visual, fallback_ids=self.fallback_ids,
+            meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **self.media.arrays(),
+        )  # fmt: skip
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], fingerprint: str | None = None) -> LengthIndex:
+        """Load and verify (format version, fingerprint, checksum over the arrays); a torn or
+        corrupt file raises ``ValueError`` instead of returning wrong lengths. A file written
+        before the media stamp existed lacks its fields: unreadable too, so it is rebuilt once
+        (same fingerprint)."""
+        fields = ("meta", "total", "visual", "fallback_ids", "media_paths", "media_sizes",
+                  "media_mtimes")  # fmt: skip
+        z = read_npz(path, fields, what="length index file")
+        try:
+            meta = json.loads(z["meta"].tobytes())
+            index = cls(
+                total=z["total"].astype(np.int64, copy=False),
+                visual=z["visual"].astype(np.int64, copy=False),
+                fingerprint=str(meta["fingerprint"]),
+                fallback_ids=z["fallback_ids"].astype(np.int64, copy=False),
+                fallback_counts={str(k): int(v) for k, v in meta["fallback_counts"].items()},
+                media=MediaStamp.from_arrays(meta.get("media_root"), z),
+            )
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"length index file {path} is unreadable: {e!r}") from e
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: format {meta.get('format_version')}, not {FORMAT_VERSION}")
+        if fingerprint is not None and index.fingerprint != fingerprint:
+            raise ValueError(f"{path}: fingerprint {index.fingerprint} is not {fingerprint}")
+        if index._checksum() != meta["checksum"]:
+            raise ValueError(f"{path}: checksum mismatch (corrupt file)")
+        return index
+
+
+def length_index_fingerprint(source: Any, estimator: LengthEstimator) -> str:
+    """sha256 over the format version, the source content and the estimator config."""
+    h = hashlib.sha256(f"neatpack-lengths-v{FORMAT_VERSION}\n".encode())
+    h.update(f"{len(source)}\n{source.content_fingerprint()}\n".encode())
+    h.update(estimator.config_key().encode())
+    return h.hexdigest()
+
+
+def _raw_blocks(source: Any, start: int, stop: int, size: int) -> Iterator[list[Any]]:
+    """Raw records in blocks of at most ``size``; sources without ``iter_raw`` give Records
+    (the fast path then reads them as ``conversation``-form raw records, which they are)."""
+    if hasattr(source, "iter_raw_blocks"):  # whole parsed blocks: no per-record generator
+        for parsed in source.iter_raw_blocks(start, stop):
+            for i in range(0, len(parsed), size):
+                yield parsed[i : i + size]
+        return
+    it = source.iter_raw(start, stop) if hasattr(source, "iter_raw") else (
+        source[i] for i in range(start, stop))  # fmt: skip
+    while block := list(islice(it, size)):
+        yield block
+
+
+def estimate_slice(
+    source: Any,
+    estimator: LengthEstimator,
+    start: int,
+    stop: int,
+    progress: bool,
+    on_error: str = "raise",
+    media: list[str] | None = None,
+) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
+    """Fast path (``estimate_raw_batch``) per block of 8192; the records it leaves undecided go
+    through ``source[id]`` and ``estimate_sample`` (errors, fallbacks, header reads); the paths
+    of the media files those may read (no metadata sizes them) are appended to ``media``.
+    ``on_error="skip"``: a record that cannot be read or estimated (``RecordError``) gets length
+    0 and the fallback reason ``record_error``; the materializer's failure policy then skips or
+    replaces it, counted in the loader's ledger with its id."""
+    from tqdm.auto import tqdm
+
+    n = stop - start
+    total = np.empty(n, np.int64)
+    visual = np.empty(n, np.int64)
+    fallbacks: list[tuple[int, tuple[str, ...]]] = []
+    k = 0
+    # One pause for the whole slice: re-enabling the collector after each block started a
+    # full collection over the block's parsed records each time (~9 % of the build).
+    with (
+        paused_gc(),
+        tqdm(
+            total=n, desc="length index", unit="rec", disable=not progress, mininterval=0.5
+        ) as bar,
+    ):
+        for block in _raw_blocks(source, start, stop, 8192):
+            t, v, slow = estimator.estimate_raw_batch(block)
+            for j, (tj, vj, reasons) in zip(
+                slow,
+                _estimate_ids(source, estimator, [start + k + j for j in slow], on_error, media),
+                strict=True,
+            ):
+                t[j], v[j] = tj, vj
+                if reasons:
+                    fallbacks.append((start + k + j, reasons))
+            total[k : k + len(block)], visual[k : k + len(block)] = t, v
+            k += len(block)
+            bar.update(len(block))
+    if k != n:
+        raise RuntimeError(f"source yielded {k} records for ids {start}..{stop - 1}, not {n}")
+    return total, visual, fallbacks
+
+
+def _estimate_ids(
+    source: Any, estimator: Any, ids: list[int], on_error: str, media: list[str] | None = None
+) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``(total, visual, fallback reasons)`` of ``source[id]`` for each id. An estimator with
+    ``estimate_samples`` (``exact`` mode: one template and one tokenizer call for the lot) gets
+    them all at once; any record error there redoes the ids one by one, so which record raises
+    (or is skipped as ``record_error``) is decided exactly as the one-by-one loop decides it."""
+    batch = getattr(estimator, "estimate_samples", None)
+    if batch is not None and len(ids) > 1 and getattr(estimator, "mode", "") == "exact":
+        try:
+            records = [source[sid] for sid in ids]
+            done = [tuple(s) for s in batch(records)]
+            if media is not None:
+                media.extend(p for r in records for p in unsized_media_paths(r))
+            return done
+        except RecordError:
+            pass  # one by one below: the same error, or the same skips, as without batching
+    out: list[tuple[int, int, tuple[str, ...]]] = []
+    for sid in ids:
+        try:
+            record = source[sid]
+            if media is not None:  # a record refused for its media is stamped too
+                media.extend(unsized_media_paths(record))
+            out.append(tuple(estimator.estimate_sample(record)))
+        except RecordError:
+            if on_error == "raise":
+                raise
+            out.append((0, 0, ("record_error",)))
+    return out
+
+
+def build_length_index(
+    source: Any,
+    estimator: LengthEstimator,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
+    group: Any = None,
+    num_workers: int | None = None,
+    on_error: str = "raise",
+) -> LengthIndex:
+    """Estimate every sample of ``source`` (or load the cached index with the same fingerprint).
+
+    With ``world_size > 1`` and ``torch.distributed`` initialized (otherwise this process
+    estimates everything), rank ``r`` estimates the
+    contiguous slice ``[N*r//W, N*(r+1)//W)`` (moved to shard starts for a sharded source:
+    ``pipes/indexing/index_split.py``) and the slices are all-gathered on a CPU gloo side group
+    (never
+    the default group: an NCCL one would route them through GPU memory), so every rank
+    returns the identical index. ``group``: a gloo group to use instead (None: the world's).
+    The cache is used only when every rank has it (decided
+    collectively, so ranks never disagree about entering the collective). Estimation errors on
+    any rank are raised on every rank. ``num_workers > 0`` splits this process's slice over
+    that many worker processes (forked where the platform can, see ``index_workers``; the
+    source and estimator are pickled to them), ``0`` keeps it in this process, and ``None`` (the
+    default) picks the number with ``index_workers(records of this rank)``: one per core this
+    rank may use, once the slice is large enough to pay for a pool (32,768 records); the index
+    is the same for any number.
+    ``on_error``: ``"raise"`` (a bad record stops the build, naming it) or ``"skip"`` (it gets
+    length 0 and is listed under the fallback reason ``record_error``: the loader's
+    ``on_bad_sample`` policy then skips or replaces it, counted). The cached file does not
+    depend on ``on_error``: a ``"raise"`` run that reuses a ``"skip"`` index raises for the bad
+    record when it is materialized instead.
+    """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"{on_error=} is not one of {ON_ERROR}")
+    if num_workers is not None and num_workers < 0:
+        raise ValueError(
+            f"{num_workers=} must be >= 0 (0: estimate in this process), or None for one per core"
+        )
+    fp = length_index_fingerprint(source, estimator)
+    path = None if cache_dir is None else Path(cache_dir) / f"{fp}.npz"
+    root = getattr(source, "media_root", None)
+    cached = _try_load(path, fp, root)
+    dist = initialized_dist(world_size)
+    if dist is not None:
+        group = side_group(group)  # CPU gloo: never the (maybe NCCL) default group
+        actual = (dist.get_rank(group), dist.get_world_size(group))
+        bad = None
+        if actual != (rank, world_size):
+            bad = (
+                f"{rank=}, {world_size=} but the process group says rank {actual[0]} of {actual[1]}"
+            )
+        flags: list[Any] = [None] * actual[1]
+        dist.all_gather_object(flags, (cached is not None, bad), group=group)  # every rank joins
+        if errors := [b for _, b in flags if b is not None]:
+            raise ValueError("; ".join(errors) + "; pass the group's rank and world size")
+        if all(f for f, _ in flags) and cached is not None:
+            return cached
+    elif cached is not None:
+        return cached
+    n = len(source)
+    cuts = split_points(n, world_size, getattr(source, "shard_starts", None))
+    lo, hi = (cuts[rank], cuts[rank + 1]) if dist else (0, n)
+    if num_workers is None:
+        num_workers = index_workers(hi - lo)
+    error: str | None = None
+    empty = np.zeros(0, np.int64)
+    part: _Part = (empty, empty, [], [])
+    try:
+        part = _estimate_parallel(
+            source, estimator, lo, hi, progress and rank == 0, num_workers, on_error
+        )
+    except Exception as e:
+        if dist is None:
+            raise
+        error = f"rank {rank}: {type(e).__name__}: {e}"  # raised below on every rank
+    if dist is not None:
+        parts: list[Any] = [None] * world_size
+        dist.all_gather_object(parts, (error, part), group=group)
+        errors = [p[0] for p in parts if p[0] is not None]
+        if errors:
+            raise RuntimeError("length index build failed: " + "; ".join(errors))
+        total = np.concatenate([p[1][0] for p in parts])
+        visual = np.concatenate([p[1][1] for p in parts])
+        fallbacks = [f for p in parts for f in p[1][2]]
+        media = [m for p in parts for m in p[1][3]]
+    else:
+        total, visual, fallbacks, media = part
+    counts: Counter[str] = Counter(r for _, reasons in fallbacks for r in reasons)
+    index = LengthIndex(
+        total=total, visual=visual, fingerprint=fp,
+        fallback_ids=np.asarray([sid for sid, _ in fallbacks], np.int64),
+        fallback_counts=dict(sorted(counts.items())),
+        media=MediaStamp.of(media, root),
+    )  # fmt: skip
+    for sid, reasons in fallbacks:
+        estimator.fallbacks.add(sid, reasons)
+    if path is not None:
+        index.save(path)
+    return index
+
+
+def _estimate_parallel(
+    source: Any,
+    estimator: LengthEstimator,
+    lo: int,
+    hi: int,
+    progress: bool,
+    workers: int,
+    on_error: str = "raise",
+) -> _Part:
+    """This rank's lengths of ids ``lo..hi-1`` and the media files read for them, relative to
+    the source's media root (so ranks with their own copy of the media agree)."""
+    if workers == 0 or hi - lo < 2 * 8192:
+        return _slice_with_media(source, estimator, lo, hi, progress, on_error)
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    bounds = [b - lo for b in getattr(source, "shard_starts", None) or () if lo <= b <= hi]
+    cuts = [lo + c for c in split_points(hi - lo, workers, bounds)]
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context(index_start_method())) as pool:
+        futures = [
+            pool.submit(_slice_with_media, source, estimator, a, b, False, on_error)
+            for a, b in itertools.pairwise(cuts)
+        ]
+        parts = [f.result() for f in futures]  # re-raises a worker's error here
+    return (
+        np.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]),
+        [f for p in parts for f in p[2]],
+        [m for p in parts for m in p[3]],
+    )
+
+
+_Part = tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
+
+
+def _slice_with_media(
+    source: Any, estimator: LengthEstimator, lo: int, hi: int, progress: bool, on_error: str
+) -> _Part:
+    media: list[str] = []
+    total, visual, fallbacks = estimate_slice(source, estimator, lo, hi, progress, on_error, media)
+    return total, visual, fallbacks, relative_to(media, getattr(source, "media_root", None))
+
+
+def _try_load(path: Path | None, fp: str, root: str | None) -> LengthIndex | None:
+    """The cached index, or None to rebuild it: absent, torn or corrupt, or built from media
+    files that differ now (another ``media_root``, files re-exported: said in a warning)."""
+    if path is None or not path.exists():
+        return None
+    try:
+        index = LengthIndex.load(path, fingerprint=fp)
+    except ValueError:
+        return None  # torn or corrupt: rebuild (the rebuild overwrites it atomically)
+    changed = index.media.changes(root)
+    if changed:
+        n = len(index.media.paths)
+        warnings.warn(
+            f"length index cache {path} was built from media files that differ now "
+            f"(media_root {index.media.root!r}, now {root!r}): {'; '.join(changed)}"
+            f"{' ...' if len(changed) >= 5 else ''} (of {n} files it sized); its lengths would "
+            "mis-plan every epoch, so it is rebuilt and overwritten",
+            stacklevel=3,
+        )
+        return None
+    return index

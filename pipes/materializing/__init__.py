@@ -1,0 +1,1 @@
+"""materializing: see docs/architecture.md."""

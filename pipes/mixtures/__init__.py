@@ -1,0 +1,1 @@
+"""mixtures: see docs/architecture.md."""

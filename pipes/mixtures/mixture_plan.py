@@ -1,0 +1,375 @@
+"""One epoch's pack plan over a mixture, and its re-plan from a cursor after a blend change.
+
+``plan_mixture`` lays the epoch's uses (``mixture.epoch_counts``) out as entries, a sample
+used twice being two entries, and plans them with ``plan_packs`` (so packs may mix sources and
+step groups stay balanced), or per source with ``single_source=True``. The serving order then
+spreads every source evenly over the epoch: each step group joins the queue of the source it
+carries most of, and the next group served is the queue head that keeps the tokens served so
+far closest to every source's share, so any run of served groups holds every source near it::
+
+    queues  a: a1 a2 a3 a4 a5 a6   b: b1 b2   c: c1 c2     (shares 60 / 20 / 20 %)
+    served  a1 b1 c1 a2 a3 b2 a4 c2 a5 a6                   (never all c at the end)
+
+``replan_from_cursor`` keeps the packs already served (``order[:cursor]``) and plans the rest of
+the epoch again for a new blend: the unconsumed uses are kept where the new blend still wants
+them, dropped (listed in ``replan_dropped``) where it wants fewer, and topped up (least used
+samples first) where it wants more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.mixtures.mixture import IntArray, fill_counts, source_rng
+from neatpack.pipes.planning.plan import plan_packs
+
+__all__ = ["MixturePlan", "mix_order", "pack_source_tokens", "plan_mixture", "replan_from_cursor"]
+
+
+@dataclass(frozen=True, eq=False)
+class MixturePlan:
+    """One epoch's packs (CSR of global sample ids, ``ids[offsets[g]:offsets[g + 1]]``) and
+    their serving ``order``. Global id ``i`` is sample ``i - bounds[s]`` of source ``s``,
+    ``bounds[s] <= i < bounds[s + 1]``. ``replan_dropped`` lists the uses a re-plan dropped;
+    ``dropped_ids`` the overlong samples the plan left out (``overlong="drop"``)."""
+
+    offsets: IntArray
+    ids: IntArray
+    order: IntArray
+    bounds: IntArray
+    epoch: int
+    group_size: int
+    fingerprint: str
+    dropped_ids: IntArray
+    replan_dropped: IntArray
+
+    def __len__(self) -> int:
+        return int(self.offsets.size - 1)
+
+    def pack(self, index: int) -> list[int]:
+        """Global sample ids of pack ``index``."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"pack {index=} out of range for a plan of {len(self)} packs")
+        return [int(i) for i in self.ids[self.offsets[index] : self.offsets[index + 1]]]
+
+    def source_of(self, ids: npt.ArrayLike) -> IntArray:
+        """Source index of each global id."""
+        return np.searchsorted(self.bounds, np.asarray(ids), side="right").astype(np.int64) - 1
+
+    def pack_sources(self, index: int) -> list[int]:
+        """Source index of each sample of pack ``index`` (the pack's record of its sources)."""
+        return [int(s) for s in self.source_of(self.pack(index))]
+
+    def epoch_order(self, epoch: int) -> IntArray:
+        """The serving order (this plan is one epoch's: another epoch is refused)."""
+        if epoch != self.epoch:
+            raise ValueError(f"this mixture plan is epoch {self.epoch}'s, asked for {epoch=}")
+        return self.order
+
+
+def mix_order(
+    pack_tokens: npt.NDArray[np.int64], group_size: int, rng: np.random.Generator
+) -> IntArray:
+    """Serving order of packs (``pack_tokens[p, s]``: pack ``p``'s tokens of source ``s``, packs
+    in load order): step groups of ``group_size`` neighbours, spread by class (module doc);
+    ``len % group_size`` drawn packs form the tail, as in ``plan.step_group_order``.
+
+    >>> tokens = np.array([[9, 0]] * 6 + [[0, 9]] * 2)
+    >>> order = mix_order(tokens, 1, np.random.default_rng(0))
+    >>> [slot for slot, pack in enumerate(order) if pack >= 6]  # the two c packs, spread
+    [2, 6]
+    """
+    n = int(pack_tokens.shape[0])
+    tail_n = n % group_size
+    tail = np.sort(rng.choice(n, size=tail_n, replace=False)) if tail_n else None
+    body = np.arange(n, dtype=np.int64)
+    if tail is not None:
+        body = np.delete(body, tail)
+    groups = body.reshape(-1, group_size)
+    if groups.shape[0]:
+        per_group = pack_tokens[groups].sum(axis=1)  # [G, S]
+        groups = groups[_share_tracking_order(per_group, rng)]
+        groups[1::2] = groups[1::2, ::-1]
+    out = groups.reshape(-1)
+    return out if tail is None else np.concatenate([out, tail.astype(np.int64)])
+
+
+def _share_tracking_order(per_group: npt.NDArray[np.int64], rng: np.random.Generator) -> IntArray:
+    """Order of step groups: each group joins the queue of the source it carries most of
+    (relative to that source's total), queues are shuffled, and the next group served is the
+    queue head that leaves the tokens served so far closest to every share (squared error
+    over share), so every stretch of the epoch stays within about one group of every share.
+
+    With ``e_s`` the current error of source ``s`` (tokens served minus share x all served),
+    adding group ``g`` (tokens ``r_s``, ``R`` in all) gives ``sum_s (e_s + r_s - f_s R)^2 / f_s``
+    ``= const + q_g + 2 sum_s (e_s / f_s) r_s`` (the cross term in ``R`` vanishes: the errors
+    sum to 0), so each candidate costs one dot product with ``w_s = e_s / f_s``."""
+    totals = per_group.sum(axis=0).astype(np.float64)
+    share = totals / max(float(totals.sum()), 1.0)
+    used = share > 0
+    inv = np.where(used, 1.0 / np.where(used, share, 1.0), 0.0)
+    size = per_group.sum(axis=1).astype(np.float64)
+    q = ((per_group - share * size[:, None]) ** 2 * inv).sum(axis=1).tolist()
+    cls = np.argmax(per_group / np.maximum(totals, 1.0), axis=1)
+    queues = [rng.permutation(np.flatnonzero(cls == c)).tolist() for c in range(share.size)]
+    heads = [0] * share.size
+    rows, sizes, invs = per_group.tolist(), size.tolist(), inv.tolist()
+    w = [0.0] * share.size  # e_s / f_s
+    live = [c for c, queue in enumerate(queues) if queue]
+    out: list[int] = []
+    while live:
+        pick, best = live[0], float("inf")
+        for c in live:
+            g = queues[c][heads[c]]
+            cost = q[g] + 2.0 * sum(map(operator.mul, w, rows[g]))
+            if cost < best:
+                pick, best = c, cost
+        group = queues[pick][heads[pick]]
+        heads[pick] += 1
+        if heads[pick] == len(queues[pick]):
+            live.remove(pick)
+        row, total = rows[group], sizes[group]
+        for s, tokens in enumerate(row):
+            if invs[s]:
+                w[s] += tokens * invs[s] - total
+        out.append(group)
+    return np.asarray(out, dtype=np.int64)
+
+
+def pack_source_tokens(
+    offsets: IntArray, ids: IntArray, total: IntArray, bounds: IntArray
+) -> npt.NDArray[np.int64]:
+    """Tokens of each source in each pack: ``[packs, sources]``."""
+    n_src, n_packs = int(bounds.size - 1), int(offsets.size - 1)
+    if not ids.size:
+        return np.zeros((n_packs, n_src), dtype=np.int64)
+    src = np.searchsorted(bounds, ids, side="right") - 1
+    pack = np.repeat(np.arange(n_packs, dtype=np.int64), np.diff(offsets))
+    cells = np.bincount(pack * n_src + src, weights=total[ids], minlength=n_packs * n_src)
+    return cells.astype(np.int64).reshape(n_packs, n_src)
+
+
+def _plan_entries(
+    entries: IntArray,
+    total: IntArray,
+    visual: IntArray,
+    bounds: IntArray,
+    *,
+    capacity: int,
+    packing_ratio: float,
+    overlong: str,
+    group_size: int,
+    seed: int,
+    single_source: bool,
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Packs of ``entries`` (global ids, repeats allowed) as CSR, and the overlong ones left
+    out. One ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``, so no pack
+    holds a sample twice), and per source with ``single_source``."""
+    rounds = _use_index(entries)
+    src = np.searchsorted(bounds, entries, side="right") - 1
+    sources = range(int(bounds.size - 1)) if single_source else [None]
+    groups = (  # one at a time: a 10M-entry epoch keeps one part in memory, not all
+        entries[(rounds == r) & (True if s is None else src == s)]
+        for r in range(int(rounds.max()) + 1 if rounds.size else 0)
+        for s in sources
+    )
+    offs, ids, dropped = [np.zeros(1, np.int64)], [], []
+    for part in groups:
+        if not part.size:
+            continue
+        plan = plan_packs(
+            total[part],
+            capacity,
+            visual=visual[part],
+            packing_ratio=packing_ratio,
+            overlong=overlong,
+            world_size=group_size,
+            seed=seed,
+        )
+        offs.append(plan.offsets[1:] + offs[-1][-1] if len(offs) else plan.offsets[1:])
+        ids.append(part[plan.ids])
+        dropped.append(part[plan.dropped_ids])
+    return np.concatenate(offs).astype(np.int64), _cat(ids), np.unique(_cat(dropped))
+
+
+def _use_index(entries: IntArray) -> IntArray:
+    """For each entry, how many entries of the same sample come before it (0 for the first).
+
+    >>> _use_index(np.array([5, 3, 5, 5, 3])).tolist()
+    [0, 0, 1, 2, 1]
+    """
+    order = np.argsort(entries, kind="stable")
+    ordered = entries[order]
+    first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if entries.size else order
+    run_start = np.repeat(first, np.diff(np.r_[first, entries.size]))
+    out = np.empty(entries.size, dtype=np.int64)
+    out[order] = np.arange(entries.size) - run_start
+    return out
+
+
+def _cat(parts: list[IntArray]) -> IntArray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+def _finish(
+    prefix_offsets: IntArray,
+    prefix_ids: IntArray,
+    offsets: IntArray,
+    ids: IntArray,
+    total: IntArray,
+    bounds: IntArray,
+    group_size: int,
+    rng: np.random.Generator,
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Served prefix packs (kept in order) + new packs in ``mix_order``: CSR and order."""
+    tokens = pack_source_tokens(offsets, ids, total, bounds)
+    order = mix_order(tokens, group_size, rng)
+    n_prefix = int(prefix_offsets.size - 1)
+    all_offsets = np.concatenate([prefix_offsets, offsets[1:] + prefix_offsets[-1]])
+    all_ids = np.concatenate([prefix_ids, ids])
+    full = np.concatenate([np.arange(n_prefix, dtype=np.int64), order + n_prefix])
+    return all_offsets.astype(np.int64), all_ids.astype(np.int64), full
+
+
+def _fingerprint(*parts: object) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.astype("<i8").tobytes() if isinstance(p, np.ndarray) else repr(p).encode())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def plan_mixture(
+    counts: Sequence[IntArray],
+    total: npt.ArrayLike,
+    visual: npt.ArrayLike,
+    *,
+    capacity: int,
+    epoch: int,
+    packing_ratio: float = 1.0,
+    overlong: str = "raise",
+    group_size: int = 1,
+    seed: int = 0,
+    single_source: bool = False,
+) -> MixturePlan:
+    """Epoch ``epoch``'s plan: ``counts[s][i]`` uses of sample ``i`` of source ``s``
+    (``mixture.epoch_counts``); ``total`` / ``visual`` are the concatenated length indexes.
+
+    >>> from neatpack.pipes.mixtures.mixture import epoch_counts
+    >>> counts = epoch_counts([4, 3], [2, 3], ["a", "b"], seed=0, epoch=0)
+    >>> plan = plan_mixture(counts, [3, 3, 2, 2, 2], [0] * 5, capacity=6, epoch=0)
+    >>> sorted(sorted(plan.pack(int(p))) for p in plan.order)  # a's 2nd uses: another pack
+    [[0, 1], [0, 1], [2, 3, 4]]
+    """
+    tot = np.asarray(total, dtype=np.int64)
+    vis = np.asarray(visual, dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum([c.size for c in counts])]).astype(np.int64)
+    if int(bounds[-1]) != tot.size or vis.shape != tot.shape:
+        raise ValueError(
+            f"counts cover {int(bounds[-1])} samples, lengths {tot.size} and visual {vis.size}: "
+            "one count per sample of each source, in the order of the concatenated index"
+        )
+    entries = np.concatenate(
+        [np.repeat(np.arange(c.size, dtype=np.int64) + bounds[s], c) for s, c in enumerate(counts)]
+    )
+    offsets, ids, dropped = _plan_entries(
+        entries, tot, vis, bounds, capacity=capacity, packing_ratio=packing_ratio,
+        overlong=overlong, group_size=group_size, seed=seed, single_source=single_source,
+    )  # fmt: skip
+    rng = np.random.default_rng([seed, epoch, 1])
+    empty = np.zeros(1, np.int64)
+    offsets, ids, order = _finish(
+        empty, np.zeros(0, np.int64), offsets, ids, tot, bounds, group_size, rng
+    )
+    fp = _fingerprint(
+        "mixture-plan/1", epoch, group_size, capacity, packing_ratio, overlong, seed,
+        single_source, offsets, ids, order,
+    )  # fmt: skip
+    return MixturePlan(
+        offsets=offsets, ids=ids, order=order, bounds=bounds, epoch=epoch,
+        group_size=group_size, fingerprint=fp, dropped_ids=dropped,
+        replan_dropped=np.zeros(0, np.int64),
+    )  # fmt: skip
+
+
+def replan_from_cursor(
+    plan: MixturePlan,
+    cursor: int,
+    targets: Sequence[int] | IntArray,
+    names: Sequence[str],
+    total: npt.ArrayLike,
+    visual: npt.ArrayLike,
+    *,
+    capacity: int,
+    packing_ratio: float = 1.0,
+    overlong: str = "raise",
+    seed: int = 0,
+    single_source: bool = False,
+) -> MixturePlan:
+    """``plan`` with ``order[:cursor]`` kept (served) and the rest planned for ``targets``
+    (uses per source in the whole epoch, e.g. ``source_targets`` of the new blend).
+
+    >>> from neatpack.pipes.mixtures.mixture import epoch_counts
+    >>> counts = epoch_counts([2, 3], [2, 3], ["a", "b"], seed=0, epoch=0)
+    >>> old = plan_mixture(counts, [3, 3, 2, 2, 2], [0] * 5, capacity=3, epoch=0)
+    >>> new = replan_from_cursor(old, 1, [2, 1], ["a", "b"], [3, 3, 2, 2, 2], [0] * 5,
+    ...                          capacity=3)
+    >>> len(new), new.replan_dropped.size  # b wanted 1 use instead of 3: 2 uses listed
+    (3, 2)
+    """
+    tot = np.asarray(total, dtype=np.int64)
+    vis = np.asarray(visual, dtype=np.int64)
+    if not 0 <= cursor <= len(plan):
+        raise ValueError(f"{cursor=} must lie in [0, {len(plan)}] (the plan's packs)")
+    served = plan.order[:cursor]
+    prefix_sizes = np.diff(plan.offsets)[served]
+    prefix_offsets = np.concatenate([[0], np.cumsum(prefix_sizes)]).astype(np.int64)
+    prefix_ids = (
+        np.concatenate([plan.ids[plan.offsets[p] : plan.offsets[p + 1]] for p in served])
+        if cursor
+        else np.zeros(0, np.int64)
+    )
+    rest = plan.order[cursor:]
+    rest_ids = (
+        np.concatenate([plan.ids[plan.offsets[p] : plan.offsets[p + 1]] for p in rest])
+        if rest.size
+        else np.zeros(0, np.int64)
+    )
+    bounds = plan.bounds
+    entries, dropped = [], [plan.replan_dropped]
+    for s, name in enumerate(names):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        used = np.bincount(
+            prefix_ids[(prefix_ids >= lo) & (prefix_ids < hi)] - lo, minlength=hi - lo
+        )
+        left = np.bincount(rest_ids[(rest_ids >= lo) & (rest_ids < hi)] - lo, minlength=hi - lo)
+        want = max(int(targets[s]) - int(used.sum()), 0)
+        rng = source_rng(seed, plan.epoch, name, cursor)
+        if want <= int(left.sum()):
+            keep = fill_counts(used, want, rng, cap=left)
+            dropped.append(np.repeat(np.arange(hi - lo, dtype=np.int64) + lo, left - keep))
+        else:
+            keep = left + fill_counts(used + left, want - int(left.sum()), rng)
+        entries.append(np.repeat(np.arange(hi - lo, dtype=np.int64) + lo, keep))
+    offsets, ids, overlong_out = _plan_entries(
+        np.concatenate(entries), tot, vis, bounds, capacity=capacity,
+        packing_ratio=packing_ratio, overlong=overlong, group_size=plan.group_size, seed=seed,
+        single_source=single_source,
+    )  # fmt: skip
+    rng = np.random.default_rng([seed, plan.epoch, 2, cursor])
+    offsets, ids, order = _finish(
+        prefix_offsets, prefix_ids, offsets, ids, tot, bounds, plan.group_size, rng
+    )
+    fp = _fingerprint("mixture-replan/1", plan.fingerprint, cursor, list(targets), offsets, ids)
+    return MixturePlan(
+        offsets=offsets, ids=ids, order=order, bounds=bounds, epoch=plan.epoch,
+        group_size=plan.group_size, fingerprint=fp,
+        dropped_ids=np.union1d(plan.dropped_ids, overlong_out).astype(np.int64),
+        replan_dropped=np.sort(np.concatenate(dropped)).astype(np.int64),
+    )  # fmt: skip

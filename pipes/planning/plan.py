@@ -1,0 +1,286 @@
+"""The pack plan: which samples go in which pack, and the order packs are served in each epoch.
+
+``plan_packs(total, capacity, visual=...)`` is pure: the same lengths and config give the same
+plan on every rank. Packs are made by best-fit decreasing (``binpack.best_fit_decreasing``),
+then arranged for ``group_size`` ranks: sorted by visual load (then total tokens) and cut into
+step groups of ``group_size`` consecutive packs, so the ranks of one training step carry
+nearly equal vision and text work. Each epoch permutes whole step groups, seeded by
+``(seed, epoch)``, so the balance survives shuffling and no curriculum by visual load appears
+(the seed sorted all packs by visual load, and ``max_packs`` then kept the lowest: bug B2).
+
+Example, three ranks::
+
+    packs sorted by visual load   v=0 v=0 v=10 | v=120 v=130 v=140 | v=900 v=950 v=990
+    step groups                   g0           | g1                | g2
+    epoch order (seeded)          g2 g0 g1 -> every step: three packs of like load
+
+Why neighbours and not a snake deal (low, high, high, low, ...)? A snake gives every step the
+same *sum*, but the ranks inside a step then differ widely, and a step waits for its slowest
+rank. Neighbours in load order make the ranks of a step alike (``bench_balance.py``: per-step
+max/mean visual tokens 1.0007 at 8 ranks, against 1.34 for a per-pack random shuffle). With
+several packs per rank per step, each rank takes one pack from each of several groups, so
+the ranks stay alike.
+
+``len(plan) % group_size`` packs (chosen per epoch, seeded) form a short last group at the
+end of ``epoch_order``; the pack source drops or pads that tail so every rank gets the same
+number of packs. The plan itself only orders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.planning.binpack import (
+    IntArray,
+    best_fit_decreasing,
+    check_lengths,
+    greedy_knapsack,
+    overlong_ids,
+)
+
+__all__ = [
+    "PLAN_VERSION",
+    "PackPlan",
+    "greedy_knapsack_vt_balanced",
+    "plan_packs",
+    "step_group_order",
+]
+
+PLAN_VERSION = "neatpack.plan/1"
+
+
+def _sorted_by_load(visual: IntArray, totals: IntArray) -> IntArray:
+    """Pack indices by ascending visual load, then total tokens, then index (stable)."""
+    return np.lexsort((totals, visual)).astype(np.int64)
+
+
+def step_group_order(n_packs: int, group_size: int, rng: np.random.Generator) -> IntArray:
+    """Permutation of ``range(n_packs)`` (already sorted by load) into shuffled step groups.
+
+    ``n_packs % group_size`` positions, drawn from ``rng``, form the tail. The rest are cut
+    into consecutive groups of ``group_size`` (neighbours in load order), the groups are
+    permuted, and every second group is reversed so no rank always takes the lighter pack.
+    """
+    tail_n = n_packs % group_size
+    tail = np.sort(rng.choice(n_packs, size=tail_n, replace=False)) if tail_n else None
+    body = np.arange(n_packs, dtype=np.int64)
+    if tail is not None:
+        body = np.delete(body, tail)
+    groups = body.reshape(-1, group_size)[rng.permutation(body.size // group_size)]
+    groups[1::2] = groups[1::2, ::-1]
+    out = groups.reshape(-1)
+    return out if tail is None else np.concatenate([out, tail.astype(np.int64)])
+
+
+def greedy_knapsack_vt_balanced(
+    lengths: Sequence[int],
+    max_length: int,
+    visual_tokens: Sequence[int],
+    *,
+    on_overlong: str = "raise",
+    group_size: int = 2,
+    seed: int = 0,
+) -> list[list[int]]:
+    """The seed's ``greedy_knapsack`` bins, ordered so each run of ``group_size`` is balanced.
+
+    The seed only sorted the bins by visual-token sum (no interleaving, despite its
+    docstring): shuffling then undid it, and without shuffling training saw text-only packs
+    first and image-heavy packs last. Here the bins are sorted by (visual, total) tokens, cut
+    into groups of ``group_size`` consecutive bins, and the groups are permuted with
+    ``np.random.default_rng([seed, 0])``. With ``DistributedSampler(shuffle=False)`` on
+    ``group_size`` ranks, one step takes one such group. The bins themselves are the seed's.
+    """
+    bins = greedy_knapsack(lengths, max_length, on_overlong=on_overlong)
+    if len(visual_tokens) != len(lengths):
+        raise ValueError(f"{len(visual_tokens)=} must equal {len(lengths)=}")
+    if group_size < 1:
+        raise ValueError(f"{group_size=} must be >= 1")
+    vis = np.asarray(visual_tokens, dtype=np.int64)
+    tot = np.asarray(lengths, dtype=np.int64)
+    v = np.array([int(vis[b].sum()) for b in bins], dtype=np.int64)
+    t = np.array([int(tot[b].sum()) for b in bins], dtype=np.int64)
+    by_load = _sorted_by_load(v, t)
+    order = by_load[step_group_order(len(bins), group_size, np.random.default_rng([seed, 0]))]
+    return [bins[i] for i in order.tolist()]
+
+
+@dataclass(frozen=True, eq=False)
+class PackPlan:
+    """Packs as CSR (``ids[offsets[g]:offsets[g + 1]]`` are pack ``g``'s sample ids).
+
+    Packs are stored sorted by load (visual, then total tokens); ``epoch_order(epoch)`` is
+    the serving order. ``dropped_ids`` are the overlong samples left out (``overlong="drop"``),
+    ``truncated_ids`` the samples of packs cut by ``max_packs``. ``group_size`` is the world
+    size the plan was grouped for; ``fingerprint`` covers the lengths and every parameter.
+    """
+
+    offsets: IntArray
+    ids: IntArray
+    totals: IntArray
+    visual: IntArray
+    dropped_ids: IntArray
+    truncated_ids: IntArray
+    capacity: int
+    packing_ratio: float
+    group_size: int
+    seed: int
+    shuffle: bool
+    fingerprint: str
+
+    def __len__(self) -> int:
+        return int(self.offsets.size - 1)
+
+    @property
+    def n_planned(self) -> int:
+        """Samples placed in packs."""
+        return int(self.ids.size)
+
+    def pack(self, index: int) -> list[int]:
+        """Sample ids of pack ``index`` (storage order), longest first."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"pack {index=} out of range for a plan of {len(self)} packs")
+        return [int(i) for i in self.ids[self.offsets[index] : self.offsets[index + 1]]]
+
+    def packs(self) -> list[list[int]]:
+        """Every pack's sample ids, in storage order."""
+        if len(self) == 0:
+            return []
+        return [a.tolist() for a in np.split(self.ids, self.offsets[1:-1])]
+
+    def epoch_order(self, epoch: int) -> IntArray:
+        """Pack indices in this epoch's serving order (step groups shuffled by (seed, epoch)).
+
+        With ``shuffle=False`` every epoch gets epoch 0's order: fixed, but still spread over
+        loads rather than sorted by them.
+        """
+        if epoch < 0:
+            raise ValueError(f"{epoch=} must be >= 0")
+        rng = np.random.default_rng([self.seed, epoch if self.shuffle else 0])
+        return step_group_order(len(self), self.group_size, rng)
+
+    def utilization(self) -> float:
+        """Planned tokens / (packs x capacity)."""
+        return float(self.totals.sum()) / max(len(self) * self.capacity, 1)
+
+
+def _fingerprint(total: IntArray, visual: IntArray | None, params: Mapping[str, object]) -> str:
+    h = hashlib.sha256(PLAN_VERSION.encode())
+    h.update(total.astype("<i8").tobytes())
+    h.update(b"|" if visual is None else visual.astype("<i8").tobytes())
+    h.update(json.dumps(params, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _check_params(
+    capacity: int, packing_ratio: float, max_packs: int | None, world_size: int, seed: int
+) -> int:
+    if not 0.0 < packing_ratio <= 1.0:
+        raise ValueError(f"{packing_ratio=} must be in (0, 1]: the share of capacity to plan for")
+    plan_capacity = int(capacity * packing_ratio)
+    if plan_capacity < 1:
+        raise ValueError(f"{capacity=} x {packing_ratio=} leaves no room to plan")
+    if max_packs is not None and max_packs < 1:
+        raise ValueError(f"{max_packs=} must be None or >= 1")
+    if world_size < 1:
+        raise ValueError(f"{world_size=} must be >= 1")
+    if seed < 0:
+        raise ValueError(f"{seed=} must be >= 0")
+    return plan_capacity
+
+
+def plan_packs(
+    lengths: npt.ArrayLike,
+    capacity: int,
+    *,
+    visual: npt.ArrayLike | None = None,
+    packing_ratio: float = 1.0,
+    max_packs: int | None = None,
+    overlong: str = "raise",
+    world_size: int = 1,
+    seed: int = 0,
+    shuffle: bool = True,
+) -> PackPlan:
+    """Plan packs of at most ``capacity`` tokens, grouped for ``world_size`` ranks.
+
+    ``lengths[i]`` is sample ``i``'s token count after the shift, ``visual[i]`` its image and
+    video tokens. Packing uses ``floor(capacity * packing_ratio)`` as headroom against low
+    estimates; a sample longer than that but within ``capacity`` gets a pack of its own (as in
+    the seed). Longer samples raise a ``ValueError`` naming them, or with ``overlong="drop"``
+    are left out and listed in ``dropped_ids``. ``max_packs`` keeps the first ``max_packs``
+    packs of epoch 0's order (whole step groups in seeded random order, so a sample that is
+    fair across visual loads) and lists the rest's samples in ``truncated_ids``.
+
+    >>> plan = plan_packs([5, 4, 3, 3, 2], 8)
+    >>> len(plan), plan.packs(), plan.totals.tolist()
+    (3, [[4], [1, 3], [0, 2]], [2, 7, 8])
+    """
+    plan_capacity = _check_params(capacity, packing_ratio, max_packs, world_size, seed)
+    total = check_lengths(lengths, capacity, overlong, "plan_packs", "overlong")
+    vis: IntArray | None = None
+    if visual is not None:
+        vis = np.asarray(visual).astype(np.int64)
+        if vis.shape != total.shape:
+            raise ValueError(f"visual has shape {vis.shape}, lengths {total.shape}: one per sample")
+        bad = np.flatnonzero((vis < 0) | (vis > total))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"visual tokens must lie in [0, length]: sample {i} has visual={vis[i]}, "
+                f"length={total[i]} ({bad.size} such samples). Recompute the length index."
+            )
+    params = {
+        "capacity": int(capacity),
+        "packing_ratio": float(packing_ratio),
+        "max_packs": max_packs,
+        "overlong": overlong,
+        "group_size": int(world_size),
+        "seed": int(seed),
+        "shuffle": bool(shuffle),
+    }
+    fingerprint = _fingerprint(total, vis, params)
+    dropped = np.asarray(overlong_ids(total, capacity), dtype=np.int64)
+    work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] packs alone
+    work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
+    offsets, ids = best_fit_decreasing(work, plan_capacity, on_overlong="drop")
+    vis_arr = vis if vis is not None else np.zeros_like(total)
+    starts = offsets[:-1]
+    sizes = np.diff(offsets)
+    tot_p = np.add.reduceat(total[ids], starts) if ids.size else np.zeros(0, np.int64)
+    vis_p = np.add.reduceat(vis_arr[ids], starts) if ids.size else np.zeros(0, np.int64)
+    by_load = _sorted_by_load(vis_p, tot_p)
+    truncated = np.zeros(0, dtype=np.int64)
+    if max_packs is not None and max_packs < by_load.size:
+        first = step_group_order(by_load.size, world_size, np.random.default_rng([seed, 0]))
+        keep = np.zeros(by_load.size, dtype=bool)
+        keep[first[:max_packs]] = True
+        cut = by_load[~keep]
+        truncated = np.sort(np.concatenate([ids[offsets[g] : offsets[g + 1]] for g in cut]))
+        by_load = by_load[keep]
+    new_sizes = sizes[by_load]
+    new_offsets = np.zeros(by_load.size + 1, dtype=np.int64)
+    np.cumsum(new_sizes, out=new_offsets[1:])
+    take = np.repeat(starts[by_load] - new_offsets[:-1], new_sizes)
+    take += np.arange(int(new_offsets[-1]), dtype=np.int64)
+    arrays = [new_offsets, ids[take], tot_p[by_load], vis_p[by_load], dropped, truncated]
+    for a in arrays:
+        a.flags.writeable = False
+    return PackPlan(
+        offsets=arrays[0],
+        ids=arrays[1],
+        totals=arrays[2],
+        visual=arrays[3],
+        dropped_ids=arrays[4],
+        truncated_ids=arrays[5],
+        capacity=int(capacity),
+        packing_ratio=float(packing_ratio),
+        group_size=int(world_size),
+        seed=int(seed),
+        shuffle=bool(shuffle),
+        fingerprint=fingerprint,
+    )

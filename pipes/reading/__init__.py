@@ -1,0 +1,1 @@
+"""reading: see docs/architecture.md."""
