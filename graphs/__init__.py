@@ -6,7 +6,16 @@ install_moved_modules(__name__, MOVED_GRAPHS)  # neatpack.graphs.loader etc. (th
 
 # ruff: noqa: E402
 
-from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph
+from neatpack.graphs.config import (
+    AttentionOptions,
+    BookkeepingOptions,
+    EpochOptions,
+    PackingOptions,
+    RecordOptions,
+    WorkerOptions,
+    checkpoint_key,
+)
+from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph, grouped_vlm_parts
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph, neat_llm_parts
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, neat_vlm_parts
 from neatpack.graphs.open_data import open_source
@@ -21,16 +30,24 @@ from neatpack.graphs.runtime.stages import GraphParts, map_stage
 from neatpack.graphs.train import model_inputs, packed_loss, step_normalizer
 
 __all__ = [
+    "AttentionOptions",
     "BookkeepingError",
+    "BookkeepingOptions",
     "EpochLedger",
+    "EpochOptions",
     "GraphParts",
     "GroupedConfig",
     "LoaderStats",
     "NeatLLMConfig",
     "NeatLoader",
     "NeatVLMConfig",
+    "PackingOptions",
+    "RecordOptions",
     "StateMismatchError",
+    "WorkerOptions",
+    "checkpoint_key",
     "grouped_vlm_graph",
+    "grouped_vlm_parts",
     "map_stage",
     "model_inputs",
     "neat_llm_graph",

@@ -27,12 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from neatpack.graphs.open_data import MISSING_MEDIA_FIX
 from neatpack.pipes.collating.collate_family import check_family_mask_format
 from neatpack.pipes.collating.mask_format import resolve_mask_format
 from neatpack.pipes.families import PROCESSOR_HANDLERS, Handler, get_handler
+from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.handler_lengths import HANDLER_ESTIMATE_MODES, handler_estimator
 
-__all__ = ["QWEN_VL_HANDLER", "FamilyPlan", "plan_family"]
+__all__ = ["QWEN_VL_HANDLER", "FamilyPlan", "plan_family", "vlm_estimator"]
 
 QWEN_VL_HANDLER = "qwen_vl"
 
@@ -106,4 +108,18 @@ def plan_family(processor: Any, config: Any) -> FamilyPlan | None:
         handler,
         materialize_options={"handler": h, "mrope": handler.mrope},
         collate_options={"handler": h, "mask_options": config.mask_options},
+    )
+
+
+def vlm_estimator(processor: Any, cfg: Any, family: FamilyPlan | None, source: Any) -> Any:
+    """The length estimator of the VLM graph: the family's, or Qwen-VL's ``LengthEstimator``
+    (calibrated on ``source`` for ``estimate_mode="calibrated"``)."""
+    if family is not None:
+        return family.estimator(processor, cfg.estimate_mode)
+    if cfg.estimate_mode == "calibrated":
+        return LengthEstimator.calibrate(
+            source, processor, mode="calibrated", missing_media_fix=MISSING_MEDIA_FIX
+        )
+    return LengthEstimator.from_processor(
+        processor, mode=cfg.estimate_mode, missing_media_fix=MISSING_MEDIA_FIX
     )

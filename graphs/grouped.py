@@ -16,16 +16,16 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from torchdata.nodes import BaseNode
 
+from neatpack.graphs.assemble import assemble, loader_of
+from neatpack.graphs.config import GroupedConfig
 from neatpack.graphs.open_data import open_source
 from neatpack.graphs.runtime.dist import resolve_rank
-from neatpack.graphs.runtime.loader import NeatLoader, describe_data
-from neatpack.graphs.runtime.stages import check_start_method, map_stage
+from neatpack.graphs.runtime.loader import describe_data
+from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.runtime.watchdog import init_worker
 from neatpack.pipes.collating.sample_collate import pad_collate_fn
 from neatpack.pipes.indexing.estimate import LengthEstimator
@@ -33,41 +33,9 @@ from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materializing.tokenize import tokenize_conversations
 from neatpack.pipes.materializing.transfer import collate_into_shared_memory
 from neatpack.pipes.planning.plan import PackPlan
-from neatpack.pipes.planning.source import TAIL_POLICIES, PackSource
-from neatpack.pipes.reading.read import MAX_RECORD_BYTES
-from neatpack.pipes.steps import StepChain, pack_meta
+from neatpack.pipes.steps import pack_meta
 
-__all__ = ["GroupedConfig", "grouped_plan", "grouped_vlm_graph"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupedConfig:
-    """Static choices of the length-grouped graph."""
-
-    batch_size: int = 8  # samples per rank per step
-    max_length: int | None = None  # longer samples: error naming them (truncate=True cuts text)
-    truncate: bool = False
-    seed: int = 0
-    shuffle: bool = True
-    tail: str = "pad"
-    media_root: str | None = None
-    cache_dir: str | None = None
-    num_workers: int = 0
-    multiprocessing_context: str | None = "fork"
-    prefetch: int = 2
-    pin_memory: bool = False  # page-locked batches for non_blocking host-to-GPU copies
-    keep_ledger: bool = True
-    ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
-    max_record_bytes: int | None = MAX_RECORD_BYTES  # a longer JSONL line: a RecordError
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"{self.batch_size=} must be >= 1")
-        if self.max_record_bytes is not None and self.max_record_bytes < 1:
-            raise ValueError(f"{self.max_record_bytes=} must be >= 1 byte, or None for no limit")
-        if self.tail not in TAIL_POLICIES:
-            raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
-        check_start_method(self.multiprocessing_context)
+__all__ = ["GroupedConfig", "grouped_plan", "grouped_vlm_graph", "grouped_vlm_parts"]
 
 
 def grouped_plan(
@@ -134,7 +102,7 @@ class GroupStep:
         return batch
 
 
-def grouped_vlm_graph(
+def grouped_vlm_parts(
     data: Any,
     processor: Any,
     *,
@@ -143,11 +111,12 @@ def grouped_vlm_graph(
     world_size: int | None = None,
     lengths: LengthIndex | None = None,
     batch_transform: Callable[[Any], Any] | None = None,
-) -> NeatLoader:
-    """This rank's loader of length-grouped, padded batches (no packing).
+) -> GraphParts:
+    """The pieces of ``grouped_vlm_graph`` (same arguments): length-grouped, padded batches.
 
-    The graph: ``PackSource -> map_stage(StepChain(GroupStep[, batch_transform]))``; the
-    ``batch_transform`` hook runs in the workers on each batch (keep ``batch["packs"]``)."""
+    The graph: ``PackSource -> map_stage(StepChain(GroupStep[, batch_transform]))`` (each plan
+    entry is one whole batch); the ``batch_transform`` hook runs in the workers on each batch
+    (keep ``batch["packs"]``)."""
     cfg = config or GroupedConfig()
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(data, cfg.media_root, max_record_bytes=cfg.max_record_bytes)
@@ -169,37 +138,22 @@ def grouped_vlm_graph(
             total, cfg.batch_size, group_size=group_size, seed=cfg.seed, shuffle=cfg.shuffle
         )
 
-    pack_source = PackSource(
-        plan_for, rank=rank, world_size=world_size, batch_size=1, tail=cfg.tail
-    )
-    step = StepChain(
-        GroupStep(source, processor, cfg), *([batch_transform] if batch_transform else [])
-    )
-
-    def build(src: BaseNode[Any]) -> BaseNode[Any]:
-        node: BaseNode[Any] = map_stage(
-            src,
-            step,
-            num_workers=cfg.num_workers,
-            multiprocessing_context=cfg.multiprocessing_context,
-            prefetch=cfg.prefetch,
-            pin_memory=cfg.pin_memory,
-        )
-        return node
-
-    keep = ("batch_size", "max_length", "truncate", "seed", "shuffle", "tail")
-    key = {
-        "graph": "grouped",
-        "lengths": lengths.fingerprint,
-        **{k: v for k, v in asdict(cfg).items() if k in keep},
-    }
     max_len = cfg.max_length or int(total.max(initial=1)) + 1
-    return NeatLoader(
-        pack_source,
-        build,
+    return assemble(
+        cfg,
+        graph="grouped",
+        plan_for=plan_for,
+        lengths_fingerprint=lengths.fingerprint,
+        steps=[GroupStep(source, processor, cfg), *([batch_transform] if batch_transform else [])],
+        rank=rank,
+        world_size=world_size,
         pack_size=max_len * cfg.batch_size,
-        config=key,
-        keep_ledger=cfg.keep_ledger,
-        ledger_epochs=cfg.ledger_epochs,
         data=describe_data(source),
+        batched=False,
     )
+
+
+@loader_of(grouped_vlm_parts)
+def grouped_vlm_graph() -> None:
+    """This rank's loader of length-grouped, padded batches (no packing; ``grouped_vlm_parts``'
+    arguments)."""

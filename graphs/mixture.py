@@ -1,5 +1,5 @@
-"""``neat_vlm_graph`` / ``neat_llm_graph`` over a mixture (``NeatVLMConfig(mixture=...)``,
-``NeatLLMConfig(mixture=...)``): the hook.
+"""``neat_vlm_graph`` / ``neat_llm_graph`` over a mixture (a ``Mixture`` passed as the data):
+the hook.
 
     sources ─► one length index each (cached) ─► MixtureRecords (global ids)
             ─► neat_vlm_parts(records, lengths=concatenated)   (materialize, collate: as ever)
@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.graphs.families import plan_family
-from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
+from neatpack.graphs.families import plan_family, vlm_estimator
+from neatpack.graphs.open_data import EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
-from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
+from neatpack.pipes.mixtures.mixture import Mixture
 from neatpack.pipes.mixtures.mixture_source import (
     MixtureLayout,
     MixturePackSource,
@@ -38,6 +38,7 @@ __all__ = ["mixture_llm_parts", "mixture_parts"]
 
 
 def mixture_parts(
+    mix: Mixture,
     processor: Any,
     *,
     config: Any,
@@ -46,10 +47,9 @@ def mixture_parts(
     world_size: int | None = None,
     **hooks: Any,
 ) -> GraphParts:
-    """``neat_vlm_parts`` for ``config.mixture`` (``hooks``: its other keyword arguments);
+    """``neat_vlm_parts`` for the mixture ``mix`` (``hooks``: its other keyword arguments);
     ``build_parts`` is ``neat_vlm_parts``, run once over all the sources' records."""
-
-    cfg, mix = config, config.mixture
+    cfg = dataclasses.replace(config)  # without a deprecated config(mixture=...)
     rank, world_size = resolve_rank(rank, world_size)
     family = plan_family(processor, cfg)
     sources, indexes = [], []
@@ -58,16 +58,7 @@ def mixture_parts(
             spec.data, spec.media_root, cache_dir=cfg.cache_dir, rank=rank,
             world_size=world_size, max_record_bytes=cfg.max_record_bytes,
         )  # fmt: skip
-        if family is not None:
-            estimator = family.estimator(processor, cfg.estimate_mode)
-        elif cfg.estimate_mode == "calibrated":
-            estimator = LengthEstimator.calibrate(
-                source, processor, mode="calibrated", missing_media_fix=MISSING_MEDIA_FIX
-            )
-        else:
-            estimator = LengthEstimator.from_processor(
-                processor, mode=cfg.estimate_mode, missing_media_fix=MISSING_MEDIA_FIX
-            )
+        estimator = vlm_estimator(processor, cfg, family, source)
         try:
             index = build_length_index(
                 source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,
@@ -92,13 +83,14 @@ def mixture_parts(
         fingerprint=fingerprint,
     )
     parts = build_parts(
-        records, processor, config=dataclasses.replace(cfg, mixture=None), rank=rank,
-        world_size=world_size, lengths=lengths, **hooks,
+        records, processor, config=cfg, rank=rank, world_size=world_size, lengths=lengths,
+        **hooks,
     )  # fmt: skip
-    return _mixed(parts, records, lengths, cfg, rank, world_size, cfg.packing_ratio)
+    return _mixed(parts, mix, records, lengths, cfg, rank, world_size, cfg.packing_ratio)
 
 
 def mixture_llm_parts(
+    mix: Mixture,
     *,
     config: Any,
     build_parts: Callable[..., GraphParts],
@@ -106,10 +98,10 @@ def mixture_llm_parts(
     world_size: int | None = None,
     **hooks: Any,
 ) -> GraphParts:
-    """``neat_llm_parts`` for ``config.mixture``: pre-tokenized sources (``data`` of each is
+    """``neat_llm_parts`` for the mixture ``mix``: pre-tokenized sources (``data`` of each is
     what ``TokenSource`` reads; ``media_root`` is unused), exact lengths."""
 
-    cfg, mix = config, config.mixture
+    cfg = dataclasses.replace(config)  # without a deprecated config(mixture=...)
     rank, world_size = resolve_rank(rank, world_size)
     sources = [TokenSource(spec.data) for spec in mix.sources]
     total = np.concatenate([token_lengths(s) for s in sources]).astype(np.int64)
@@ -119,14 +111,14 @@ def mixture_llm_parts(
     lengths = LengthIndex(total=total, visual=np.zeros_like(total), fingerprint=h.hexdigest())
     records = MixtureRecords(mix.names, sources)
     parts = build_parts(
-        records, config=dataclasses.replace(cfg, mixture=None), rank=rank,
-        world_size=world_size, lengths=total, **hooks,
-    )  # fmt: skip
-    return _mixed(parts, records, lengths, cfg, rank, world_size, 1.0)
+        records, config=cfg, rank=rank, world_size=world_size, lengths=total, **hooks
+    )
+    return _mixed(parts, mix, records, lengths, cfg, rank, world_size, 1.0)
 
 
 def _mixed(
     parts: GraphParts,
+    mix: Mixture,
     records: MixtureRecords,
     lengths: LengthIndex,
     cfg: Any,
@@ -136,7 +128,6 @@ def _mixed(
 ) -> GraphParts:
     """``parts`` of the single-source graph over ``records``, with the mixture's pack source
     and the ``SourceTagger`` after the collater."""
-    mix = cfg.mixture
     planned = lengths.total
     if cfg.cp_size > 1:
         from neatpack.pipes.parallel.context_parallel import cp_padded_lengths

@@ -21,7 +21,10 @@ from neatpack.pipes.materializing.transfer import activate, to_transfer
 from neatpack.pipes.planning.source import PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, StepChain, pack_meta
 
-__all__ = ["GraphParts", "check_start_method", "map_stage", "pack_meta"]
+__all__ = ["GraphParts", "WorkerMethod", "check_start_method", "map_stage", "pack_meta"]
+
+#: Workers as processes, or as threads (free-threaded Python).
+WorkerMethod = Literal["process", "thread"]
 
 
 def check_start_method(multiprocessing_context: str | None) -> None:
@@ -57,7 +60,7 @@ def map_stage(
     fn: Callable[[Any], Any],
     *,
     num_workers: int,
-    method: Literal["process", "thread"] = "process",
+    method: WorkerMethod = "process",
     multiprocessing_context: str | None = "fork",
     prefetch: int = 0,
     pin_memory: bool = False,
@@ -114,25 +117,27 @@ class GraphParts:
     """
 
     source: PackSource
-    materialize: PackMaterializer
-    collate: Collater
+    materialize: PackMaterializer | None  # None: a graph without a materialize step (grouped)
+    collate: Collater | None  # None: a graph without a Collater (grouped)
     steps: tuple[Callable[[Any], Any], ...]
     batch_size: int
     pack_size: int
     config: dict[str, Any]
     num_workers: int = 0
-    method: Literal["process", "thread"] = "process"
+    method: WorkerMethod = "process"
     multiprocessing_context: str | None = "fork"
     prefetch: int = 0
     pin_memory: bool = False
     keep_ledger: bool = True
     ledger_epochs: int | None = None
     data: dict[str, str] | None = None  # the data's name and fingerprint (resume messages)
+    # False: each plan entry is already a whole batch (the grouped graph): no Batcher
+    batched: bool = True
 
     def build(self, src: BaseNode[Any]) -> BaseNode[Any]:
         """The prebuilt graph: ``Batcher(src) -> map_stage(StepChain(*steps))``."""
         return map_stage(
-            Batcher(src, self.batch_size, drop_last=False),
+            Batcher(src, self.batch_size, drop_last=False) if self.batched else src,
             StepChain(*self.steps),
             num_workers=self.num_workers,
             method=self.method,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +50,7 @@ __all__ = [
     "MODES",
     "ON_MISSING_MEDIA",
     "EstimateError",
+    "EstimateMode",
     "FallbackCounter",
     "LengthEstimator",
     "SampleEstimate",
@@ -58,7 +59,10 @@ __all__ = [
     "text_stats",
 ]
 
-MODES = ("estimate", "calibrated", "exact")
+#: How a length is found: estimated from text statistics, estimated and calibrated on a
+#: sample of real tokenizations, or exact (one batched tokenizer call per block).
+EstimateMode = Literal["estimate", "calibrated", "exact"]
+MODES: tuple[str, ...] = get_args(EstimateMode)
 # Fallback reasons that on_missing_media="raise" does not refuse: there is no file to fix (an
 # in-memory value, or a placeholder block whose size is not in images_meta).
 _NOTHING_TO_READ = ("image_not_a_path", "image_no_meta")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from neatpack.pipes.contracts import Pack
 from neatpack.pipes.materializing.mrope import MRopeConfig
@@ -46,8 +46,12 @@ from neatpack.pipes.reading._conversation import check_no_placeholders
 from neatpack.pipes.reading._record import RecordError
 from neatpack.pipes.reading.media import SampleError
 
-OVERFLOW_POLICIES: tuple[str, ...] = ("raise", "truncate", "drop")
-FAILURE_POLICIES: tuple[str, ...] = ("raise", "replace", "skip")
+#: A pack built longer than pack_size (an estimate was short).
+OverflowPolicy = Literal["raise", "truncate", "drop"]
+OVERFLOW_POLICIES: tuple[str, ...] = get_args(OverflowPolicy)
+#: A sample that fails to load (a bad file, a bad record): the graphs' ``on_bad_sample``.
+BadSamplePolicy = Literal["raise", "replace", "skip"]
+FAILURE_POLICIES: tuple[str, ...] = get_args(BadSamplePolicy)
 LOAD_ERRORS: tuple[type[BaseException], ...] = (SampleError, RecordError, OSError)
 #: A per-sample hook (``sample_transform``, ``shift``): one tokenized sample in, one out.
 SampleFn = Callable[[dict[str, Any]], dict[str, Any]]

@@ -38,7 +38,6 @@ __all__ = [
     "MixtureSource",
     "blend_fingerprint",
     "check_mixture_config",
-    "check_mixture_data",
     "epoch_counts",
     "fill_counts",
     "source_targets",
@@ -262,14 +261,4 @@ def check_mixture_config(*, max_packs: int | None, shuffle: bool) -> None:
         raise ValueError(
             f"shuffle={shuffle!r} with a mixture: its serving order spreads the sources over "
             "the epoch from the seed; keep shuffle=True and fix the order with seed"
-        )
-
-
-def check_mixture_data(config_name: str, data: Any, lengths: Any) -> None:
-    """ValueError when a graph is given data or lengths beside ``config.mixture`` (the mixture
-    names its sources)."""
-    if data is not None or lengths is not None:
-        raise ValueError(
-            f"{config_name}(mixture=...) names the data: pass data=None and no lengths "
-            f"(got data of type {type(data).__name__}, lengths={lengths is not None})"
         )

@@ -20,13 +20,14 @@ import heapq
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
     "OVERLONG_POLICIES",
+    "OverlongPolicy",
     "best_fit_decreasing",
     "bfd_bin_ids",
     "greedy_knapsack",
@@ -34,7 +35,9 @@ __all__ = [
     "overlong_ids",
 ]
 
-OVERLONG_POLICIES = ("raise", "drop")
+#: A sample longer than a pack: raise naming it, or drop it (counted).
+OverlongPolicy = Literal["raise", "drop"]
+OVERLONG_POLICIES: tuple[str, ...] = get_args(OverlongPolicy)
 IntArray = npt.NDArray[np.int64]
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, get_args
 
 import numpy as np
 from torchdata.nodes import BaseNode
@@ -38,10 +38,13 @@ __all__ = [
     "PlanLike",
     "ResumePoint",
     "StateMismatchError",
+    "TailPolicy",
     "epoch_slots",
 ]
 
-TAIL_POLICIES = ("drop", "pad")
+#: The epoch's last step when too little is left for every rank.
+TailPolicy = Literal["drop", "pad"]
+TAIL_POLICIES: tuple[str, ...] = get_args(TailPolicy)
 
 
 class PlanLike(Protocol):

@@ -30,8 +30,8 @@ EPOCHS = 2
 _SHARED: dict[str, Any] = {}  # loaded once in the parent, inherited by the forked ranks
 
 
-def _config(root: Path) -> NeatVLMConfig:
-    mix = Mixture(
+def _mixture(root: Path) -> Mixture:
+    return Mixture(
         sources=[
             MixtureSource(
                 name=n, data=root / n / "data.jsonl", media_root=str(root / n / "media"), weight=w
@@ -39,9 +39,10 @@ def _config(root: Path) -> NeatVLMConfig:
             for n, w in zip(NAMES, (0.5, 0.25, 0.25), strict=True)
         ]
     )
-    return NeatVLMConfig(
-        pack_size=1024, mixture=mix, cache_dir=str(root / "cache"), tail="drop", prefetch=1
-    )
+
+
+def _config(root: Path) -> NeatVLMConfig:
+    return NeatVLMConfig(pack_size=1024, cache_dir=str(root / "cache"), tail="drop", prefetch=1)
 
 
 def _free_port() -> int:
@@ -56,7 +57,7 @@ def _rank_main(phase: str, rank: int, world: int, port: int, root: Path, old_wor
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
-        loader = neat_vlm_graph(None, _SHARED["processor"], config=_config(root))
+        loader = neat_vlm_graph(_mixture(root), _SHARED["processor"], config=_config(root))
         if phase == "resume":
             loader.load_state_dict(
                 torch.load(root / f"state_{rank % old_world}.pt", weights_only=True)
@@ -113,7 +114,9 @@ def test_mixture_kill_on_2_ranks_resume_on_3_is_exactly_once_per_use(tmp_path: P
     for name, n, seed in zip(NAMES, SIZES, (1, 2, 3), strict=True):
         write_corpus(tmp_path / name, num_samples=n, seed=seed)
     _SHARED["processor"] = load_tiny_processor()
-    single = neat_vlm_graph(None, _SHARED["processor"], config=_config(tmp_path))  # the cache
+    single = neat_vlm_graph(
+        _mixture(tmp_path), _SHARED["processor"], config=_config(tmp_path)
+    )  # the cache
     layout = single.source.layout
     bounds = np.concatenate([[0], np.cumsum(layout.sizes)])
     first = _run("first", 2, tmp_path)

@@ -95,9 +95,9 @@ def test_mixture_tokens_per_source_add_up_to_each_windows_real_tokens(
         for n in ("caption", "ocr")
     ])  # fmt: skip
     # estimate_mode="estimate": the plan's lengths are off, so each window has its own errors
-    cfg = NeatVLMConfig(pack_size=1024, batch_size=2, mixture=mix, num_workers=workers,
+    cfg = NeatVLMConfig(pack_size=1024, batch_size=2, num_workers=workers,
                         cache_dir=str(world["root"] / "c"), estimate_mode="estimate")  # fmt: skip
-    loader = neat_vlm_graph(None, world["processor"], config=cfg)
+    loader = neat_vlm_graph(mix, world["processor"], config=cfg)
     windows: list[tuple[dict[str, float], dict[str, int], int, list[float]]] = []
     expected, real, errors = {"caption": 0, "ocr": 0}, 0, []
     for i, batch in enumerate(loader):

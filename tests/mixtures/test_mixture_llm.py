@@ -1,4 +1,4 @@
-"""A mixture through the text graph (``NeatLLMConfig(mixture=...)``): every document's tokens
+"""A mixture through the text graph (``neat_llm_graph(mixture, ...)``): every document's tokens
 come from the source its ``doc_sources`` tag names, each epoch's ledger is exactly the
 selection, and a resume mid-epoch gives the uninterrupted batches."""
 
@@ -26,18 +26,21 @@ def _records(source: int, n: int) -> list[dict[str, Any]]:
     ]
 
 
-def _config(**kw: Any) -> NeatLLMConfig:
-    mix = Mixture(
+def _mixture() -> Mixture:
+    return Mixture(
         sources=[
             MixtureSource(name=name, data=_records(k + 1, n), weight=w)
             for k, ((name, n), w) in enumerate(zip(SIZES.items(), (0.5, 0.3, 0.2), strict=True))
         ]
     )
-    return NeatLLMConfig(pack_size=64, attn_implementation="doc_ids", mixture=mix, **kw)
+
+
+def _config(**kw: Any) -> NeatLLMConfig:
+    return NeatLLMConfig(pack_size=64, attn_implementation="doc_ids", **kw)
 
 
 def test_documents_carry_their_source_and_ledger_is_the_selection() -> None:
-    loader = neat_llm_graph(None, config=_config(tail="drop"))
+    loader = neat_llm_graph(_mixture(), config=_config(tail="drop"))
     layout = loader.source.layout
     bounds = np.concatenate([[0], np.cumsum(layout.sizes)])
     documents = 0
@@ -71,10 +74,10 @@ def test_text_mixture_resumes_mid_epoch_exactly() -> None:
                     return out
         return out
 
-    reference = run(neat_llm_graph(None, config=_config()))
-    first = neat_llm_graph(None, config=_config())
+    reference = run(neat_llm_graph(_mixture(), config=_config()))
+    first = neat_llm_graph(_mixture(), config=_config())
     head = run(first, stop=3)
-    resumed = neat_llm_graph(None, config=_config())
+    resumed = neat_llm_graph(_mixture(), config=_config())
     resumed.load_state_dict(first.state_dict())
     got = head + run(resumed)
     assert len(got) == len(reference)
@@ -83,6 +86,18 @@ def test_text_mixture_resumes_mid_epoch_exactly() -> None:
 
 def test_data_beside_a_mixture_is_refused() -> None:
     mix = Mixture(sources=[MixtureSource(name="a", data=[{"input_ids": [1, 2, 3]}], weight=1.0)])
-    cfg = NeatLLMConfig(pack_size=16, mixture=mix)
+    with pytest.warns(DeprecationWarning, match="a mixture is data"):
+        cfg = NeatLLMConfig(pack_size=16, mixture=mix)
     with pytest.raises(ValueError, match=r"NeatLLMConfig\(mixture=\.\.\.\) names the data"):
         neat_llm_graph([{"input_ids": [1, 2, 3]}], config=cfg)
+
+
+def test_the_deprecated_config_mixture_gives_the_batches_of_the_mixture_as_data() -> None:
+    """``NeatLLMConfig(mixture=...)`` with ``data=None`` (before mixtures became data) still
+    serves the same batches as the mixture passed as the data."""
+    with pytest.warns(DeprecationWarning, match="pass it where the data goes"):
+        legacy = NeatLLMConfig(pack_size=64, attn_implementation="doc_ids", mixture=_mixture())
+    old = [b["input_ids"] for b in neat_llm_graph(None, config=legacy)]
+    new = [b["input_ids"] for b in neat_llm_graph(_mixture(), config=_config())]
+    assert len(old) == len(new) > 0
+    assert all(torch.equal(a, b) for a, b in zip(old, new, strict=True))

@@ -1,0 +1,217 @@
+"""The one assembler of the prebuilt graphs: what every graph does after it knows its lengths.
+
+``neat_vlm_parts``, ``neat_llm_parts`` and ``grouped_vlm_parts`` each do only what is theirs
+(open the records, find every sample's length, say how one pack is materialized and collated)
+and hand the rest here:
+
+    plan_for(group_size) ─► PackSource (this rank) ─► Batcher ─► map_stage(StepChain(steps))
+                                                                   ─► NeatLoader(checkpoint key)
+
+``packed_parts`` adds what the two packed graphs share: boundaries for hybrid models, context
+parallel padding, the greedy plan, the worker chain ``PerPack(materialize) [, PerPack(
+pack_transform)], Collater [, batch_transform] [, extra steps] [, ContextParallelSplitter]``.
+The checkpoint key is ``{"graph", "lengths", **checkpoint_key(config)}`` for every graph
+(graphs/config.py). ``loader_of`` makes a graph function from its parts function, so the
+parameters are written once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec
+
+import numpy as np
+
+from neatpack.graphs.config import checkpoint_key, legacy_mixture
+from neatpack.graphs.runtime.loader import NeatLoader
+from neatpack.graphs.runtime.stages import GraphParts
+from neatpack.pipes.collating.leak_probe import packing_boundaries
+from neatpack.pipes.mixtures.mixture import Mixture, check_mixture_config
+from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
+from neatpack.pipes.planning.plan import PackPlan, plan_packs
+from neatpack.pipes.planning.source import PackSource
+from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
+
+__all__ = [
+    "as_mixture",
+    "assemble",
+    "cp_alignment",
+    "lengths_fingerprint_of",
+    "loader_of",
+    "packed_parts",
+]
+
+P = ParamSpec("P")
+Step = Callable[[Any], Any]
+
+
+def assemble(
+    config: Any,
+    *,
+    graph: str,
+    plan_for: Callable[[int], PackPlan],
+    lengths_fingerprint: str,
+    steps: Sequence[Step],
+    rank: int,
+    world_size: int,
+    pack_size: int,
+    data: dict[str, str] | None,
+    batched: bool = True,
+    materialize: PackMaterializer | None = None,
+    collate: Collater | None = None,
+) -> GraphParts:
+    """The ``GraphParts`` of any graph: this rank's ``PackSource`` over ``plan_for``, the worker
+    ``steps``, the config's worker and bookkeeping groups, and the checkpoint key.
+    ``batched=False``: each plan entry is a whole batch (one entry per step and rank, no
+    ``Batcher``), else ``config.batch_size`` entries make a batch."""
+    per_batch = config.batch_size if batched else 1
+    source = PackSource(
+        plan_for, rank=rank, world_size=world_size, batch_size=per_batch, tail=config.tail
+    )
+    return GraphParts(
+        source=source,
+        materialize=materialize,
+        collate=collate,
+        steps=tuple(steps),
+        batch_size=per_batch,
+        pack_size=pack_size,
+        config={"graph": graph, "lengths": lengths_fingerprint, **checkpoint_key(config)},
+        num_workers=config.num_workers,
+        method=config.worker_method,
+        multiprocessing_context=config.multiprocessing_context,
+        prefetch=config.prefetch,
+        pin_memory=config.pin_memory,
+        keep_ledger=config.keep_ledger,
+        ledger_epochs=config.ledger_epochs,
+        data=data,
+        batched=batched,
+    )
+
+
+def cp_alignment(config: Any) -> int:
+    """What each document's length is padded to a multiple of (context parallelism)."""
+    return 1 if config.cp_size == 1 else 2 * config.cp_size
+
+
+def packed_parts(
+    config: Any,
+    *,
+    graph: str,
+    total: Any,
+    lengths_fingerprint: str,
+    materialize: PackMaterializer,
+    collate_options: dict[str, Any],
+    rank: int,
+    world_size: int,
+    data: dict[str, str] | None,
+    visual: Any = None,
+    packing_ratio: float = 1.0,
+    model: Any = None,
+    pack_transform: Step | None = None,
+    batch_transform: Step | None = None,
+    extra_steps: Sequence[Step] = (),
+    cp_rank: int | None = None,
+) -> GraphParts:
+    """``assemble`` for a packed graph (VLM, LLM): the plan over ``total`` (padded per document
+    for context parallelism), the ``Collater`` from the config's attention group plus
+    ``collate_options``, the worker chain with the hooks, and the CP splitter for ``cp_rank``.
+    ``model`` turns on boundaries for hybrid models and refuses one that leaks across documents
+    (``pipes/collating/leak_probe.py``)."""
+    boundaries = packing_boundaries(
+        model, boundaries=config.boundaries, allow_leak=config.allow_packing_leak
+    )
+    planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
+
+    def plan_for(group_size: int) -> PackPlan:
+        return plan_packs(
+            planned,
+            config.pack_size,
+            visual=visual,
+            packing_ratio=packing_ratio,
+            max_packs=config.max_packs,
+            overlong=config.overlong,
+            world_size=group_size,
+            seed=config.seed,
+            shuffle=config.shuffle,
+        )
+
+    collate = Collater(
+        attn_implementation=config.attn_implementation,
+        pad_to_multiple_of=config.pad_to_multiple_of,
+        boundaries=boundaries,
+        **collate_options,
+    )
+    steps: list[Step] = [PerPack(materialize)]
+    if pack_transform is not None:
+        steps.append(PerPack(pack_transform))
+    steps.append(collate)
+    if batch_transform is not None:
+        steps.append(batch_transform)
+    steps.extend(extra_steps)
+    if cp_rank is not None:
+        steps.append(ContextParallelSplitter(config.cp_size, cp_rank))
+    return assemble(
+        config,
+        graph=graph,
+        plan_for=plan_for,
+        lengths_fingerprint=lengths_fingerprint,
+        steps=steps,
+        rank=rank,
+        world_size=world_size,
+        pack_size=config.pack_size,
+        data=data,
+        materialize=materialize,
+        collate=collate,
+    )
+
+
+def as_mixture(data: Any, config: Any, lengths: Any) -> Mixture | None:
+    """The mixture a graph serves: ``data`` itself when it is a ``Mixture``, or the deprecated
+    ``config(mixture=...)`` with ``data=None``; None for one source. A mixture names its own
+    sources, so ``lengths`` (and, for the deprecated form, ``data``) must be None; ``max_packs``
+    and ``shuffle=False`` contradict its plan (ValueError naming the fix)."""
+    legacy = legacy_mixture(config)
+    if legacy is not None and (data is not None or lengths is not None):
+        raise ValueError(
+            f"{type(config).__name__}(mixture=...) names the data: pass data=None and no lengths "
+            f"(got data of type {type(data).__name__}, lengths={lengths is not None}); better, "
+            "pass the mixture as the data"
+        )
+    mixture = data if isinstance(data, Mixture) else legacy
+    if mixture is None:
+        return None
+    if lengths is not None:
+        raise ValueError(
+            "a mixture builds one length index per source: pass no lengths= with a Mixture"
+        )
+    check_mixture_config(max_packs=config.max_packs, shuffle=config.shuffle)
+    return mixture
+
+
+def loader_of(
+    parts: Callable[P, GraphParts],
+) -> Callable[[Callable[..., Any]], Callable[P, NeatLoader]]:
+    """Make ``graph(*args) = parts(*args).loader()`` with ``parts``' parameters (written once)
+    and the decorated function's name and docstring."""
+
+    def make(doc_holder: Callable[..., Any]) -> Callable[P, NeatLoader]:
+        @functools.wraps(parts)
+        def graph(*args: P.args, **kwargs: P.kwargs) -> NeatLoader:
+            return parts(*args, **kwargs).loader()
+
+        graph.__name__ = graph.__qualname__ = doc_holder.__name__
+        graph.__doc__ = doc_holder.__doc__
+        graph.__module__ = doc_holder.__module__
+        sig = inspect.signature(parts)
+        graph.__signature__ = sig.replace(return_annotation=NeatLoader)  # type: ignore[attr-defined]
+        return graph
+
+    return make
+
+
+def lengths_fingerprint_of(total: Any) -> str:
+    """The content fingerprint of exact lengths (pre-tokenized data has no other)."""
+    return hashlib.sha256(np.ascontiguousarray(total, dtype="<i8").tobytes()).hexdigest()
