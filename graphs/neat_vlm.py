@@ -130,7 +130,7 @@ def neat_vlm_parts(
             pack_size=cfg.pack_size,
             padding_idx=padding_idx,
             overflow=cfg.overflow,
-            on_failure=cfg.on_bad_sample,
+            on_bad_sample=cfg.on_bad_sample,
             fake_image=cfg.fake_image,
             seed=cfg.seed,
             alignment=cp_alignment(cfg),

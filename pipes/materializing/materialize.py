@@ -12,7 +12,7 @@ planned is named in the `MaterializeReport`:
     overflow="truncate"  pack [17, 4, 92] with 92 cut to 10  report.truncated == (92,)
 
 A sample that fails to load (`SampleError` / `RecordError` / `OSError`) follows
-`config.on_failure`: "raise", "skip" (left out, in `report.skipped`) or "replace" (another id
+`config.on_bad_sample`: "raise", "skip" (left out, in `report.skipped`) or "replace" (another id
 drawn with `random.Random(f"{seed}:{epoch}:{sample_id}:{attempt}")`, at most `max_retries`
 tries, in `report.replaced` as (failed id, replacement id)). Replacement lengths differ from the
 plan's, so overflow handling applies to them too.
@@ -28,8 +28,9 @@ pack either way (tests/pipes/test_tokenize_batch.py).
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from typing import Any, Literal, NamedTuple, get_args
 
 from neatpack.pipes.contracts import Pack
@@ -67,22 +68,31 @@ class MaterializeConfig:
     alignment: int = 1
     mrope: bool | MRopeConfig = True
     fake_image: bool = False
-    overflow: str = "raise"
-    on_failure: str = "raise"
+    overflow: OverflowPolicy = "raise"
+    on_bad_sample: BadSamplePolicy = "raise"
     max_retries: int = 10
     seed: int = 0
     label_policy: str = "assistant"
     handler: str | None = None  # None: tokenize_conversation (Qwen-VL); else a handler name
+    # the earlier word for on_bad_sample (one word per concept: the graphs' word); warned
+    on_failure: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, on_failure: str | None) -> None:
+        if on_failure is not None:
+            warnings.warn(
+                "MaterializeConfig(on_failure=...) is deprecated: use on_bad_sample=...",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "on_bad_sample", on_failure)
         if self.pack_size < 1:
             raise ValueError(f"{self.pack_size=} must be >= 1")
         if self.alignment < 1 or self.pack_size % self.alignment:
             raise ValueError(f"{self.alignment=} must be >= 1 and divide {self.pack_size=}")
         if self.overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"{self.overflow=!r}; valid: {OVERFLOW_POLICIES}")
-        if self.on_failure not in FAILURE_POLICIES:
-            raise ValueError(f"{self.on_failure=!r}; valid: {FAILURE_POLICIES}")
+        if self.on_bad_sample not in FAILURE_POLICIES:
+            raise ValueError(f"{self.on_bad_sample=!r}; valid: {FAILURE_POLICIES}")
         if self.max_retries < 0:
             raise ValueError(f"{self.max_retries=} must be >= 0")
         if self.fake_image and self.handler not in (None, "qwen_vl"):
@@ -193,7 +203,7 @@ def _collect(
     epoch: int,
     n: int,
 ) -> _Loaded:
-    """``load`` every planned id under ``config.on_failure`` (raise / skip / replace)."""
+    """``load`` every planned id under ``config.on_bad_sample`` (raise / skip / replace)."""
     taken = set(planned)
     out = _Loaded([], [], [], [], [])
     for sid in planned:
@@ -206,16 +216,16 @@ def _collect(
             except LOAD_ERRORS as exc:
                 out.failed.append(current)
                 out.errors.append(str(exc)[:300])
-                if config.on_failure == "raise":
+                if config.on_bad_sample == "raise":
                     raise
-                if config.on_failure == "skip":
+                if config.on_bad_sample == "skip":
                     out.skipped.append(current)
                     break
                 if attempt >= config.max_retries:
                     raise RuntimeError(
                         f"sample {sid} and its replacements failed to load (tried {tried}); "
                         f"last error: {exc}. Fix the data, "
-                        "raise max_retries, or use on_failure='skip'"
+                        "raise max_retries, or use on_bad_sample='skip'"
                     ) from exc
                 attempt += 1
                 current = replacement_id(config.seed, epoch, sid, attempt, n)

@@ -5,7 +5,7 @@ ids. ``greedy_knapsack`` is the seed's algorithm, bit for bit (a Python heap: ~1
 samples). ``best_fit_decreasing`` packs 1M samples in well under a second and never uses more
 packs than it on the benchmark distributions (``benchmarks/bench_plan.py``).
 
->>> greedy_knapsack([5, 4, 3, 3, 9, 2], 8, on_overlong="drop")
+>>> greedy_knapsack([5, 4, 3, 3, 9, 2], 8, overlong="drop")
 [[0, 3], [1, 2], [5]]
 >>> overlong_ids([5, 4, 3, 3, 9, 2], 8)
 [4]
@@ -24,6 +24,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
+
+from neatpack.pipes.compat.renamed import renamed_keywords
 
 __all__ = [
     "OVERLONG_POLICIES",
@@ -47,11 +49,11 @@ def overlong_ids(lengths: Sequence[int] | npt.ArrayLike, max_length: int) -> lis
 
 
 def check_lengths(
-    lengths: npt.ArrayLike, capacity: int, on_overlong: str, who: str, kw: str = "on_overlong"
+    lengths: npt.ArrayLike, capacity: int, overlong: str, who: str, kw: str = "overlong"
 ) -> IntArray:
-    """Validate lengths and capacity; raise on overlong samples unless ``on_overlong="drop"``."""
-    if on_overlong not in OVERLONG_POLICIES:
-        raise ValueError(f"{who}: {kw}={on_overlong!r} is not one of {OVERLONG_POLICIES}")
+    """Validate lengths and capacity; raise on overlong samples unless ``overlong="drop"``."""
+    if overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"{who}: {kw}={overlong!r} is not one of {OVERLONG_POLICIES}")
     if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
         raise ValueError(f"{who}: capacity must be a positive int, got {capacity=!r}")
     arr = np.asarray(lengths)
@@ -63,7 +65,7 @@ def check_lengths(
     if arr.size and arr.min() < 0:
         bad = np.flatnonzero(arr < 0)[:5].tolist()
         raise ValueError(f"{who}: negative lengths at sample ids {bad}: {arr[bad].tolist()}")
-    if on_overlong == "raise" and arr.size and arr.max() > capacity:
+    if overlong == "raise" and arr.size and arr.max() > capacity:
         bad = np.flatnonzero(arr > capacity)
         shown = ", ".join(f"sample {i} (length {arr[i]})" for i in bad[:5].tolist())
         raise ValueError(
@@ -74,8 +76,9 @@ def check_lengths(
     return arr
 
 
+@renamed_keywords(on_overlong="overlong")
 def greedy_knapsack(
-    lengths: Sequence[int], max_length: int, *, on_overlong: str = "raise"
+    lengths: Sequence[int], max_length: int, *, overlong: str = "raise"
 ) -> list[list[int]]:
     """The seed's greedy knapsack: worst-fit decreasing with a min-heap of bin fills.
 
@@ -84,14 +87,14 @@ def greedy_knapsack(
     back in creation order, ids inside a bin longest first.
 
     The seed silently drops samples longer than ``max_length``. Here that raises a
-    ``ValueError`` naming them, unless ``on_overlong="drop"``, which gives the seed's exact
+    ``ValueError`` naming them, unless ``overlong="drop"``, which gives the seed's exact
     result; the dropped ids are ``overlong_ids(lengths, max_length)``.
 
-    Worked by hand, ``([5, 4, 3, 3, 9, 2], 8, on_overlong="drop")``: visit order 9 (id 4,
+    Worked by hand, ``([5, 4, 3, 3, 9, 2], 8, overlong="drop")``: visit order 9 (id 4,
     dropped), 5 -> new bin A, 4 -> A would be 9: new bin B, 3 (id 2) -> B (least filled, 7),
     3 (id 3) -> A (5 < 7: now 8), 2 -> B would be 9: new bin C. Result ``[[0, 3], [1, 2], [5]]``.
     """
-    arr = check_lengths(lengths, max_length, on_overlong, "greedy_knapsack")
+    arr = check_lengths(lengths, max_length, overlong, "greedy_knapsack")
     values: list[int] = arr.tolist()
     order = sorted(range(len(values)), key=lambda i: -values[i])
     bins: list[list[int]] = []
@@ -351,17 +354,18 @@ def _slot_chunks(
         yield c0, np.bitwise_and(key, mask, out=ids_buf[:m], casting="unsafe"), slots
 
 
-def bfd_bin_ids(lengths: npt.ArrayLike, capacity: int, *, on_overlong: str = "raise") -> IntArray:
+@renamed_keywords(on_overlong="overlong")
+def bfd_bin_ids(lengths: npt.ArrayLike, capacity: int, *, overlong: str = "raise") -> IntArray:
     """Pack index of every sample under ``best_fit_decreasing`` (-1 for dropped overlong ones).
 
     >>> bfd_bin_ids([6, 6, 6, 1, 1, 4], 10).tolist()
     [0, 1, 2, 1, 1, 0]
     """
-    arr = check_lengths(lengths, capacity, on_overlong, "bfd_bin_ids")
+    arr = check_lengths(lengths, capacity, overlong, "bfd_bin_ids")
     n = arr.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    cnt = _counts(arr, capacity, on_overlong == "drop")
+    cnt = _counts(arr, capacity, overlong == "drop")
     n_kept = int(cnt.sum())
     if n_kept == 0:
         return np.full(n, -1, dtype=np.int64)
@@ -376,23 +380,24 @@ def bfd_bin_ids(lengths: npt.ArrayLike, capacity: int, *, on_overlong: str = "ra
     return out.astype(np.int64, copy=False)
 
 
+@renamed_keywords(on_overlong="overlong")
 def best_fit_decreasing(
-    lengths: npt.ArrayLike, capacity: int, *, on_overlong: str = "raise"
+    lengths: npt.ArrayLike, capacity: int, *, overlong: str = "raise"
 ) -> tuple[IntArray, IntArray]:
     """Best-fit decreasing packs as CSR: pack ``g`` is ``ids[offsets[g] : offsets[g + 1]]``.
 
     Longest sample first, each into the open pack with the least room that still fits it, so
     (like first fit) at most one pack ends up at most half full. Ids inside a pack are longest
-    first. Overlong samples raise, or with ``on_overlong="drop"`` are left out (see
+    first. Overlong samples raise, or with ``overlong="drop"`` are left out (see
     ``overlong_ids``). The work is O(N) numpy plus a Python loop over the distinct lengths.
 
     >>> offsets, ids = best_fit_decreasing([6, 6, 6, 1, 1, 4], 10)
     >>> offsets.tolist(), ids.tolist()
     ([0, 2, 5, 6], [0, 5, 1, 3, 4, 2])
     """
-    arr = check_lengths(lengths, capacity, on_overlong, "best_fit_decreasing")
+    arr = check_lengths(lengths, capacity, overlong, "best_fit_decreasing")
     n = arr.shape[0]
-    cnt = _counts(arr, capacity, on_overlong == "drop") if n else np.zeros(capacity + 1, np.int64)
+    cnt = _counts(arr, capacity, overlong == "drop") if n else np.zeros(capacity + 1, np.int64)
     n_kept = int(cnt.sum())
     if n_kept == 0:
         return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from neatpack.pipes.compat.renamed import renamed_keywords
 from neatpack.pipes.planning.binpack import (
     IntArray,
     best_fit_decreasing,
@@ -78,12 +79,13 @@ def step_group_order(n_packs: int, group_size: int, rng: np.random.Generator) ->
     return out if tail is None else np.concatenate([out, tail.astype(np.int64)])
 
 
+@renamed_keywords(on_overlong="overlong")
 def greedy_knapsack_vt_balanced(
     lengths: Sequence[int],
     max_length: int,
     visual_tokens: Sequence[int],
     *,
-    on_overlong: str = "raise",
+    overlong: str = "raise",
     group_size: int = 2,
     seed: int = 0,
 ) -> list[list[int]]:
@@ -96,7 +98,7 @@ def greedy_knapsack_vt_balanced(
     ``np.random.default_rng([seed, 0])``. With ``DistributedSampler(shuffle=False)`` on
     ``group_size`` ranks, one step takes one such group. The bins themselves are the seed's.
     """
-    bins = greedy_knapsack(lengths, max_length, on_overlong=on_overlong)
+    bins = greedy_knapsack(lengths, max_length, overlong=overlong)
     if len(visual_tokens) != len(lengths):
         raise ValueError(f"{len(visual_tokens)=} must equal {len(lengths)=}")
     if group_size < 1:
@@ -247,7 +249,7 @@ def plan_packs(
     dropped = np.asarray(overlong_ids(total, capacity), dtype=np.int64)
     work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] packs alone
     work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
-    offsets, ids = best_fit_decreasing(work, plan_capacity, on_overlong="drop")
+    offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
     vis_arr = vis if vis is not None else np.zeros_like(total)
     starts = offsets[:-1]
     sizes = np.diff(offsets)

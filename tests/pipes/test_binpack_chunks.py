@@ -70,10 +70,10 @@ def tiny_chunks() -> Iterator[None]:
 
 
 def assert_same(lengths: npt.ArrayLike, cap: int) -> None:
-    got = bfd_bin_ids(lengths, cap, on_overlong="drop")
+    got = bfd_bin_ids(lengths, cap, overlong="drop")
     assert got.dtype == np.int64
     assert np.array_equal(got, argsort_bin_ids(lengths, cap))
-    offsets, ids = best_fit_decreasing(lengths, cap, on_overlong="drop")
+    offsets, ids = best_fit_decreasing(lengths, cap, overlong="drop")
     ref_offsets, ref_ids = argsort_csr(lengths, cap)
     assert ids.dtype == np.int64
     assert np.array_equal(offsets, ref_offsets)

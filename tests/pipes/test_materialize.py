@@ -131,10 +131,10 @@ def test_failure_policies_and_deterministic_replacement(proc: Any) -> None:
         materialize_pack(src, [1, 2], proc, cfg)
 
     pack, rep = materialize_pack(src, [1, 2], proc, MaterializeConfig(
-        pack_size=512, mrope=False, on_failure="skip"))  # fmt: skip
+        pack_size=512, mrope=False, on_bad_sample="skip"))  # fmt: skip
     assert (rep.skipped, rep.failed, pack["sample_ids"]) == ((2,), (2,), [1])
 
-    rcfg = MaterializeConfig(pack_size=512, mrope=False, on_failure="replace", seed=5)
+    rcfg = MaterializeConfig(pack_size=512, mrope=False, on_bad_sample="replace", seed=5)
     random.seed(123)
     a, ra = materialize_pack(src, [1, 2], proc, rcfg, epoch=1)
     random.seed(999)  # the global RNG plays no part
@@ -158,7 +158,7 @@ def test_failure_policies_and_deterministic_replacement(proc: Any) -> None:
             _bad_source(3, (0, 1, 2)),
             [2],
             proc,
-            MaterializeConfig(pack_size=512, on_failure="replace", max_retries=2),
+            MaterializeConfig(pack_size=512, on_bad_sample="replace", max_retries=2),
         )
 
 
@@ -191,8 +191,8 @@ def test_fake_image_tokens_masked_in_pack(proc: Any) -> None:
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="overflow='cut'"):
         MaterializeConfig(pack_size=8, overflow="cut")
-    with pytest.raises(ValueError, match="on_failure='retry'"):
-        MaterializeConfig(pack_size=8, on_failure="retry")
+    with pytest.raises(ValueError, match="on_bad_sample='retry'"):
+        MaterializeConfig(pack_size=8, on_bad_sample="retry")
     with pytest.raises(ValueError, match="alignment=3"):
         MaterializeConfig(pack_size=8, alignment=3)
 
@@ -289,3 +289,16 @@ def test_materializer_in_process_workers(source: JsonlSource, proc: Any) -> None
     assert [p["pack_index"] for p in got] == [0, 1, 2, 3]
     for p, r in zip(got, refs, strict=True):
         assert torch.equal(p["input_ids"], m(r)["input_ids"])
+
+
+def test_the_old_on_failure_keyword_is_on_bad_sample() -> None:
+    """``MaterializeConfig(on_failure=...)`` became ``on_bad_sample=`` (the graphs' word, issue
+    #26): the old keyword sets it, with a DeprecationWarning naming the new one."""
+    with pytest.warns(DeprecationWarning, match="use on_bad_sample"):
+        cfg = MaterializeConfig(pack_size=8, on_failure="skip")
+    assert cfg == MaterializeConfig(pack_size=8, on_bad_sample="skip")
+    with (
+        pytest.raises(ValueError, match="on_bad_sample='retry'"),
+        pytest.warns(DeprecationWarning, match="on_bad_sample"),
+    ):
+        MaterializeConfig(pack_size=8, on_failure="retry")

@@ -82,11 +82,11 @@ def lengths_and_capacity(draw: st.DrawFn, max_n: int = 60) -> tuple[list[int], i
 def test_greedy_knapsack_literal(
     lengths: list[int], max_length: int, expected: list[list[int]]
 ) -> None:
-    assert greedy_knapsack(lengths, max_length, on_overlong="drop") == expected
+    assert greedy_knapsack(lengths, max_length, overlong="drop") == expected
 
 
 def test_greedy_knapsack_raises_on_overlong_by_default() -> None:
-    with pytest.raises(ValueError, match=r"sample 4 \(length 9\).*on_overlong='drop'"):
+    with pytest.raises(ValueError, match=r"sample 4 \(length 9\).*overlong='drop'"):
         greedy_knapsack([5, 4, 3, 3, 9, 2], 8)
     assert overlong_ids([5, 4, 3, 3, 9, 2], 8) == [4]
 
@@ -97,7 +97,7 @@ def test_greedy_knapsack_raises_on_overlong_by_default() -> None:
         ({"lengths": [1, -2], "max_length": 4}, r"negative lengths at sample ids \[1\]"),
         ({"lengths": [1, 2], "max_length": 0}, "capacity=0"),
         ({"lengths": [1.5], "max_length": 4}, "1-D ints"),
-        ({"lengths": [1], "max_length": 4, "on_overlong": "skip"}, r"one of \('raise', 'drop'\)"),
+        ({"lengths": [1], "max_length": 4, "overlong": "skip"}, r"one of \('raise', 'drop'\)"),
     ],
 )
 def test_greedy_knapsack_bad_input(kwargs: dict[str, object], match: str) -> None:
@@ -112,7 +112,7 @@ def test_greedy_knapsack_bad_input(kwargs: dict[str, object], match: str) -> Non
 )
 def test_greedy_knapsack_equals_reference(case: tuple[list[int], int]) -> None:
     lengths, cap = case
-    assert greedy_knapsack(lengths, cap, on_overlong="drop") == reference_greedy(lengths, cap)
+    assert greedy_knapsack(lengths, cap, overlong="drop") == reference_greedy(lengths, cap)
 
 
 # -- best_fit_decreasing -------------------------------------------------------------------
@@ -123,9 +123,9 @@ def test_bfd_literal() -> None:
     assert csr_packs(offsets, ids) == [[0, 2, 3], [1]]
     offsets, ids = best_fit_decreasing([6, 6, 6, 1, 1, 4], 10)
     assert csr_packs(offsets, ids) == [[0, 5], [1, 3, 4], [2]]
-    offsets, ids = best_fit_decreasing([5, 4, 3, 3, 9, 2], 8, on_overlong="drop")
+    offsets, ids = best_fit_decreasing([5, 4, 3, 3, 9, 2], 8, overlong="drop")
     assert csr_packs(offsets, ids) == [[0, 2], [1, 3], [5]]
-    assert bfd_bin_ids([5, 4, 3, 3, 9, 2], 8, on_overlong="drop").tolist() == [0, 1, 0, 1, -1, 2]
+    assert bfd_bin_ids([5, 4, 3, 3, 9, 2], 8, overlong="drop").tolist() == [0, 1, 0, 1, -1, 2]
     offsets, ids = best_fit_decreasing([], 8)
     assert offsets.tolist() == [0]
     assert ids.tolist() == []
@@ -163,7 +163,7 @@ def test_bfd_properties(case: tuple[list[int], int]) -> None:
 def test_bfd_wide_capacity_and_drop() -> None:
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 90_000, size=2_000)
-    offsets, ids = best_fit_decreasing(lengths, 70_000, on_overlong="drop")  # > 16-bit path
+    offsets, ids = best_fit_decreasing(lengths, 70_000, overlong="drop")  # > 16-bit path
     kept = np.flatnonzero(lengths <= 70_000)
     assert np.array_equal(np.sort(ids), kept)
     assert np.add.reduceat(lengths[ids], offsets[:-1]).max() <= 70_000
@@ -331,9 +331,9 @@ def test_epoch_must_be_non_negative() -> None:
 
 def test_vt_balanced_literal_and_grouping() -> None:
     bins = greedy_knapsack_vt_balanced(
-        [5, 4, 3, 3, 9, 2], 8, [0, 100, 0, 50, 0, 10], on_overlong="drop", group_size=1
+        [5, 4, 3, 3, 9, 2], 8, [0, 100, 0, 50, 0, 10], overlong="drop", group_size=1
     )
-    assert sorted(bins) == sorted(greedy_knapsack([5, 4, 3, 3, 9, 2], 8, on_overlong="drop"))
+    assert sorted(bins) == sorted(greedy_knapsack([5, 4, 3, 3, 9, 2], 8, overlong="drop"))
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 600, size=800).tolist()
     vt = [int(x * f) for x, f in zip(lengths, rng.random(800), strict=True)]
@@ -345,3 +345,15 @@ def test_vt_balanced_literal_and_grouping() -> None:
     body = rank[: len(out) // 4 * 4].reshape(-1, 4)
     assert (body.max(axis=1) - body.min(axis=1) <= 4 + len(out) % 4).all()
     assert not np.array_equal(sums, np.sort(sums))  # not the seed's monotone sort
+
+
+def test_the_old_on_overlong_keyword_still_plans_and_names_the_new_one() -> None:
+    """``on_overlong=`` became ``overlong=`` (the graphs' word, issue #26); the old keyword
+    gives the same bins with a DeprecationWarning."""
+    with pytest.warns(
+        DeprecationWarning, match=r"greedy_knapsack\(on_overlong=...\) is deprecated: use overlong"
+    ):
+        old = greedy_knapsack([5, 4, 3, 3, 9, 2], 8, on_overlong="drop")
+    assert old == greedy_knapsack([5, 4, 3, 3, 9, 2], 8, overlong="drop")
+    with pytest.raises(TypeError, match="both on_overlong= and overlong="):
+        greedy_knapsack([5], 8, on_overlong="drop", overlong="drop")

@@ -149,7 +149,7 @@ def test_bad_sample_in_a_batched_pack_is_still_named(tmp_path: Path) -> None:
     with pytest.raises(SampleError, match=r"sample_id=1 \[corrupt_image\]"):
         materialize_pack(src, [0, 1, 2], proc, MaterializeConfig(pack_size=4096))
     pack, report = materialize_pack(
-        src, [0, 1, 2], proc, MaterializeConfig(pack_size=4096, on_failure="skip")
+        src, [0, 1, 2], proc, MaterializeConfig(pack_size=4096, on_bad_sample="skip")
     )
     assert report.skipped == (1,)
     assert pack["sample_ids"] == [0, 2]
