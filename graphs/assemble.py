@@ -21,22 +21,21 @@ import functools
 import hashlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec
+from typing import Any, NamedTuple, ParamSpec
 
 import numpy as np
 
-from neatpack.graphs.config import checkpoint_key, legacy_mixture
+from neatpack.graphs.config import checkpoint_key
 from neatpack.graphs.runtime.loader import NeatLoader
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.pipes.collating.leak_probe import packing_boundaries
-from neatpack.pipes.mixtures.mixture import Mixture, check_mixture_config
 from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.planning.plan import PackPlan, plan_packs
 from neatpack.pipes.planning.source import PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
 
 __all__ = [
-    "as_mixture",
+    "Hooks",
     "assemble",
     "cp_alignment",
     "lengths_fingerprint_of",
@@ -46,6 +45,16 @@ __all__ = [
 
 P = ParamSpec("P")
 Step = Callable[[Any], Any]
+
+
+class Hooks(NamedTuple):
+    """What a user adds to a packed graph's worker chain (the graph functions' arguments):
+    a per-pack and a per-batch step, a model to probe for boundaries, a context-parallel rank."""
+
+    pack_transform: Step | None = None
+    batch_transform: Step | None = None
+    model: Any = None
+    cp_rank: int | None = None
 
 
 def assemble(
@@ -108,20 +117,17 @@ def packed_parts(
     world_size: int,
     data: dict[str, str] | None,
     visual: Any = None,
+    hooks: Hooks,
     packing_ratio: float = 1.0,
-    model: Any = None,
-    pack_transform: Step | None = None,
-    batch_transform: Step | None = None,
     extra_steps: Sequence[Step] = (),
-    cp_rank: int | None = None,
 ) -> GraphParts:
     """``assemble`` for a packed graph (VLM, LLM): the plan over ``total`` (padded per document
     for context parallelism), the ``Collater`` from the config's attention group plus
-    ``collate_options``, the worker chain with the hooks, and the CP splitter for ``cp_rank``.
-    ``model`` turns on boundaries for hybrid models and refuses one that leaks across documents
-    (``pipes/collating/leak_probe.py``)."""
+    ``collate_options``, the worker chain with the ``hooks``, and the CP splitter for their
+    ``cp_rank``. Their ``model`` turns on boundaries for hybrid models and refuses one that leaks
+    across documents (``pipes/collating/leak_probe.py``)."""
     boundaries = packing_boundaries(
-        model, boundaries=config.boundaries, allow_leak=config.allow_packing_leak
+        hooks.model, boundaries=config.boundaries, allow_leak=config.allow_packing_leak
     )
     planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
 
@@ -145,14 +151,14 @@ def packed_parts(
         **collate_options,
     )
     steps: list[Step] = [PerPack(materialize)]
-    if pack_transform is not None:
-        steps.append(PerPack(pack_transform))
+    if hooks.pack_transform is not None:
+        steps.append(PerPack(hooks.pack_transform))
     steps.append(collate)
-    if batch_transform is not None:
-        steps.append(batch_transform)
+    if hooks.batch_transform is not None:
+        steps.append(hooks.batch_transform)
     steps.extend(extra_steps)
-    if cp_rank is not None:
-        steps.append(ContextParallelSplitter(config.cp_size, cp_rank))
+    if hooks.cp_rank is not None:
+        steps.append(ContextParallelSplitter(config.cp_size, hooks.cp_rank))
     return assemble(
         config,
         graph=graph,
@@ -166,29 +172,6 @@ def packed_parts(
         materialize=materialize,
         collate=collate,
     )
-
-
-def as_mixture(data: Any, config: Any, lengths: Any) -> Mixture | None:
-    """The mixture a graph serves: ``data`` itself when it is a ``Mixture``, or the deprecated
-    ``config(mixture=...)`` with ``data=None``; None for one source. A mixture names its own
-    sources, so ``lengths`` (and, for the deprecated form, ``data``) must be None; ``max_packs``
-    and ``shuffle=False`` contradict its plan (ValueError naming the fix)."""
-    legacy = legacy_mixture(config)
-    if legacy is not None and (data is not None or lengths is not None):
-        raise ValueError(
-            f"{type(config).__name__}(mixture=...) names the data: pass data=None and no lengths "
-            f"(got data of type {type(data).__name__}, lengths={lengths is not None}); better, "
-            "pass the mixture as the data"
-        )
-    mixture = data if isinstance(data, Mixture) else legacy
-    if mixture is None:
-        return None
-    if lengths is not None:
-        raise ValueError(
-            "a mixture builds one length index per source: pass no lengths= with a Mixture"
-        )
-    check_mixture_config(max_packs=config.max_packs, shuffle=config.shuffle)
-    return mixture
 
 
 def loader_of(

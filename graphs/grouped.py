@@ -107,10 +107,10 @@ def grouped_vlm_parts(
     processor: Any,
     *,
     config: GroupedConfig | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
     lengths: LengthIndex | None = None,
     batch_transform: Callable[[Any], Any] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> GraphParts:
     """The pieces of ``grouped_vlm_graph`` (same arguments): length-grouped, padded batches.
 

@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from neatpack.graphs.config import legacy_mixture
 from neatpack.graphs.families import plan_family, vlm_estimator
 from neatpack.graphs.open_data import EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
-from neatpack.pipes.mixtures.mixture import Mixture
+from neatpack.pipes.mixtures.mixture import Mixture, check_mixture_config
 from neatpack.pipes.mixtures.mixture_source import (
     MixtureLayout,
     MixturePackSource,
@@ -34,23 +35,68 @@ from neatpack.pipes.mixtures.mixture_source import (
     SourceTagger,
 )
 
-__all__ = ["mixture_llm_parts", "mixture_parts"]
+__all__ = ["as_mixture", "mixture_parts"]
 
 
 def mixture_parts(
-    mix: Mixture,
+    data: Any,
     processor: Any,
     *,
     config: Any,
+    lengths: Any,
     build_parts: Callable[..., GraphParts],
     rank: int | None = None,
     world_size: int | None = None,
     **hooks: Any,
-) -> GraphParts:
-    """``neat_vlm_parts`` for the mixture ``mix`` (``hooks``: its other keyword arguments);
-    ``build_parts`` is ``neat_vlm_parts``, run once over all the sources' records."""
+) -> GraphParts | None:
+    """None when ``data`` (with ``config``) is one source; for a mixture, ``build_parts``
+    (``neat_vlm_parts``, or ``neat_llm_parts`` with ``processor=None``) run once over all its
+    sources' records, with the mixture's pack source (``hooks``: the graph's other keyword
+    arguments)."""
+    mix = as_mixture(data, config, lengths)
+    if mix is None:
+        return None
     cfg = dataclasses.replace(config)  # without a deprecated config(mixture=...)
     rank, world_size = resolve_rank(rank, world_size)
+    if processor is None:  # pre-tokenized sources: exact lengths, no headroom
+        records, lengths = _token_sources(mix)
+        parts = build_parts(records, config=cfg, rank=rank, world_size=world_size,
+                            lengths=lengths.total, **hooks)  # fmt: skip
+    else:
+        records, lengths = _record_sources(mix, processor, cfg, rank, world_size)
+        parts = build_parts(records, processor, config=cfg, rank=rank, world_size=world_size,
+                            lengths=lengths, **hooks)  # fmt: skip
+    ratio = float(getattr(cfg, "packing_ratio", 1.0))
+    return _mixed(parts, mix, records, lengths, cfg, rank, world_size, ratio)
+
+
+def as_mixture(data: Any, config: Any, lengths: Any) -> Mixture | None:
+    """The mixture a graph serves: ``data`` itself when it is a ``Mixture``, or the deprecated
+    ``config(mixture=...)`` with ``data=None``; None for one source. A mixture names its own
+    sources, so ``lengths`` (and, for the deprecated form, ``data``) must be None; ``max_packs``
+    and ``shuffle=False`` contradict its plan (ValueError naming the fix)."""
+    legacy = legacy_mixture(config)
+    if legacy is not None and (data is not None or lengths is not None):
+        raise ValueError(
+            f"{type(config).__name__}(mixture=...) names the data: pass data=None and no lengths "
+            f"(got data of type {type(data).__name__}, lengths={lengths is not None}); better, "
+            "pass the mixture as the data"
+        )
+    mixture = data if isinstance(data, Mixture) else legacy
+    if mixture is None:
+        return None
+    if lengths is not None:
+        raise ValueError(
+            "a mixture builds one length index per source: pass no lengths= with a Mixture"
+        )
+    check_mixture_config(max_packs=config.max_packs, shuffle=config.shuffle)
+    return mixture
+
+
+def _record_sources(
+    mix: Mixture, processor: Any, cfg: Any, rank: int, world_size: int
+) -> tuple[MixtureRecords, LengthIndex]:
+    """Raw-record sources: each its own (cached) length index, concatenated in global ids."""
     family = plan_family(processor, cfg)
     sources, indexes = [], []
     for spec in mix.sources:
@@ -73,7 +119,6 @@ def mixture_parts(
             source = EstimateChecked(source, estimator, index.fallback_ids.tolist())
         sources.append(source)
         indexes.append(index)
-    records = MixtureRecords(mix.names, sources)
     fingerprint = hashlib.sha256(
         "|".join(f"{n}:{i.fingerprint}" for n, i in zip(mix.names, indexes, strict=True)).encode()
     ).hexdigest()
@@ -82,38 +127,19 @@ def mixture_parts(
         visual=np.concatenate([i.visual for i in indexes]).astype(np.int64),
         fingerprint=fingerprint,
     )
-    parts = build_parts(
-        records, processor, config=cfg, rank=rank, world_size=world_size, lengths=lengths,
-        **hooks,
-    )  # fmt: skip
-    return _mixed(parts, mix, records, lengths, cfg, rank, world_size, cfg.packing_ratio)
+    return MixtureRecords(mix.names, sources), lengths
 
 
-def mixture_llm_parts(
-    mix: Mixture,
-    *,
-    config: Any,
-    build_parts: Callable[..., GraphParts],
-    rank: int | None = None,
-    world_size: int | None = None,
-    **hooks: Any,
-) -> GraphParts:
-    """``neat_llm_parts`` for the mixture ``mix``: pre-tokenized sources (``data`` of each is
-    what ``TokenSource`` reads; ``media_root`` is unused), exact lengths."""
-
-    cfg = dataclasses.replace(config)  # without a deprecated config(mixture=...)
-    rank, world_size = resolve_rank(rank, world_size)
+def _token_sources(mix: Mixture) -> tuple[MixtureRecords, LengthIndex]:
+    """Pre-tokenized sources (``data`` of each is what ``TokenSource`` reads; ``media_root`` is
+    unused): exact lengths, fingerprinted by the names, the lengths and the sizes."""
     sources = [TokenSource(spec.data) for spec in mix.sources]
     total = np.concatenate([token_lengths(s) for s in sources]).astype(np.int64)
     h = hashlib.sha256("|".join(mix.names).encode())
     h.update(np.ascontiguousarray(total, dtype="<i8").tobytes())
     h.update(np.asarray([len(s) for s in sources], dtype="<i8").tobytes())
     lengths = LengthIndex(total=total, visual=np.zeros_like(total), fingerprint=h.hexdigest())
-    records = MixtureRecords(mix.names, sources)
-    parts = build_parts(
-        records, config=cfg, rank=rank, world_size=world_size, lengths=total, **hooks
-    )
-    return _mixed(parts, mix, records, lengths, cfg, rank, world_size, 1.0)
+    return MixtureRecords(mix.names, sources), lengths
 
 
 def _mixed(

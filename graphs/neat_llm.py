@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 
 from neatpack.graphs.assemble import (
-    as_mixture,
+    Hooks,
     cp_alignment,
     lengths_fingerprint_of,
     loader_of,
     packed_parts,
 )
 from neatpack.graphs.config import NeatLLMConfig
+from neatpack.graphs.mixture import mixture_parts
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
@@ -80,15 +81,11 @@ def neat_llm_parts(
     (``pipes/parallel/context_parallel.py``).
     """
     cfg = config or NeatLLMConfig()
-    mixture = as_mixture(data, cfg, lengths)
-    if mixture is not None:
-        from neatpack.graphs.mixture import mixture_llm_parts
-
-        return mixture_llm_parts(
-            mixture, config=cfg, build_parts=neat_llm_parts, rank=rank, world_size=world_size,
-            pack_transform=pack_transform, batch_transform=batch_transform, model=model,
-            cp_rank=cp_rank,
-        )  # fmt: skip
+    hooks = Hooks(pack_transform, batch_transform, model, cp_rank)
+    mixed = mixture_parts(data, None, config=cfg, lengths=lengths, build_parts=neat_llm_parts,
+                          rank=rank, world_size=world_size, **hooks._asdict())  # fmt: skip
+    if mixed is not None:
+        return mixed
     rank, world_size = resolve_rank(rank, world_size)
     source = TokenSource(data)
     total = token_lengths(source) if lengths is None else np.asarray(lengths, dtype=np.int64)
@@ -107,10 +104,7 @@ def neat_llm_parts(
             "source": f"{type(data).__name__} of {len(source)} samples",
             "fingerprint": fingerprint,
         },
-        model=model,
-        pack_transform=pack_transform,
-        batch_transform=batch_transform,
-        cp_rank=cp_rank,
+        hooks=hooks,
     )
 
 

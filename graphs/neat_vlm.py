@@ -33,9 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.graphs.assemble import as_mixture, cp_alignment, loader_of, packed_parts
+from neatpack.graphs.assemble import Hooks, cp_alignment, loader_of, packed_parts
 from neatpack.graphs.config import NeatVLMConfig
 from neatpack.graphs.families import FamilyPlan, plan_family, vlm_estimator
+from neatpack.graphs.mixture import mixture_parts
 from neatpack.graphs.open_data import EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.loader import describe_data
@@ -87,16 +88,12 @@ def neat_vlm_parts(
     batch that context-parallel rank's shard.
     """
     cfg = config or NeatVLMConfig()
-    hooks = {"sample_transform": sample_transform, "pack_transform": pack_transform,
-             "batch_transform": batch_transform, "model": model, "cp_rank": cp_rank}  # fmt: skip
-    mixture = as_mixture(data, cfg, lengths)
-    if mixture is not None:
-        from neatpack.graphs.mixture import mixture_parts
-
-        return mixture_parts(
-            mixture, processor, config=cfg, build_parts=neat_vlm_parts, rank=rank,
-            world_size=world_size, **hooks,
-        )  # fmt: skip
+    hooks = Hooks(pack_transform, batch_transform, model, cp_rank)
+    mixed = mixture_parts(data, processor, config=cfg, lengths=lengths,
+                          build_parts=neat_vlm_parts, rank=rank, world_size=world_size,
+                          sample_transform=sample_transform, **hooks._asdict())  # fmt: skip
+    if mixed is not None:
+        return mixed
     family: FamilyPlan | None = plan_family(processor, cfg)  # None: Qwen-VL; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(
@@ -154,10 +151,7 @@ def neat_vlm_parts(
         rank=rank,
         world_size=world_size,
         data=describe_data(source),
-        model=model,
-        pack_transform=pack_transform,
-        batch_transform=batch_transform,
-        cp_rank=cp_rank,
+        hooks=hooks,
     )
 
 
