@@ -32,6 +32,7 @@ False
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
 import warnings
 from collections.abc import Iterator, Mapping
@@ -65,6 +66,7 @@ __all__ = [
     "field_docs",
     "legacy_mixture",
     "option",
+    "options_markdown",
 ]
 
 #: ``option(key=KEY_WHEN_SET)``: the field enters the key only when it differs from its default
@@ -437,3 +439,56 @@ class GroupedConfig(EpochOptions, RecordOptions, WorkerOptions, BookkeepingOptio
     def _check(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"{self.batch_size=} must be >= 1")
+
+
+GROUPS: tuple[type[Options], ...] = (
+    EpochOptions,
+    PackingOptions,
+    RecordOptions,
+    AttentionOptions,
+    WorkerOptions,
+    BookkeepingOptions,
+)
+CONFIGS: tuple[type[Options], ...] = (NeatVLMConfig, NeatLLMConfig, GroupedConfig)
+
+
+def options_markdown() -> str:
+    """docs/configuration.md: every group and every graph's own options, from the declarations
+    (tests/graphs/test_config_groups.py keeps the file equal to this)."""
+
+    def rows(cls: type[Options], names: list[str]) -> list[str]:
+        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        out = ["| option | default | checkpoint key | what it does |", "| --- | --- | --- | --- |"]
+        for name in names:
+            f = by_name[name]
+            default = "(required)" if f.default is dataclasses.MISSING else repr(f.default)
+            key = {True: "yes", False: "no", KEY_WHEN_SET: "when set"}[f.metadata["key"]]
+            out.append(f"| `{name}` | `{default}` | {key} | {f.metadata['doc']} |")
+        return out
+
+    def own(cls: type[Any]) -> list[str]:
+        return list(inspect.get_annotations(cls))
+
+    lines = [
+        "# Configuration",
+        "",
+        "Generated from `graphs/config.py` (`options_markdown()`); a test keeps it equal.",
+        "Each graph's config is made of shared groups plus its own options; every option says",
+        "whether it enters the checkpoint key (a resume must keep it) and is checked when the",
+        "config is built. `when set`: in the key only when it differs from its default.",
+        "",
+        "| config | groups |",
+        "| --- | --- |",
+    ]
+    for config in CONFIGS:
+        groups = [g.__name__ for g in GROUPS if issubclass(config, g) and g is not EpochOptions]
+        if not issubclass(config, PackingOptions):
+            groups.insert(0, EpochOptions.__name__)
+        lines.append(f"| `{config.__name__}` | {', '.join(f'`{g}`' for g in groups)} |")
+    for group in GROUPS:
+        lines += ["", f"## `{group.__name__}`", "", inspect.getdoc(group) or "", ""]
+        lines += rows(group, own(group))
+    for config in CONFIGS:
+        lines += ["", f"## `{config.__name__}`: its own options", ""]
+        lines += rows(config, own(config))
+    return "\n".join(lines) + "\n"

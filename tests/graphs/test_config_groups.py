@@ -27,7 +27,7 @@ from neatpack.graphs import (
     neat_llm_graph,
     neat_vlm_graph,
 )
-from neatpack.graphs.config import KEY_WHEN_SET, Options, field_docs
+from neatpack.graphs.config import KEY_WHEN_SET, Options, field_docs, options_markdown
 from neatpack.pipes import load_tiny_processor, write_corpus
 
 CONFIGS = (NeatVLMConfig, NeatLLMConfig, GroupedConfig)
@@ -144,3 +144,15 @@ def test_grouped_graph_takes_the_shared_worker_method(tmp_path: Path) -> None:
     threads = dataclasses.replace(base, num_workers=2, worker_method="thread")
     for a, b in zip(inline, grouped_vlm_graph(data, processor, config=threads), strict=True):
         _same(a, b)
+
+
+def test_the_configuration_page_is_the_declarations() -> None:
+    """docs/configuration.md is generated from the declarations: a field added, renamed or
+    re-described without regenerating it fails here. Regenerate it with ``python -c "from
+    neatpack.graphs.config import options_markdown as m; print(m(), end='')" >
+    docs/configuration.md``."""
+    page = Path(__file__).parents[2] / "docs" / "configuration.md"
+    assert page.read_text() == options_markdown()
+    for config in CONFIGS:
+        for f in dataclasses.fields(config):
+            assert f"`{f.name}`" in page.read_text(), f.name
