@@ -29,9 +29,14 @@ from neatpack.graphs.runtime.stages import check_start_method, map_stage
 from neatpack.graphs.runtime.watchdog import init_worker
 from neatpack.pipes.collating.sample_collate import pad_collate_fn
 from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.index_workers import IndexStartMethod, index_start_method
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.materializing.tokenize import tokenize_conversations
-from neatpack.pipes.materializing.transfer import collate_into_shared_memory
+from neatpack.pipes.materializing.transfer import (
+    WorkerTransfer,
+    check_worker_transfer,
+    collate_into_shared_memory,
+)
 from neatpack.pipes.planning.plan import PackPlan
 from neatpack.pipes.planning.source import TAIL_POLICIES, PackSource
 from neatpack.pipes.reading.read import MAX_RECORD_BYTES
@@ -59,6 +64,11 @@ class GroupedConfig:
     keep_ledger: bool = True
     ledger_epochs: int | None = None  # keep the last N epochs' ledgers (None: all)
     max_record_bytes: int | None = MAX_RECORD_BYTES  # a longer JSONL line: a RecordError
+    # worker switches (#26); neither enters the checkpoint key (a resume may change them)
+    # how the length index's processes start: fork, or spawn/forkserver where this must not fork
+    index_start_method: IndexStartMethod = "fork"
+    # worker -> trainer batches: "segment" (reused shared memory, faster) or "torch" (torch's own)
+    worker_transfer: WorkerTransfer = "segment"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -68,6 +78,8 @@ class GroupedConfig:
         if self.tail not in TAIL_POLICIES:
             raise ValueError(f"{self.tail=} is not one of {TAIL_POLICIES}")
         check_start_method(self.multiprocessing_context)
+        index_start_method(self.index_start_method)  # worker switches (#26)
+        check_worker_transfer(self.worker_transfer)
 
 
 def grouped_plan(
@@ -161,6 +173,7 @@ def grouped_vlm_graph(
             progress=False,
             rank=rank,
             world_size=world_size,
+            start_method=cfg.index_start_method,
         )
     total = np.asarray(lengths.total)
 
@@ -184,6 +197,7 @@ def grouped_vlm_graph(
             multiprocessing_context=cfg.multiprocessing_context,
             prefetch=cfg.prefetch,
             pin_memory=cfg.pin_memory,
+            transfer=cfg.worker_transfer,
         )
         return node
 

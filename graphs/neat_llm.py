@@ -29,6 +29,7 @@ from neatpack.graphs.token_source import TokenSource, token_lengths
 from neatpack.pipes.collating.leak_probe import packing_boundaries
 from neatpack.pipes.collating.mask_format import resolve_mask_format
 from neatpack.pipes.materializing.pack import build_pack
+from neatpack.pipes.materializing.transfer import WorkerTransfer, check_worker_transfer
 from neatpack.pipes.mixtures.mixture import Mixture, check_mixture_config, check_mixture_data
 from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.planning.binpack import OVERLONG_POLICIES
@@ -71,6 +72,9 @@ class NeatLLMConfig:
     cp_size: int = 1  # context parallel: documents padded to a multiple of 2 * cp_size
     # several weighted sources instead of `data` (#16; pipes/mixtures/mixture.py, graphs/mixture.py)
     mixture: Mixture | None = None
+    # worker switches (#26); not in the checkpoint key (a resume may change it)
+    # worker -> trainer batches: "segment" (reused shared memory, faster) or "torch" (torch's own)
+    worker_transfer: WorkerTransfer = "segment"
 
     def __post_init__(self) -> None:
         if self.mixture is not None:
@@ -94,6 +98,7 @@ class NeatLLMConfig:
             )
         resolve_mask_format(self.attn_implementation)  # the collate's own check
         check_start_method(self.multiprocessing_context)
+        check_worker_transfer(self.worker_transfer)  # worker switches (#26)
 
 
 class TokenPacker:
@@ -194,6 +199,7 @@ def neat_llm_parts(
             "boundaries",
             "allow_packing_leak",
             "cp_size",
+            "worker_transfer",
         )
     }
     if cfg.cp_size > 1:  # only when set: older checkpoints keep their key
@@ -211,6 +217,7 @@ def neat_llm_parts(
         multiprocessing_context=cfg.multiprocessing_context,
         prefetch=cfg.prefetch,
         pin_memory=cfg.pin_memory,
+        transfer=cfg.worker_transfer,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
         # tokenized samples have no content hash: their lengths stand for the data

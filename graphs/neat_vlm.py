@@ -41,8 +41,10 @@ from neatpack.graphs.runtime.loader import NeatLoader, describe_data
 from neatpack.graphs.runtime.stages import GraphParts, check_start_method
 from neatpack.pipes.collating.mask_format import resolve_mask_format
 from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.indexing.index_workers import IndexStartMethod, index_start_method
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.overlong import check_overlong
+from neatpack.pipes.materializing.transfer import WorkerTransfer, check_worker_transfer
 from neatpack.pipes.materializing.materialize import (
     FAILURE_POLICIES,
     OVERFLOW_POLICIES,
@@ -117,6 +119,11 @@ class NeatVLMConfig:
     # tokenizing costs ~200 bytes of memory per byte of text (pipes/reading/read.py
     # MAX_RECORD_BYTES)
     max_record_bytes: int | None = MAX_RECORD_BYTES
+    # worker switches (#26); neither enters the checkpoint key (a resume may change them)
+    # how the length index's processes start: fork, or spawn/forkserver where this must not fork
+    index_start_method: IndexStartMethod = "fork"
+    # worker -> trainer batches: "segment" (reused shared memory, faster) or "torch" (torch's own)
+    worker_transfer: WorkerTransfer = "segment"
 
     def __post_init__(self) -> None:
         if self.pack_size < 2:
@@ -176,6 +183,8 @@ class NeatVLMConfig:
                     f"{self.handler=} is not a registered handler; valid: {sorted(HANDLERS)} "
                     "(or None to pick it from the processor)"
                 )
+        index_start_method(self.index_start_method)  # worker switches (#26)
+        check_worker_transfer(self.worker_transfer)
 
     def plan_key(self) -> dict[str, Any]:
         """The fields a checkpoint must agree on (the rest may change on resume)."""
@@ -277,6 +286,7 @@ def neat_vlm_parts(
             # a record that cannot be read follows on_bad_sample (skipped or replaced, counted)
             on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
             num_workers=cfg.index_workers,
+            start_method=cfg.index_start_method,
         )
     index = lengths
     # Overlong samples are known now: say so (by modality, with the fixes) before any batch.
@@ -356,6 +366,7 @@ def neat_vlm_parts(
         multiprocessing_context=cfg.multiprocessing_context,
         prefetch=cfg.prefetch,
         pin_memory=cfg.pin_memory,
+        transfer=cfg.worker_transfer,
         keep_ledger=cfg.keep_ledger,
         ledger_epochs=cfg.ledger_epochs,
         data=describe_data(source),
