@@ -96,15 +96,17 @@ def test_the_retired_variable_is_an_error_naming_the_config_field(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("mixture", [False, True])
 def test_a_spawn_started_index_build_through_the_graph(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mixture: bool
 ) -> None:
-    """``index_start_method="spawn"`` reaches the index build's pool: 2 spawned processes build
-    the index (a process that must not fork), and the graph plans the same packs as with the
-    index built in this process."""
+    """``index_start_method="spawn"`` reaches the index build's pool (of the data, or of each
+    source of a mixture): 2 spawned processes build the index (a process that must not fork),
+    and the graph plans the same packs as with the index built in this process."""
     import concurrent.futures
 
     from neatpack.graphs import NeatVLMConfig, neat_vlm_parts
+    from neatpack.pipes import Mixture, MixtureSource
     from neatpack.pipes.testing.tiny import load_tiny_processor
 
     started: list[tuple[int, str]] = []
@@ -115,9 +117,12 @@ def test_a_spawn_started_index_build_through_the_graph(
         return real_pool(workers, **kw)
 
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", spy)
-    data = _corpus(tmp_path / "d.jsonl", 2 * MIN_RECORDS_PER_WORKER + 100)
+    data: Any = _corpus(tmp_path / "d.jsonl", 2 * MIN_RECORDS_PER_WORKER + 100)
     proc = load_tiny_processor("qwen2_vl")
     kw: dict[str, Any] = {"pack_size": 1024, "estimate_mode": "estimate", "prefetch": 0}
+    if mixture:
+        kw["mixture"] = Mixture(sources=[MixtureSource(name="a", data=str(data), weight=1.0)])
+        data = None
     spawned = neat_vlm_parts(
         data, proc, config=NeatVLMConfig(**kw, index_workers=2, index_start_method="spawn")
     )
@@ -125,7 +130,40 @@ def test_a_spawn_started_index_build_through_the_graph(
     here = neat_vlm_parts(data, proc, config=NeatVLMConfig(**kw, index_workers=0))
     assert started == [(2, "spawn")]  # no pool
     assert spawned.config == here.config  # same index fingerprint, same checkpoint key
-    assert spawned.source.plan_for(1).packs() == here.source.plan_for(1).packs()
+    a, b = spawned.source.plan_for(1), here.source.plan_for(1)
+    assert len(a) == len(b) > 0
+    assert [a.pack(k) for k in range(len(a))] == [b.pack(k) for k in range(len(b))]
+
+
+def test_a_grouped_graph_that_must_not_fork_builds_its_index_without_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grouped graph sizes its index pool itself (one per core once the slice pays); with
+    ``index_start_method="spawn"`` it starts none (spawned ones cost more than they save), so
+    nothing forks, where the default forks two here (2 cores)."""
+    import concurrent.futures
+
+    from neatpack.graphs import GroupedConfig, grouped_vlm_graph
+    from neatpack.pipes import index_workers as mod
+    from neatpack.pipes.testing.tiny import load_tiny_processor
+
+    pools: list[str] = []
+    real_pool = concurrent.futures.ProcessPoolExecutor
+
+    def spy(workers: int, **kw: Any) -> concurrent.futures.ProcessPoolExecutor:
+        pools.append(kw["mp_context"].get_start_method())
+        return real_pool(workers, **kw)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", spy)
+    monkeypatch.setattr(mod, "_cpus", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    data = _corpus(tmp_path / "d.jsonl", 2 * MIN_RECORDS_PER_WORKER + 100)
+    proc = load_tiny_processor("qwen2_vl")
+    spawned = grouped_vlm_graph(data, proc, config=GroupedConfig(index_start_method="spawn"))
+    assert pools == []
+    forked = grouped_vlm_graph(data, proc, config=GroupedConfig())
+    assert pools == ["fork"]
+    assert len(spawned) == len(forked)
 
 
 def test_cores_are_shared_among_the_ranks_of_a_machine(monkeypatch: pytest.MonkeyPatch) -> None:
