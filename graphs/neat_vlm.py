@@ -44,13 +44,13 @@ from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.index_workers import IndexStartMethod, index_start_method
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.overlong import check_overlong
-from neatpack.pipes.materializing.transfer import WorkerTransfer, check_worker_transfer
 from neatpack.pipes.materializing.materialize import (
     FAILURE_POLICIES,
     OVERFLOW_POLICIES,
     MaterializeConfig,
     Materializer,
 )
+from neatpack.pipes.materializing.transfer import WorkerTransfer, check_worker_transfer
 from neatpack.pipes.mixtures.mixture import Mixture, check_mixture_config, check_mixture_data
 from neatpack.pipes.planning.binpack import OVERLONG_POLICIES
 from neatpack.pipes.planning.plan import PackPlan, plan_packs

@@ -154,7 +154,7 @@ def test_the_retired_variable_is_an_error_naming_the_config_field(
     monkeypatch.setenv("NEATPACK_WORKER_ARENA", "0")
     with pytest.raises(RuntimeError, match="NEATPACK_WORKER_ARENA='0' is no longer read") as e:
         neat_vlm_graph(data, proc, config=_cfg(media, 2))
-    assert 'worker_transfer (NeatVLMConfig' in str(e.value)
+    assert "worker_transfer (NeatVLMConfig" in str(e.value)
     assert '"torch" for torch\'s own path' in str(e.value)
     # no worker processes, nothing it could switch: the graph is built
     assert len(neat_vlm_graph(data, proc, config=_cfg(media, 0))) > 0
