@@ -268,3 +268,45 @@ def test_a_batch_a_worker_cannot_send_is_an_error_naming_it(
     assert "batch['on_step'] (function) cannot be pickled" in str(e.value)
     assert "num_workers=0" in str(e.value)
     loader.close()
+
+
+def test_a_resume_may_change_the_worker_switches(corpus: tuple[Path, Path, Any]) -> None:
+    """``worker_transfer`` and ``index_start_method`` are not in the checkpoint key: a state
+    saved with the defaults loads into graphs that change them (and more workers), and the
+    rest of the epoch is the same batches."""
+    data, media, proc = corpus
+    llm_kw: dict[str, Any] = {"pack_size": 64, "batch_size": 2, "attn_implementation": "doc_ids"}
+    records = _token_records(60)
+    graphs = [
+        (
+            lambda cfg: neat_vlm_graph(data, proc, config=cfg),
+            _cfg(media, 0),
+            _cfg(media, 2, worker_transfer="torch", index_start_method="spawn"),
+        ),
+        (
+            lambda cfg: neat_llm_graph(records, config=cfg),
+            NeatLLMConfig(**llm_kw),
+            NeatLLMConfig(**llm_kw, num_workers=2, worker_transfer="torch"),
+        ),
+        (
+            lambda cfg: grouped_vlm_graph(data, proc, config=cfg),
+            GroupedConfig(batch_size=4, media_root=str(media)),
+            GroupedConfig(
+                batch_size=4, media_root=str(media), num_workers=2, worker_transfer="torch",
+                index_start_method="spawn",
+            ),
+        ),
+    ]  # fmt: skip
+    for build, saved_cfg, resumed_cfg in graphs:
+        ref = list(build(saved_cfg))
+        first = build(saved_cfg)
+        it = iter(first)
+        for _ in range(2):
+            next(it)
+        state = first.state_dict()
+        resumed = build(resumed_cfg)
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert len(rest) == len(ref) - 2 > 2
+        for a, b in zip(rest, ref[2:], strict=True):
+            _same(a, b)
