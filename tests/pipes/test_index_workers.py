@@ -232,3 +232,17 @@ def test_graph_index_workers_option(tmp_path: Path) -> None:
         loader = neat_vlm_graph(data, proc, config=cfg)
         got.append([p["sample_ids"] for b in loader for p in b["packs"]])
     assert got[0] == got[1] == got[2]
+
+
+def test_the_worked_examples_run_as_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    import doctest
+
+    from neatpack.pipes.compat import retired_env
+    from neatpack.pipes.indexing import index_workers as mod
+    from neatpack.pipes.materializing import transfer
+
+    for name in retired_env.RETIRED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    results = [doctest.testmod(m) for m in (retired_env, mod, transfer)]
+    assert all(r.failed == 0 for r in results), results
+    assert sum(r.attempted for r in results) >= 10
