@@ -2,7 +2,7 @@
 
 * ``neat_vlm_graph`` with 0, 1 and 2 worker processes: batches/s and real packed tokens/s;
   and with the most workers again with batches handed over by torch's own tensor path
-  (``NEATPACK_WORKER_ARENA=0``) instead of reused segments (``pipes/materializing/transfer.py``);
+  (``worker_transfer="torch"``) instead of reused segments (``pipes/materializing/transfer.py``);
 * a map-style ``torch.utils.data.DataLoader`` over a PackedDatasetWrapper-style dataset (each
   item materializes one pack of the same plan with the same processor), at the same workers;
 * the bare single-process processor (chat template + processor call) on the same samples;
@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.collating.collate import neat_packed_vlm_collater
 from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
+from neatpack.pipes.materializing.transfer import segments_seen
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.testing.synth import write_corpus
 from neatpack.pipes.testing.tiny import load_tiny_processor
@@ -101,7 +102,11 @@ def _drain(batches: Iterable[dict[str, Any]]) -> dict[str, float]:
 
 
 def time_neat(data: Any, processor: Any, cfg: NeatVLMConfig) -> dict[str, float]:
-    return _drain(neat_vlm_graph(data, processor, config=cfg))
+    before = segments_seen()
+    rates = _drain(neat_vlm_graph(data, processor, config=cfg))
+    # distinct worker segments the batches came through (0: torch's own path carried them)
+    rates["segments_received"] = segments_seen() - before
+    return rates
 
 
 def time_dataloader(ds: PackDataset, workers: int, batch_size: int) -> dict[str, float]:
@@ -169,15 +174,15 @@ def time_resume(data: Any, processor: Any, cfg: NeatVLMConfig, fraction: float) 
 
 
 def _measure(args: argparse.Namespace) -> dict[str, float]:
-    """One throughput run (``--one KIND:WORKERS``), in this fresh process."""
-    kind, w = args.one.split(":")
+    """One throughput run (``--one KIND:WORKERS[:TRANSFER]``), in this fresh process."""
+    kind, w, *transfer = args.one.split(":")
     workers = int(w)
     torch.set_num_threads(1)
     root, n = Path(args.root), _samples(args)
     data, processor = root / "data.jsonl", load_tiny_processor("qwen2_vl")
     global PAD
     PAD = int(processor.tokenizer.pad_token_id)
-    cfg = _config(args, root, workers)
+    cfg = _config(args, root, workers, *transfer)
     if kind == "neat":
         return time_neat(data, processor, cfg)
     source = JsonlSource(data, media_root=root / "media")
@@ -193,7 +198,9 @@ def _samples(args: argparse.Namespace) -> int:
     return 24 if args.quick else int(args.samples)
 
 
-def _config(args: argparse.Namespace, root: Path, workers: int) -> NeatVLMConfig:
+def _config(
+    args: argparse.Namespace, root: Path, workers: int, transfer: str = "segment"
+) -> NeatVLMConfig:
     return NeatVLMConfig(
         pack_size=args.pack_size,
         batch_size=args.batch_size,
@@ -202,12 +209,11 @@ def _config(args: argparse.Namespace, root: Path, workers: int) -> NeatVLMConfig
         num_workers=workers,
         attn_implementation="doc_ids",
         prefetch=2 if workers else 0,  # as DataLoader: no read-ahead without workers
+        worker_transfer=transfer,  # type: ignore[arg-type]  # the config checks it
     )
 
 
-def _run_one(
-    args: argparse.Namespace, what: str, env: dict[str, str] | None = None
-) -> dict[str, float]:
+def _run_one(args: argparse.Namespace, what: str) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--one", what, "--root", args.root,
            "--samples", str(args.samples), "--pack-size", str(args.pack_size),
            "--batch-size", str(args.batch_size)] + (["--quick"] if args.quick else [])  # fmt: skip
@@ -217,7 +223,6 @@ def _run_one(
         text=True,
         check=True,
         timeout=900,
-        env={**os.environ, **(env or {})},
     )
     result: dict[str, float] = json.loads(out.stdout)
     return result
@@ -269,9 +274,7 @@ def main() -> None:
     # The same top-worker graph with batches handed over by torch's own tensor path (a fresh
     # shared-memory file per tensor per batch) instead of reused segments
     # (pipes/materializing/transfer.py).
-    torch_path = best(
-        [_run_one(args, f"neat:{top}", {"NEATPACK_WORKER_ARENA": "0"}) for _ in range(args.repeats)]
-    )
+    torch_path = best([_run_one(args, f"neat:{top}:torch") for _ in range(args.repeats)])
     metrics["neat_torch_transfer"] = {f"workers_{top}": torch_path}
     metrics["ratio_transfer_segments_vs_torch_path"] = {
         rate: metrics["neat"][f"workers_{top}"][rate] / torch_path[rate]

@@ -93,6 +93,7 @@ def assemble(
         multiprocessing_context=config.multiprocessing_context,
         prefetch=config.prefetch,
         pin_memory=config.pin_memory,
+        transfer=config.worker_transfer,
         keep_ledger=config.keep_ledger,
         ledger_epochs=config.ledger_epochs,
         data=data,

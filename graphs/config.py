@@ -7,10 +7,11 @@ every graph's config is made of the groups it uses (``NeatVLMConfig``, ``NeatLLM
     PackingOptions     EpochOptions + pack_size batch_size overlong        VLM, LLM
                        max_packs cp_size
     RecordOptions      media_root cache_dir max_record_bytes               VLM, grouped
+    IndexOptions       index_workers index_start_method progress           VLM, grouped
     AttentionOptions   attn_implementation pad_to_multiple_of boundaries   VLM, LLM
                        allow_packing_leak
     WorkerOptions      num_workers worker_method multiprocessing_context   every graph
-                       prefetch pin_memory
+                       prefetch pin_memory worker_transfer
     BookkeepingOptions keep_ledger ledger_epochs                           every graph
 
 A graph's own options (the VLM graph's length estimate, family and media choices) are declared in
@@ -42,7 +43,9 @@ from typing import Any, Literal
 from neatpack.graphs.runtime.stages import WorkerMethod, check_start_method
 from neatpack.pipes.collating.mask_format import resolve_mask_format
 from neatpack.pipes.indexing.estimate import EstimateMode
+from neatpack.pipes.indexing.index_workers import IndexStartMethod, index_start_method
 from neatpack.pipes.materializing.materialize import BadSamplePolicy, OverflowPolicy
+from neatpack.pipes.materializing.transfer import WorkerTransfer
 from neatpack.pipes.mixtures.mixture import check_mixture_config
 from neatpack.pipes.planning.binpack import OverlongPolicy
 from neatpack.pipes.planning.source import TailPolicy
@@ -54,6 +57,7 @@ __all__ = [
     "BookkeepingOptions",
     "EpochOptions",
     "GroupedConfig",
+    "IndexOptions",
     "LegacyMixture",
     "NeatLLMConfig",
     "NeatVLMConfig",
@@ -179,6 +183,31 @@ class RecordOptions(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
+class IndexOptions(Options):
+    """How the length index is built (it is the same whatever these say)."""
+
+    index_workers: int | None = option(
+        None,
+        doc="length index build: None one forked process per core this rank may use once its "
+        "slice is large enough to pay (pipes/indexing/index_workers.py), N exactly N, 0 this "
+        "process; the index is the same for any number",
+        key=False,
+    )
+    index_start_method: IndexStartMethod = option(
+        "fork",
+        doc="how the index build's processes start: fork, or spawn / forkserver where this "
+        "process must not fork (CUDA or NCCL threads already running)",
+        key=False,
+    )
+    progress: bool = option(False, doc="a progress bar while the length index builds", key=False)
+
+    def _check(self) -> None:
+        if self.index_workers is not None and self.index_workers < 0:
+            raise ValueError(f"{self.index_workers=} must be >= 0, or None for one per core")
+        index_start_method(self.index_start_method)  # this platform has it
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttentionOptions(Options):
     """The collated batch's attention inputs: format, padding, boundaries."""
 
@@ -222,6 +251,12 @@ class WorkerOptions(Options):
     prefetch: int = option(2, doc="batches buffered ahead of the trainer", key=False)
     pin_memory: bool = option(
         False, doc="page-locked batches for non_blocking host-to-GPU copies (CUDA)", key=False
+    )
+    worker_transfer: WorkerTransfer = option(
+        "segment",
+        doc="worker -> trainer batches: segment (reused shared memory, faster) or torch "
+        "(torch's own path: each batch's memory is freed when the trainer drops it)",
+        key=False,
     )
 
     def _check(self) -> None:
@@ -328,6 +363,7 @@ def legacy_mixture(config: Any) -> Any:
 class NeatVLMConfig(
     PackingOptions,
     RecordOptions,
+    IndexOptions,
     AttentionOptions,
     WorkerOptions,
     BookkeepingOptions,
@@ -347,14 +383,6 @@ class NeatVLMConfig(
     packing_ratio: float = option(
         1.0, doc="plan to this fraction of pack_size: headroom for estimate error", key=True
     )
-    index_workers: int | None = option(
-        None,
-        doc="length index build: None one forked process per core this rank may use once its "
-        "slice is large enough to pay (pipes/indexing/index_workers.py), N exactly N, 0 this "
-        "process; the index is the same for any number",
-        key=False,
-    )
-    progress: bool = option(False, doc="a progress bar while the length index builds", key=False)
     # materializing
     overflow: OverflowPolicy = option(
         "truncate",
@@ -392,8 +420,6 @@ class NeatVLMConfig(
     def _check(self) -> None:
         if not 0.0 < self.packing_ratio <= 1.0:
             raise ValueError(f"{self.packing_ratio=} must be in (0, 1]")
-        if self.index_workers is not None and self.index_workers < 0:
-            raise ValueError(f"{self.index_workers=} must be >= 0, or None for one per core")
         if self.pp_microbatches is not None and not 1 <= self.pp_microbatches <= self.batch_size:
             raise ValueError(
                 f"{self.pp_microbatches=} must be between 1 and {self.batch_size=} (one "
@@ -425,7 +451,7 @@ class NeatLLMConfig(
 
 
 @dataclass(frozen=True, kw_only=True)
-class GroupedConfig(EpochOptions, RecordOptions, WorkerOptions, BookkeepingOptions):
+class GroupedConfig(EpochOptions, RecordOptions, IndexOptions, WorkerOptions, BookkeepingOptions):
     """Static choices of the length-grouped graph (``grouped_vlm_graph``): padded, not packed."""
 
     batch_size: int = option(8, doc="samples per rank per step (one padded batch)", key=True)
@@ -445,6 +471,7 @@ GROUPS: tuple[type[Options], ...] = (
     EpochOptions,
     PackingOptions,
     RecordOptions,
+    IndexOptions,
     AttentionOptions,
     WorkerOptions,
     BookkeepingOptions,

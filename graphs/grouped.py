@@ -127,9 +127,11 @@ def grouped_vlm_parts(
                 processor, missing_media_fix="(relative paths resolve against the media_root)"
             ),
             cache_dir=cfg.cache_dir,
-            progress=False,
+            progress=cfg.progress,
             rank=rank,
             world_size=world_size,
+            num_workers=cfg.index_workers,
+            start_method=cfg.index_start_method,
         )
     total = np.asarray(lengths.total)
 

@@ -109,6 +109,7 @@ def _record_sources(
             index = build_length_index(
                 source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,
                 world_size=world_size, num_workers=cfg.index_workers,
+                start_method=cfg.index_start_method,
                 on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
             )  # fmt: skip
         except Exception as exc:

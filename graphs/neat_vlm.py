@@ -113,6 +113,7 @@ def neat_vlm_parts(
             # a record that cannot be read follows on_bad_sample (skipped or replaced, counted)
             on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
             num_workers=cfg.index_workers,
+            start_method=cfg.index_start_method,
         )
     index = lengths
     # Overlong samples are known now: say so (by modality, with the fixes) before any batch.

@@ -20,13 +20,13 @@ its peak step heap plus :data:`KEEP_FREED_BYTES` resident.
 
 Measured (``python benchmarks/bench_loader.py``, 0 workers, CPU time per real token, same run):
 without it the graph ran at 0.6-0.7x the bare processor's rate, most of the gap page-fault
-system time; with it 0.94-1.06x. ``NEATPACK_MAIN_MALLOC=default`` leaves malloc alone.
+system time; with it 0.94-1.06x. It never lost in these measurements, so there is no switch
+(``NEATPACK_MAIN_MALLOC`` is retired: ``pipes/compat/retired_env.py``).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,10 +48,8 @@ _lock = threading.Lock()
 
 
 def _mallopt() -> Callable[[int, int], int] | None:
-    """glibc's ``mallopt``, or None (not glibc, or ``NEATPACK_MAIN_MALLOC=default``)."""
+    """glibc's ``mallopt``, or None (not glibc)."""
     global _libc
-    if os.environ.get("NEATPACK_MAIN_MALLOC", "").lower() == "default":
-        return None
     if _libc is None:
         try:
             _libc = ctypes.CDLL("libc.so.6")
@@ -68,7 +66,7 @@ def _mallopt() -> Callable[[int, int], int] | None:
 def heap_reuse() -> Iterator[bool]:
     """Large allocations from the heap, kept after free, for the ``with`` block.
 
-    Yields whether the settings apply (glibc, not opted out). Nested and concurrent blocks
+    Yields whether the settings apply (glibc). Nested and concurrent blocks
     (graphs in several threads) are counted: ``M_MMAP_MAX`` goes back to glibc's default when
     the last one closes; the trim threshold stays (the kept memory is what the next block
     reuses).

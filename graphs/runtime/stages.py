@@ -17,7 +17,13 @@ from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, PinMemory
 from neatpack.graphs.runtime.heap import InMainProcess
 from neatpack.graphs.runtime.loader import NeatLoader
 from neatpack.graphs.runtime.watchdog import init_worker, quiet_forked_iterator_gc
-from neatpack.pipes.materializing.transfer import activate, to_transfer
+from neatpack.pipes.compat.retired_env import check_retired_env
+from neatpack.pipes.materializing.transfer import (
+    WorkerTransfer,
+    activate,
+    check_worker_transfer,
+    to_transfer,
+)
 from neatpack.pipes.planning.source import PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, StepChain, pack_meta
 
@@ -42,16 +48,19 @@ class InWorker:
     """``fn`` with the worker set-up first (``init_worker``: die with the parent, one torch
     thread per worker, keep freed memory), so any step run by ``map_stage`` gets it; in a
     worker process its result leaves through a reused shared-memory segment
-    (``pipes/materializing/transfer.py``). Picklable when ``fn`` is."""
+    (``pipes/materializing/transfer.py``), or with ``transfer="torch"`` by torch's own path.
+    Picklable when ``fn`` is (the choice travels with it to spawned workers)."""
 
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn, self.owner_pid = fn, os.getpid()
+    def __init__(self, fn: Callable[[Any], Any], transfer: WorkerTransfer = "segment") -> None:
+        check_worker_transfer(transfer)
+        self.fn, self.owner_pid, self.transfer = fn, os.getpid(), transfer
 
     def __call__(self, item: Any) -> Any:
         init_worker(self.owner_pid)
         if os.getpid() == self.owner_pid:  # thread workers
             return self.fn(item)
-        activate()  # the batch leaves through a reused segment (pipes/materializing/transfer.py)
+        if self.transfer == "segment":
+            activate()  # the batch leaves through a reused segment (materializing/transfer.py)
         return to_transfer(self.fn(item))
 
 
@@ -64,6 +73,7 @@ def map_stage(
     multiprocessing_context: str | None = "fork",
     prefetch: int = 0,
     pin_memory: bool = False,
+    transfer: WorkerTransfer = "segment",
 ) -> BaseNode[Any]:
     """``fn`` over ``node``: inline when ``num_workers == 0``, else in worker processes (or
     threads), always in order (out-of-order delivery loses items on resume in torchdata 0.11),
@@ -71,19 +81,24 @@ def map_stage(
     ``PinMemory`` thread that copies every batch tensor into page-locked memory, so
     ``batch[k].to("cuda", non_blocking=True)`` overlaps the copy with compute. Without CUDA the
     option is ignored with a warning, as ``torch.utils.data.DataLoader`` does (torchdata's
-    ``PinMemory`` cannot even be built there).
+    ``PinMemory`` cannot even be built there). ``transfer``: how a worker process hands a
+    batch over (``"segment"`` or ``"torch"``, ``pipes/materializing/transfer.py``).
 
     The result is plain torchdata (``Mapper`` / ``ParallelMapper``, ``Prefetcher``), so its state
     is theirs: the snapshot of ``node``'s state at the last item handed on. ``fn`` must be
     picklable with ``method="process"`` and a spawn/forkserver context (fork needs no pickling).
     """
+    check_worker_transfer(transfer)
     out: BaseNode[Any]
     if num_workers > 0 and method == "process":
+        check_retired_env("NEATPACK_WORKER_ARENA", "NEATPACK_WORKER_MALLOC")
         quiet_forked_iterator_gc()
+    elif num_workers == 0:
+        check_retired_env("NEATPACK_MAIN_MALLOC")
     if num_workers > 0:
         out = ParallelMapper(
             node,
-            InWorker(fn),
+            InWorker(fn, transfer),
             num_workers=num_workers,
             in_order=True,
             method=method,
@@ -128,6 +143,7 @@ class GraphParts:
     multiprocessing_context: str | None = "fork"
     prefetch: int = 0
     pin_memory: bool = False
+    transfer: WorkerTransfer = "segment"  # how worker batches reach the trainer (transfer.py)
     keep_ledger: bool = True
     ledger_epochs: int | None = None
     data: dict[str, str] | None = None  # the data's name and fingerprint (resume messages)
@@ -144,6 +160,7 @@ class GraphParts:
             multiprocessing_context=self.multiprocessing_context,
             prefetch=self.prefetch,
             pin_memory=self.pin_memory,
+            transfer=self.transfer,
         )
 
     def loader(self, build: Callable[[BaseNode[Any]], BaseNode[Any]] | None = None) -> NeatLoader:

@@ -175,12 +175,11 @@ def keep_freed_memory() -> bool:
     2 workers (``neat_vlm_graph``, pack 4096, B=2): a third of the workers' CPU was page-fault
     system time, and turning mmap off (``M_MMAP_MAX=0``) with a 1 GiB trim threshold raised
     real tokens/s by about 1.6x. The cost is that a worker holds up to its peak heap plus
-    ``KEEP_FREED_BYTES`` instead of returning memory between packs. Only worker processes call
-    this (never the trainer's); set ``NEATPACK_WORKER_MALLOC=default`` to leave malloc alone.
+    ``KEEP_FREED_BYTES`` instead of returning memory between packs; its peak RSS stays within
+    a few percent (measured), so there is no switch (``NEATPACK_WORKER_MALLOC`` is retired:
+    ``pipes/compat/retired_env.py``). Only worker processes call this (never the trainer's).
     Returns whether the settings were applied (glibc only).
     """
-    if os.environ.get("NEATPACK_WORKER_MALLOC", "").lower() == "default":
-        return False
     try:
         libc = ctypes.CDLL("libc.so.6")
         ok = libc.mallopt(_M_MMAP_MAX, 0) == 1

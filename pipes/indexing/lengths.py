@@ -236,6 +236,7 @@ def build_length_index(
     group: Any = None,
     num_workers: int | None = None,
     on_error: str = "raise",
+    start_method: str | None = None,
 ) -> LengthIndex:
     """Estimate every sample of ``source`` (or load the cached index with the same fingerprint).
 
@@ -253,7 +254,8 @@ def build_length_index(
     source and estimator are pickled to them), ``0`` keeps it in this process, and ``None`` (the
     default) picks the number with ``index_workers(records of this rank)``: one per core this
     rank may use, once the slice is large enough to pay for a pool (32,768 records); the index
-    is the same for any number.
+    is the same for any number. ``start_method`` starts those processes (``fork``, ``spawn``,
+    ``forkserver``; None: fork where the platform has it), see ``index_start_method``.
     ``on_error``: ``"raise"`` (a bad record stops the build, naming it) or ``"skip"`` (it gets
     length 0 and is listed under the fallback reason ``record_error``: the loader's
     ``on_bad_sample`` policy then skips or replaces it, counted). The cached file does not
@@ -266,6 +268,7 @@ def build_length_index(
         raise ValueError(
             f"{num_workers=} must be >= 0 (0: estimate in this process), or None for one per core"
         )
+    start_method = index_start_method(start_method)
     fp = length_index_fingerprint(source, estimator)
     path = None if cache_dir is None else Path(cache_dir) / f"{fp}.npz"
     root = getattr(source, "media_root", None)
@@ -291,13 +294,13 @@ def build_length_index(
     cuts = split_points(n, world_size, getattr(source, "shard_starts", None))
     lo, hi = (cuts[rank], cuts[rank + 1]) if dist else (0, n)
     if num_workers is None:
-        num_workers = index_workers(hi - lo)
+        num_workers = index_workers(hi - lo, start_method=start_method)
     error: str | None = None
     empty = np.zeros(0, np.int64)
     part: _Part = (empty, empty, [], [])
     try:
         part = _estimate_parallel(
-            source, estimator, lo, hi, progress and rank == 0, num_workers, on_error
+            source, estimator, lo, hi, progress and rank == 0, num_workers, on_error, start_method
         )
     except Exception as e:
         if dist is None:
@@ -337,6 +340,7 @@ def _estimate_parallel(
     progress: bool,
     workers: int,
     on_error: str = "raise",
+    start_method: str = "fork",
 ) -> _Part:
     """This rank's lengths of ids ``lo..hi-1`` and the media files read for them, relative to
     the source's media root (so ranks with their own copy of the media agree)."""
@@ -347,7 +351,7 @@ def _estimate_parallel(
 
     bounds = [b - lo for b in getattr(source, "shard_starts", None) or () if lo <= b <= hi]
     cuts = [lo + c for c in split_points(hi - lo, workers, bounds)]
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context(index_start_method())) as pool:
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context(start_method)) as pool:
         futures = [
             pool.submit(_slice_with_media, source, estimator, a, b, False, on_error)
             for a, b in itertools.pairwise(cuts)

@@ -23,7 +23,9 @@ the smallest.
 
 Only process workers use it (``activate`` is called in the worker by the graph's stage
 wrapper); thread workers and the trainer's own process hand batches over as they are.
-``NEATPACK_WORKER_ARENA=0`` turns it off (torch's path). What travels is exactly the batch:
+``worker_transfer="torch"`` (the graphs' configs, ``map_stage(transfer=...)``) keeps torch's
+path: the memory of each batch goes back when the trainer frees it, where a worker keeps its
+segments mapped for its next batches. What travels is exactly the batch:
 same keys in the same order, same dtypes, shapes and values (tensors arrive contiguous); other
 values are pickled as usual.
 
@@ -42,14 +44,17 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
 __all__ = [
     "KEEP_FREE",
+    "WORKER_TRANSFERS",
+    "WorkerTransfer",
     "activate",
     "active",
+    "check_worker_transfer",
     "collate_into_shared_memory",
     "enabled",
     "segments_seen",
@@ -63,18 +68,36 @@ _ROUND = 2 << 20
 #: Free segments a worker keeps mapped for its next batches (the largest ones); more are closed.
 KEEP_FREE = 2
 
+#: How a worker process hands a batch to the trainer's: through a reused segment (this
+#: module), or torch's own path (a fresh shared-memory file per tensor per batch).
+WorkerTransfer = Literal["segment", "torch"]
+WORKER_TRANSFERS: tuple[str, ...] = get_args(WorkerTransfer)
+
 _active_pid = -1
 _ids = itertools.count()
 
 
+def check_worker_transfer(worker_transfer: str) -> None:
+    """Refuse a transfer that is not one of :data:`WORKER_TRANSFERS`, listing them.
+
+    >>> check_worker_transfer("torch")
+    """
+    if worker_transfer not in WORKER_TRANSFERS:
+        raise ValueError(
+            f"{worker_transfer=} is not one of {WORKER_TRANSFERS}; segment is faster (reused "
+            "shared memory), torch returns each batch's memory when the trainer frees it"
+        )
+
+
 def enabled() -> bool:
-    """Whether workers transfer through segments (Linux ``memfd``; not switched off)."""
-    return hasattr(os, "memfd_create") and os.environ.get("NEATPACK_WORKER_ARENA", "1") != "0"
+    """Whether this platform has segments (Linux ``memfd``); elsewhere torch's path is used."""
+    return hasattr(os, "memfd_create")
 
 
 def activate() -> None:
-    """Called in a worker process before its step runs: this process's batches go through
-    segments (and the collater need not write pixels into torch's shared memory itself)."""
+    """Called in a worker process before its step runs when the graph's ``worker_transfer`` is
+    ``"segment"``: this process's batches go through segments (and the collater need not write
+    pixels into torch's shared memory itself)."""
     global _active_pid
     if enabled():
         _active_pid = os.getpid()

@@ -28,6 +28,9 @@ def test_bench_loader_quick() -> None:
     assert m["cpu_ratio_neat_0_workers_vs_bare_processor"] > 0
     assert set(m["resume_first_batch_s"]) == {"0%", "50%", "95%"}
     assert m["neat_torch_transfer"]["workers_1"]["tokens_per_s"] > 0
+    # the comparison is real: worker_transfer="torch" reached the workers, the default did not
+    assert m["neat_torch_transfer"]["workers_1"]["segments_received"] == 0
+    assert m["neat"]["workers_1"]["segments_received"] > 0
     assert m["ratio_transfer_segments_vs_torch_path"]["tokens_per_s"] > 0
 
 

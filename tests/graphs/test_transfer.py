@@ -12,7 +12,14 @@ import pytest
 import torch
 from torchdata.nodes import IterableWrapper
 
-from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.graphs import (
+    GroupedConfig,
+    NeatLLMConfig,
+    NeatVLMConfig,
+    grouped_vlm_graph,
+    neat_llm_graph,
+    neat_vlm_graph,
+)
 from neatpack.graphs.runtime.stages import map_stage
 from neatpack.pipes import transfer
 from neatpack.pipes.testing.synth import write_corpus
@@ -25,9 +32,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
     return write_corpus(d, num_samples=72, seed=4), d / "media", load_tiny_processor("qwen2_vl")
 
 
-def _cfg(media: Path, workers: int) -> NeatVLMConfig:
+def _cfg(media: Path, workers: int, **kw: Any) -> NeatVLMConfig:
     return NeatVLMConfig(
-        pack_size=1024, batch_size=2, media_root=str(media), num_workers=workers, prefetch=1
+        pack_size=1024, batch_size=2, media_root=str(media), num_workers=workers, prefetch=1, **kw
     )
 
 
@@ -77,17 +84,80 @@ def test_released_segments_are_reused_and_slices_outlive_their_batch(
     assert torch.equal(kept, ref[1]["pixel_values"][3:9])
 
 
-def test_switched_off_gives_the_same_batches(
-    corpus: tuple[Path, Path, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_torch_transfer_gives_the_same_batches(corpus: tuple[Path, Path, Any]) -> None:
+    """``worker_transfer="torch"`` reaches the two worker processes as an argument of their
+    step: torch's own path carries every batch (no segment arrives), and the batches equal
+    those made without workers."""
     data, media, proc = corpus
-    monkeypatch.setenv("NEATPACK_WORKER_ARENA", "0")  # read by the (forked) workers
     ref = list(neat_vlm_graph(data, proc, config=_cfg(media, 0)))
     before = transfer.segments_seen()
-    got = list(neat_vlm_graph(data, proc, config=_cfg(media, 2)))
+    got = list(neat_vlm_graph(data, proc, config=_cfg(media, 2, worker_transfer="torch")))
     assert transfer.segments_seen() == before  # torch's own path carried them
+    assert len(got) == len(ref) > 6
     for a, b in zip(got, ref, strict=True):
         _same(a, b)
+
+
+def _token_records(n: int) -> list[dict[str, Any]]:
+    return [{"input_ids": list(range(1, 5 + (i * 7) % 40))} for i in range(n)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("worker_transfer", ["segment", "torch"])
+def test_the_transfer_choice_reaches_spawned_workers(worker_transfer: str) -> None:
+    """Spawned workers start from a fresh interpreter: the choice travels pickled with their
+    step, not through this process's state or environment. The text graph, 2 spawned workers:
+    segments arrive only for ``"segment"``, and the batches equal those without workers."""
+    records = _token_records(60)
+    kw: dict[str, Any] = {"pack_size": 64, "batch_size": 2, "attn_implementation": "doc_ids"}
+    ref = list(neat_llm_graph(records, config=NeatLLMConfig(**kw, num_workers=0)))
+    cfg = NeatLLMConfig(
+        **kw, num_workers=2, multiprocessing_context="spawn", worker_transfer=worker_transfer
+    )
+    before = transfer.segments_seen()
+    got = list(neat_llm_graph(records, config=cfg))
+    assert (transfer.segments_seen() > before) == (worker_transfer == "segment")
+    assert len(got) == len(ref) > 4
+    for a, b in zip(got, ref, strict=True):
+        _same(a, b)
+
+
+def test_the_grouped_graph_takes_the_transfer_choice(corpus: tuple[Path, Path, Any]) -> None:
+    data, media, proc = corpus
+    kw: dict[str, Any] = {"batch_size": 4, "media_root": str(media), "prefetch": 1}
+    ref = list(grouped_vlm_graph(data, proc, config=GroupedConfig(**kw)))
+    before = transfer.segments_seen()
+    got = list(
+        grouped_vlm_graph(
+            data, proc, config=GroupedConfig(**kw, num_workers=2, worker_transfer="torch")
+        )
+    )
+    assert transfer.segments_seen() == before
+    assert len(got) == len(ref) > 6
+    for a, b in zip(got, ref, strict=True):
+        _same(a, b)
+
+
+def test_a_bad_transfer_is_refused_at_construction_listing_the_choices() -> None:
+    for config in (NeatVLMConfig, NeatLLMConfig, GroupedConfig):
+        with pytest.raises(ValueError, match=r"worker_transfer='shm' is not one of \('segment'"):
+            config(worker_transfer="shm")  # type: ignore[arg-type]
+
+
+def test_the_retired_variable_is_an_error_naming_the_config_field(
+    corpus: tuple[Path, Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``NEATPACK_WORKER_ARENA`` is no longer read; a job that still sets it is told which
+    field replaced it when its graph with worker processes is built, instead of silently
+    getting the other transfer."""
+    data, media, proc = corpus
+    monkeypatch.setenv("NEATPACK_WORKER_ARENA", "0")
+    with pytest.raises(RuntimeError, match="NEATPACK_WORKER_ARENA='0' is no longer read") as e:
+        neat_vlm_graph(data, proc, config=_cfg(media, 2))
+    assert "worker_transfer (NeatVLMConfig" in str(e.value)
+    assert '"torch" for torch\'s own path' in str(e.value)
+    # no worker processes, nothing it could switch: the graph is built
+    assert len(neat_vlm_graph(data, proc, config=_cfg(media, 0))) > 0
 
 
 def _odd_batch(i: int) -> dict[str, Any]:
@@ -198,3 +268,45 @@ def test_a_batch_a_worker_cannot_send_is_an_error_naming_it(
     assert "batch['on_step'] (function) cannot be pickled" in str(e.value)
     assert "num_workers=0" in str(e.value)
     loader.close()
+
+
+def test_a_resume_may_change_the_worker_switches(corpus: tuple[Path, Path, Any]) -> None:
+    """``worker_transfer`` and ``index_start_method`` are not in the checkpoint key: a state
+    saved with the defaults loads into graphs that change them (and more workers), and the
+    rest of the epoch is the same batches."""
+    data, media, proc = corpus
+    llm_kw: dict[str, Any] = {"pack_size": 64, "batch_size": 2, "attn_implementation": "doc_ids"}
+    records = _token_records(60)
+    graphs = [
+        (
+            lambda cfg: neat_vlm_graph(data, proc, config=cfg),
+            _cfg(media, 0),
+            _cfg(media, 2, worker_transfer="torch", index_start_method="spawn"),
+        ),
+        (
+            lambda cfg: neat_llm_graph(records, config=cfg),
+            NeatLLMConfig(**llm_kw),
+            NeatLLMConfig(**llm_kw, num_workers=2, worker_transfer="torch"),
+        ),
+        (
+            lambda cfg: grouped_vlm_graph(data, proc, config=cfg),
+            GroupedConfig(batch_size=4, media_root=str(media)),
+            GroupedConfig(
+                batch_size=4, media_root=str(media), num_workers=2, worker_transfer="torch",
+                index_start_method="spawn",
+            ),
+        ),
+    ]  # fmt: skip
+    for build, saved_cfg, resumed_cfg in graphs:
+        ref = list(build(saved_cfg))
+        first = build(saved_cfg)
+        it = iter(first)
+        for _ in range(2):
+            next(it)
+        state = first.state_dict()
+        resumed = build(resumed_cfg)
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert len(rest) == len(ref) - 2 > 2
+        for a, b in zip(rest, ref[2:], strict=True):
+            _same(a, b)

@@ -62,11 +62,10 @@ def test_shared_collate_equals_plain_collate(setup: tuple[JsonlSource, Any, Any]
 
 
 def _run_in_child(
-    step: InWorker, refs: list[dict[str, Any]], q: Any, done: Any, arena: str
+    step: InWorker, refs: list[dict[str, Any]], q: Any, done: Any, transfer: str
 ) -> None:
-    os.environ["NEATPACK_WORKER_ARENA"] = arena
     out = step(refs)
-    if arena == "0":  # torch's path: the collater wrote the pixels into shared memory itself
+    if transfer == "torch":  # torch's path: the collater wrote the pixels into shared memory itself
         q.put((type(out).__name__, bool(out["pixel_values"].is_shared()), out))
     else:
         q.put(
@@ -75,9 +74,9 @@ def _run_in_child(
     done.wait(60)  # as a loader worker lives on: the receiver fetches descriptors from it
 
 
-@pytest.mark.parametrize("arena", ["1", "0"])
+@pytest.mark.parametrize("transfer", ["segment", "torch"])
 def test_a_worker_batch_reaches_the_main_process_equal(
-    setup: tuple[JsonlSource, Any, list[list[int]]], arena: str
+    setup: tuple[JsonlSource, Any, list[list[int]]], transfer: str
 ) -> None:
     """The step as map_stage runs it in a worker process: its batch crosses a real queue to
     this process and equals the batch the same step makes here. Through a transfer segment
@@ -88,7 +87,8 @@ def test_a_worker_batch_reaches_the_main_process_equal(
     collate = Collater(attn_implementation="sdpa")
     # as map_stage runs a step in its workers: the worker set-up (one torch thread) first
     step = InWorker(
-        StepChain(PerPack(PackMaterializer(Materializer(src, proc, cfg), estimated)), collate)
+        StepChain(PerPack(PackMaterializer(Materializer(src, proc, cfg), estimated)), collate),
+        transfer,  # type: ignore[arg-type]
     )
     refs = [
         {"epoch": 0, "slot": k, "pack_index": k, "padded": False, "sample_ids": ids}
@@ -99,15 +99,15 @@ def test_a_worker_batch_reaches_the_main_process_equal(
     assert not inline["pixel_values"].is_shared()  # and no shared memory
     ctx = mp.get_context("fork")
     q, done = ctx.Queue(), ctx.Event()
-    p = ctx.Process(target=_run_in_child, args=(step, refs, q, done, arena))
+    p = ctx.Process(target=_run_in_child, args=(step, refs, q, done, transfer))
     p.start()
     kind, shared, got = q.get(timeout=120)
     done.set()
     p.join(timeout=30)
     assert p.exitcode == 0
     assert os.getpid() == collate.owner_pid
-    assert kind == ("TransferBatch" if arena == "1" else "dict")
-    if arena == "0":
+    assert kind == ("TransferBatch" if transfer == "segment" else "dict")
+    if transfer == "torch":
         assert shared
     assert type(got) is dict
     assert list(got) == list(inline)  # same keys, same order

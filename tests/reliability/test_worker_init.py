@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from neatpack.graphs.runtime.watchdog import init_worker
@@ -97,8 +98,34 @@ def test_workers_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
     assert got["keep"][1] <= got["default"][1] / 4, got
 
 
-def test_worker_malloc_tuning_can_be_turned_off(monkeypatch: Any) -> None:
-    from neatpack.graphs.runtime.watchdog import keep_freed_memory
+def _count_faults(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch hook: in the worker, the page faults of sixteen 64 MiB allocations freed in turn
+    (after one to warm the heap)."""
+    import resource
+
+    torch.empty(64 << 20, dtype=torch.uint8).fill_(1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(16):
+        torch.empty(64 << 20, dtype=torch.uint8).fill_(1)
+    batch["worker_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return batch
+
+
+def test_the_retired_variable_warns_and_workers_still_keep_freed_memory(
+    monkeypatch: Any,
+) -> None:
+    """``NEATPACK_WORKER_MALLOC=default`` turned the tuning off; it is no longer read (the
+    tuning never lost in the measurements). A job that still sets it is warned when its graph
+    with worker processes is built, and its workers keep freed memory as without it: sixteen
+    64 MiB allocations fault a few times over, not 16 x 16k pages (262k with the variable
+    honoured, as before)."""
+    from neatpack.graphs import NeatLLMConfig, neat_llm_graph
 
     monkeypatch.setenv("NEATPACK_WORKER_MALLOC", "default")
-    assert keep_freed_memory() is False  # and nothing was changed in this (test) process
+    records = [{"input_ids": list(range(1, 20))} for _ in range(4)]
+    cfg = NeatLLMConfig(pack_size=64, num_workers=1, prefetch=0, attn_implementation="doc_ids")
+    with pytest.warns(UserWarning, match="NEATPACK_WORKER_MALLOC='default' is no longer read"):
+        loader = neat_llm_graph(records, config=cfg, batch_transform=_count_faults)
+    faults = [int(b["worker_faults"]) for b in loader]
+    assert faults
+    assert max(faults) < 16 * 10_000 / 2, faults
