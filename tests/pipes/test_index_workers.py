@@ -74,7 +74,7 @@ def test_a_bad_start_method_is_refused_at_construction_listing_the_choices() -> 
     from neatpack.graphs import GroupedConfig, NeatVLMConfig
 
     for config in (NeatVLMConfig, GroupedConfig):
-        with pytest.raises(ValueError, match=r"index_start_method='telepathy' is not one of"):
+        with pytest.raises(ValueError, match=r"index_start_method='telepathy'\): not one of"):
             config(index_start_method="telepathy")  # type: ignore[arg-type]
 
 
