@@ -92,7 +92,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "collating.expand_tokens": ("expand_image_tokens",),
     "collating.robust_collate": ("RobustCollate", "make_robust_collate"),
     "errors": ("EstimateError", "RecordError", "SampleError"),
-    "contracts": ("Batch", "Pack", "PackRef", "Record", "Sample"),
+    "contracts": ("Batch", "Pack", "PackMeta", "PackRef", "Record", "Sample"),
     "parallel.pp_media": (
         "VLM_PP_MEDIA_KEY",
         "chunk_step3_media",
@@ -247,6 +247,7 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.compat.text_pack import neat_pack_dataset as neat_pack_dataset
     from neatpack.pipes.contracts import Batch as Batch
     from neatpack.pipes.contracts import Pack as Pack
+    from neatpack.pipes.contracts import PackMeta as PackMeta
     from neatpack.pipes.contracts import PackRef as PackRef
     from neatpack.pipes.contracts import Record as Record
     from neatpack.pipes.contracts import Sample as Sample
@@ -438,6 +439,7 @@ __all__ = [
     "Mixture",
     "MixtureSource",
     "Pack",
+    "PackMeta",
     "PackPlan",
     "PackRef",
     "PackSource",
