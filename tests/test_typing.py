@@ -217,3 +217,17 @@ def test_importing_the_package_loads_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_project_mypy_run_reads_the_packages_as_neatpack() -> None:
+    """``mypy`` from the repository root checks ``neatpack.pipes`` / ``neatpack.graphs``
+    through ``.typecheck/neatpack/{pipes,graphs}``, links to the two folders (pyproject.toml)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert config["packages"] == ["neatpack.pipes", "neatpack.graphs"]
+    base = ROOT / config["mypy_path"] / "neatpack"
+    assert not (base / "__init__.py").exists()  # a namespace package, as installed
+    for name in ("pipes", "graphs"):
+        assert (base / name).is_symlink()
+        assert (base / name).resolve() == (ROOT / name).resolve()
