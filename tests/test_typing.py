@@ -34,6 +34,7 @@ INIT = ROOT / "pipes" / "__init__.py"
 README = ROOT / "README.md"
 #: What the README may import from: the two packages and the documented submodules.
 DOCUMENTED = re.compile(r"neatpack\.(pipes|graphs|graphs\.hf_trainer|graphs\.integrations\.\w+)$")
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)  # one python block of the README
 SKIPPED = ("torch", "transformers", "torchvision", "datasets")  # mypy does not analyze them
 
 
@@ -59,7 +60,7 @@ def type_checking_imports(source: str) -> dict[str, set[str]]:
 def readme_imports(text: str) -> dict[str, list[str]]:
     """Module -> names the README's ``python`` blocks import from ``neatpack.*`` (in order)."""
     out: dict[str, list[str]] = {}
-    for code in re.findall(r"^```python\n(.*?)^```", text, re.S | re.M):
+    for code in re.findall(BLOCK, text):
         for node in ast.walk(ast.parse(code)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("neatpack"):
                 names = out.setdefault(node.module or "", [])
@@ -178,7 +179,9 @@ def test_mypy_check_sees_a_name_made_any(tmp_path: Path) -> None:
 def test_readme_imports_only_the_public_tiers() -> None:
     """The README imports from ``neatpack.pipes``, ``neatpack.graphs`` and the documented
     submodules only, and every name it imports from the two packages is in their ``__all__``."""
-    imports = readme_imports(README.read_text())
+    text = README.read_text()
+    assert len(BLOCK.findall(text)) == text.count("```python") >= 9  # every block is read
+    imports = readme_imports(text)
     assert not [m for m in imports if not DOCUMENTED.match(m)], sorted(imports)
     for package in (neatpack.pipes, neatpack.graphs):
         module = package.__name__
