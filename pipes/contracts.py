@@ -1,19 +1,24 @@
-"""The data contracts between the stages, as types: Record -> Sample -> Pack, PackRef, Batch.
+"""The data contracts between the stages, as types: Record -> Sample -> Pack, PackRef, Batch,
+and PackMeta (one pack's bookkeeping, what ``NeatLoader`` counts).
 
 Each is a ``TypedDict``: at runtime a plain ``dict`` (nothing is converted or checked, the key
 names are the seed's), for the type checker a dict whose keys and value types are known.
 ``docs/data_contracts.md`` shows each one with an example; a test keeps the two in step (every
 key the document lists is a key here, and every key here is listed there)::
 
-    read            -> Record    one conversation, by sample id
-    tokenize        -> Sample    one conversation through the real processor (unshifted)
-    PackSource.next -> PackRef   which samples make one pack slot of an epoch
-    materialize     -> Pack      the samples, shifted and concatenated
-    collate         -> Batch     packs padded to [B, S] plus the attention inputs
+    read             -> Record    one conversation, by sample id
+    tokenize         -> Sample    one conversation through the real processor (unshifted)
+    PackSource.next  -> PackRef   which samples make one pack slot of an epoch
+    materialize      -> Pack      the samples, shifted and concatenated
+    collate          -> Batch     packs padded to [B, S] plus the attention inputs
+    PackMaterializer -> PackMeta  in pack["meta"]; Collater moves them to batch["packs"]
 
 Keys a stage adds only in some cases (media, precomputed counts, a format's attention
 inputs) are ``NotRequired``. A model family may add keys of its own to a Sample, Pack or
-Batch (``docs/families.md``); they travel through untouched.
+Batch (``docs/families.md``); they travel through untouched. ``Pack.meta`` and ``Batch.packs``
+are ``NotRequired`` because the pure functions (``build_pack``, ``neat_packed_vlm_collater``)
+do not make them; every graph's pack and batch carry them, and ``NeatLoader`` refuses a batch
+without ``packs`` or a ``PackMeta`` without one of its required keys (``BookkeepingError``).
 
 >>> ref: PackRef = {"epoch": 0, "slot": 3, "pack_index": 7, "sample_ids": [4, 9], "padded": False}
 >>> type(ref) is dict
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 if TYPE_CHECKING:  # annotations only: reading records and planning never import torch
     from torch import Tensor
 
-__all__ = ["Batch", "Pack", "PackRef", "Record", "Sample"]
+__all__ = ["Batch", "Pack", "PackMeta", "PackRef", "Record", "Sample"]
 
 
 class Record(TypedDict):
@@ -66,6 +71,23 @@ class PackRef(TypedDict):
     source_ids: NotRequired[list[int]]  # mixtures only
 
 
+class PackMeta(TypedDict):
+    """One pack's bookkeeping, made by ``pack_meta`` (``PackMaterializer``) from its ``PackRef``:
+    what ``NeatLoader`` advances its cursor, ledger and stats with (section 5). The required keys
+    are the ones the loader checks in every batch; it reads the others with ``.get``."""
+
+    epoch: int
+    slot: int
+    sample_ids: list[int]
+    padded: bool
+    pack_index: NotRequired[int]
+    real_tokens: NotRequired[int]
+    estimated_tokens: NotRequired[int | None]
+    report: NotRequired[dict[str, Any] | None]
+    seq_lens: NotRequired[list[int] | None]
+    source_tokens: NotRequired[dict[str, int]]  # mixtures only
+
+
 class Pack(TypedDict):
     """Shifted samples concatenated into one row (section 5)."""
 
@@ -91,6 +113,7 @@ class Pack(TypedDict):
     planned_sample_ids: NotRequired[list[int]]
     report: NotRequired[dict[str, Any]]
     media_samples: NotRequired[list[dict[str, Any]]]
+    meta: NotRequired[PackMeta]  # PackMaterializer: the loader's bookkeeping
 
 
 class Batch(TypedDict):
@@ -122,3 +145,4 @@ class Batch(TypedDict):
     seq_idx: NotRequired["Tensor"]
     doc_sources: NotRequired["Tensor"]  # mixtures only
     source_names: NotRequired[list[str]]
+    packs: NotRequired[list[PackMeta]]  # Collater: one per row; NeatLoader requires it

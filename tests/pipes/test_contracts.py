@@ -9,17 +9,26 @@ listed, so neither can gain or lose a key alone. The contracts are plain dicts a
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
+from typing import NotRequired
 
 import pytest
 import torch
 
 from neatpack.pipes import contracts
-from neatpack.pipes.contracts import Batch, Pack, PackRef, Record, Sample
+from neatpack.pipes.contracts import Batch, Pack, PackMeta, PackRef, Record, Sample
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "data_contracts.md"
-CONTRACTS = {"Record": Record, "Sample": Sample, "PackRef": PackRef, "Pack": Pack, "Batch": Batch}
+CONTRACTS = {
+    "Record": Record,
+    "Sample": Sample,
+    "PackRef": PackRef,
+    "Pack": Pack,
+    "PackMeta": PackMeta,
+    "Batch": Batch,
+}
 
 
 def documented_keys(text: str) -> dict[str, list[str]]:
@@ -94,4 +103,71 @@ def test_the_stages_produce_the_documented_keys() -> None:
     batch = neat_packed_vlm_collater([pack], mask_format="doc_ids")
     assert Batch.__required_keys__ <= set(batch)
     assert set(batch) <= set(Batch.__annotations__)
-    assert contracts.__all__ == ["Batch", "Pack", "PackRef", "Record", "Sample"]
+    assert contracts.__all__ == ["Batch", "Pack", "PackMeta", "PackRef", "Record", "Sample"]
+
+
+def test_pack_meta_requires_what_the_loader_checks() -> None:
+    """``PackMeta``'s required keys are the ones ``NeatLoader`` refuses a batch without; what
+    ``pack_meta`` makes is a ``PackMeta``; ``Pack.meta`` and ``Batch.packs`` are typed by it."""
+    from neatpack.graphs.runtime.loader import META_KEYS
+    from neatpack.pipes import pack_meta
+
+    assert PackMeta.__required_keys__ == set(META_KEYS)
+    ref: PackRef = {"epoch": 0, "slot": 3, "pack_index": 7, "sample_ids": [4, 9], "padded": False}
+    made = pack_meta(ref, real_tokens=12, seq_lens=[5, 7])
+    assert PackMeta.__required_keys__ <= set(made) <= set(PackMeta.__annotations__)
+    assert Pack.__annotations__["meta"] == NotRequired[PackMeta]
+    assert Batch.__annotations__["packs"] == NotRequired[list[PackMeta]]
+
+
+def _check(contract: type, value: dict[str, object], what: str) -> None:
+    missing = sorted(contract.__required_keys__ - set(value))  # type: ignore[attr-defined]
+    unknown = sorted(set(value) - set(contract.__annotations__))
+    assert not missing, f"{what} lacks required keys {missing}"
+    assert not unknown, f"{what} has keys {unknown} not in {contract.__name__}"
+
+
+@pytest.mark.parametrize("mixture", [False, True], ids=["one_source", "mixture"])
+def test_a_graph_pack_and_batch_match_their_contracts(tmp_path: Path, mixture: bool) -> None:
+    """Through the prebuilt graph's own steps (``neat_vlm_parts`` with the real tiny processor,
+    a recorder inserted before its collate step): each pack has every required ``Pack`` key,
+    ``meta`` included, and no key outside the contract; each batch likewise for ``Batch``,
+    ``packs`` included, and each of its rows for ``PackMeta``. The mixture graph adds keys of
+    its own (``doc_sources``, ``source_tokens``): they are in the contracts too."""
+    from neatpack.graphs import NeatVLMConfig, neat_vlm_parts
+    from neatpack.pipes import Mixture, MixtureSource, load_tiny_processor, write_corpus
+
+    if mixture:
+        sources = [
+            MixtureSource(name=name, data=write_corpus(tmp_path / name, num_samples=n, seed=k),
+                          media_root=str(tmp_path / name / "media"), weight=w)
+            for k, (name, n, w) in enumerate((("ocr", 10, 0.7), ("charts", 4, 0.3)))
+        ]  # fmt: skip
+        mix = Mixture(sources=sources)
+        data, config = None, NeatVLMConfig(pack_size=1024, num_workers=0, mixture=mix)
+    else:
+        data = write_corpus(tmp_path, num_samples=12)
+        config = NeatVLMConfig(pack_size=1024, num_workers=0, media_root=str(tmp_path / "media"))
+    parts = neat_vlm_parts(data, load_tiny_processor(), config=config, rank=0, world_size=1)
+    packs: list[dict[str, object]] = []
+
+    def keep(batch_packs: list[dict[str, object]]) -> list[dict[str, object]]:
+        packs.extend(dict(p) for p in batch_packs)  # what the graph's collate step receives
+        return batch_packs
+
+    at = parts.steps.index(parts.collate)
+    graph = dataclasses.replace(parts, steps=(*parts.steps[:at], keep, *parts.steps[at:]))
+    batches = list(graph.loader())
+    assert batches
+    assert len(packs) == sum(len(b["packs"]) for b in batches)
+    for i, pack in enumerate(packs):
+        _check(Pack, pack, f"pack {i}")
+        _check(PackMeta, pack["meta"], f"pack {i}'s meta")  # type: ignore[arg-type]
+    for i, batch in enumerate(batches):
+        _check(Batch, batch, f"batch {i}")
+        for k, meta in enumerate(batch["packs"]):
+            _check(PackMeta, meta, f"batch {i} packs[{k}]")
+    keys = set().union(*(set(b) for b in batches))
+    metas = set().union(*(set(m) for b in batches for m in b["packs"]))
+    assert ("doc_sources" in keys) == mixture
+    assert ("source_tokens" in metas) == mixture
