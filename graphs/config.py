@@ -38,7 +38,7 @@ import typing
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import InitVar, dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from neatpack.graphs.runtime.stages import WorkerMethod, check_start_method
 from neatpack.pipes.collating.mask_format import resolve_mask_format
@@ -75,7 +75,7 @@ __all__ = [
 
 #: ``option(key=KEY_WHEN_SET)``: the field enters the key only when it differs from its default
 #: (a field added after states were saved with the key: those states still load).
-KEY_WHEN_SET = "when_set"
+KEY_WHEN_SET: Final = "when_set"
 
 #: How worker processes start (the platform may lack one: ``check_start_method``).
 StartMethod = Literal["fork", "spawn", "forkserver"]

@@ -171,6 +171,7 @@ def _mixed(
         batch_size=cfg.batch_size, tail=cfg.tail,
     )  # fmt: skip
     steps: list[Callable[[Any], Any]] = list(parts.steps)
+    assert parts.collate is not None  # a packed graph's parts
     steps.insert(steps.index(parts.collate) + 1, SourceTagger(records.bounds, mix.names))
     return dataclasses.replace(
         parts,

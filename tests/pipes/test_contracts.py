@@ -144,7 +144,7 @@ def test_a_graph_pack_and_batch_match_their_contracts(tmp_path: Path, mixture: b
             for k, (name, n, w) in enumerate((("ocr", 10, 0.7), ("charts", 4, 0.3)))
         ]  # fmt: skip
         mix = Mixture(sources=sources)
-        data, config = None, NeatVLMConfig(pack_size=1024, num_workers=0, mixture=mix)
+        data, config = mix, NeatVLMConfig(pack_size=1024, num_workers=0)
     else:
         data = write_corpus(tmp_path, num_samples=12)
         config = NeatVLMConfig(pack_size=1024, num_workers=0, media_root=str(tmp_path / "media"))
