@@ -140,7 +140,8 @@ def test_the_grouped_graph_takes_the_transfer_choice(corpus: tuple[Path, Path, A
 
 def test_a_bad_transfer_is_refused_at_construction_listing_the_choices() -> None:
     for config in (NeatVLMConfig, NeatLLMConfig, GroupedConfig):
-        with pytest.raises(ValueError, match=r"worker_transfer='shm'\): not one of \['segment', 'torch'\]"):
+        valid = r"worker_transfer='shm'\): not one of \['segment', 'torch'\]"
+        with pytest.raises(ValueError, match=valid):
             config(worker_transfer="shm")  # type: ignore[arg-type]
 
 
