@@ -25,7 +25,6 @@ from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_s
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
-from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.mixtures.mixture_source import (
     MixtureLayout,
@@ -58,16 +57,9 @@ def mixture_parts(
             spec.data, spec.media_root, cache_dir=cfg.cache_dir, rank=rank,
             world_size=world_size, max_record_bytes=cfg.max_record_bytes,
         )  # fmt: skip
-        if family is not None:
-            estimator = family.estimator(processor, cfg.estimate_mode)
-        elif cfg.estimate_mode == "calibrated":
-            estimator = LengthEstimator.calibrate(
-                source, processor, mode="calibrated", missing_media_fix=MISSING_MEDIA_FIX
-            )
-        else:
-            estimator = LengthEstimator.from_processor(
-                processor, mode=cfg.estimate_mode, missing_media_fix=MISSING_MEDIA_FIX
-            )
+        estimator = family.estimator(
+            processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
+        )
         try:
             index = build_length_index(
                 source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,

@@ -40,7 +40,6 @@ from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.loader import NeatLoader, describe_data
 from neatpack.graphs.runtime.stages import GraphParts, check_start_method
 from neatpack.pipes.collating.mask_format import resolve_mask_format
-from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.overlong import check_overlong
 from neatpack.pipes.materializing.materialize import (
@@ -248,7 +247,7 @@ def neat_vlm_parts(
     boundaries = packing_boundaries(
         model, boundaries=cfg.boundaries, allow_leak=cfg.allow_packing_leak
     )
-    family: FamilyPlan | None = plan_family(processor, cfg)  # None: Qwen-VL; raises on misfit
+    family: FamilyPlan = plan_family(processor, cfg)  # every family; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(
         data, cfg.media_root, cache_dir=cfg.cache_dir, rank=rank, world_size=world_size,
@@ -256,17 +255,9 @@ def neat_vlm_parts(
     )  # fmt: skip
     estimator: Any = None
     if lengths is None:
-        fix = MISSING_MEDIA_FIX
-        if family is not None:
-            estimator = family.estimator(processor, cfg.estimate_mode)
-        else:
-            estimator = LengthEstimator.from_processor(
-                processor, mode=cfg.estimate_mode, missing_media_fix=fix
-            )
-        if family is None and cfg.estimate_mode == "calibrated":
-            estimator = LengthEstimator.calibrate(
-                source, processor, mode="calibrated", missing_media_fix=fix
-            )
+        estimator = family.estimator(
+            processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
+        )
         lengths = build_length_index(
             source,
             estimator,
@@ -316,22 +307,17 @@ def neat_vlm_parts(
             fake_image=cfg.fake_image,
             seed=cfg.seed,
             alignment=1 if cfg.cp_size == 1 else 2 * cfg.cp_size,
-            **({} if family is None else family.materialize_options),
+            **family.materialize_options,
         ),
         sample_transform=sample_transform,
     )
     materialize = PackMaterializer(materializer, np.asarray(index.total))
     collate = Collater(
-        handler=None if family is None else family.collate_options.get("handler"),
         padding_idx=padding_idx,
         attn_implementation=cfg.attn_implementation,
         pad_to_multiple_of=cfg.pad_to_multiple_of,
         boundaries=boundaries,
-        **(
-            {}
-            if family is None
-            else {k: v for k, v in family.collate_options.items() if k != "handler"}
-        ),
+        **family.collate_options,
     )
     steps: list[Callable[[Any], Any]] = [PerPack(materialize)]
     if pack_transform is not None:
@@ -340,7 +326,7 @@ def neat_vlm_parts(
     if batch_transform is not None:
         steps.append(batch_transform)
     if cfg.pp_microbatches:
-        steps.append(PPMediaSplitter(cfg.pp_microbatches))
+        steps.append(PPMediaSplitter(cfg.pp_microbatches, handler=family.handler.name))
     if cp_rank is not None:
         steps.append(ContextParallelSplitter(cfg.cp_size, cp_rank))
     return GraphParts(

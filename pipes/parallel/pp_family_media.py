@@ -1,5 +1,9 @@
-"""Pipeline-parallel micro-batches for the non-Qwen-VL families: fixed-length rows, and each
-micro-batch's media taken from exactly its own rows.
+"""Pipeline-parallel micro-batches through the family's handler: ``split_batch_media(batch,
+handler, n)`` (what ``PPMediaSplitter`` runs) calls ``Handler.pp_split``, or refuses a handler
+that declares none (``pp_split=None``), naming it. Qwen-VL's split is
+``pp_media.prepare_vlm_media_for_pp`` (patch rows from the grids); the default, for families
+whose samples keep their media apart, is below: fixed-length rows, and each micro-batch's media
+taken from exactly its own rows.
 
 The family models (Gemma 3/4, LLaVA-OneVision, Idefics3, InternVL, Qwen2.5-Omni) take ONE flat
 media input per forward whose items are scattered over the media tokens of the flattened
@@ -27,15 +31,55 @@ from typing import Any
 
 from torch import Tensor
 
-from neatpack.pipes.families import Handler, resolve_handler
-from neatpack.pipes.parallel.pp_media import VLM_PP_MEDIA_KEY, microbatch_bounds
+from neatpack.pipes.families.registry import Handler, PPSplitFn, resolve_handler
+from neatpack.pipes.parallel.pp_media import (
+    VLM_PP_MEDIA_KEY,
+    microbatch_bounds,
+    prepare_vlm_media_for_pp,
+)
 
 __all__ = [
+    "MEDIA_COUNTS_KEY",
+    "check_pp_split",
     "chunk_family_media",
     "family_media_counts",
     "prepare_family_media_for_pp",
+    "split_batch_media",
+    "split_family_batch",
     "wrap_family_collate_for_pp",
 ]
+
+#: The batch key of each row's media item counts (``collate(..., media_counts=True)``).
+MEDIA_COUNTS_KEY = "media_counts"
+
+
+def check_pp_split(handler: str | Handler, n_microbatches: int | None = None) -> PPSplitFn:
+    """``handler``'s ``pp_split``; ValueError when it declares none (``Handler.pp_split=None``),
+    naming the handler and the fix."""
+    h = resolve_handler(handler)
+    if h.pp_split is not None:
+        return h.pp_split
+    raise ValueError(
+        f"pp_microbatches={n_microbatches} but handler {h.name!r} declares no pipeline-parallel "
+        "media split (Handler.pp_split=None: its media are not verified to split per "
+        "micro-batch). Fix: set pp_microbatches=None, or register the handler with "
+        "Handler(..., pp_split=<fn(batch, handler, rows, n_microbatches) -> batch>)"
+    )
+
+
+def split_batch_media(
+    batch: MutableMapping[str, Any], handler: str | Handler | None, n_microbatches: int
+) -> MutableMapping[str, Any]:
+    """``batch`` with its media chunked per pipeline-parallel micro-batch at
+    ``VLM_PP_MEDIA_KEY``, by ``handler``'s ``pp_split`` (``handler=None``: a batch of
+    ``collate.neat_packed_vlm_collater``, split by ``prepare_vlm_media_for_pp``). The rows are
+    ``len(batch["packs"])`` (else ``input_ids``' first dim), split as ``torch.tensor_split``."""
+    rows = len(batch["packs"]) if "packs" in batch else int(batch["input_ids"].shape[0])
+    if handler is None:
+        return prepare_vlm_media_for_pp(batch, rows, n_microbatches)
+    h = resolve_handler(handler)
+    split = check_pp_split(h, n_microbatches)
+    return split(batch, h, rows, n_microbatches)  # type: ignore[no-any-return]
 
 
 def _sample_media(h: Handler, sample: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,7 +174,34 @@ def prepare_family_media_for_pp(
             f"rows are {int(ids.shape[1])} tokens, not the fixed {seq_len=}: pipeline "
             "micro-batches need one shape; collate with max_length=seq_len"
         )
-    counts = family_media_counts(rows, h)
+    return _split_counted(batch, family_media_counts(rows, h), h, n_microbatches)
+
+
+def split_family_batch(
+    batch: MutableMapping[str, Any], handler: str | Handler, rows: int, n_microbatches: int
+) -> MutableMapping[str, Any]:
+    """The default ``Handler.pp_split``: ``prepare_family_media_for_pp`` with the rows' item
+    counts the collater stored at ``batch["media_counts"]`` (popped)."""
+    h = resolve_handler(handler)
+    counts = batch.pop(MEDIA_COUNTS_KEY, None)
+    if counts is None:
+        raise ValueError(
+            f"handler {h.name!r}: the batch has no {MEDIA_COUNTS_KEY!r} (each row's media items) "
+            "to split its media by; collate with media_counts=True (neat_vlm_graph does when "
+            "pp_microbatches is set)"
+        )
+    lens = {len(c) for c in counts.values()}
+    if lens - {rows}:
+        raise ValueError(f"{MEDIA_COUNTS_KEY} cover {sorted(lens)} rows, not the batch's {rows}")
+    return _split_counted(batch, counts, h, n_microbatches)
+
+
+def _split_counted(
+    batch: MutableMapping[str, Any],
+    counts: Mapping[str, Sequence[int]],
+    h: Handler,
+    n_microbatches: int,
+) -> MutableMapping[str, Any]:
     media = {k: batch.pop(k) for k in counts if k in batch}
     missing = sorted(set(counts) - set(media))
     if missing:
