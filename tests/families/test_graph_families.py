@@ -200,15 +200,22 @@ def test_qwen_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("family", "options", "match"),
     [
-        ("gemma3", {"fake_image": True}, "fake_image=True needs the Qwen-VL path"),
+        ("gemma3", {"fake_image": True},
+         "fake_image=True needs a handler that injects a fake image .*handler 'gemma3'"),
         ("gemma3", {"attn_implementation": "flash_attention_2"},
          "attn_implementation='flash_attention_2' cannot express the 'gemma3'"),
         ("gemma3", {"attn_implementation": "doc_ids"}, r"use attn_implementation in \('sdpa'"),
         ("gemma4", {"attn_implementation": "position_ids",
                     "mask_options": {"bidirectional_vision": True}}, "cannot express the 'gemma4'"),
         ("llava_onevision", {"mask_options": {"x": 1}}, "has no packed_mask"),
-        ("idefics3", {"pp_microbatches": 1}, "pp_microbatches=1 splits the Qwen-VL media"),
-        ("internvl", {"estimate_mode": "calibrated"}, "estimate_mode='calibrated' is not"),
+        # the handler's declarations: Nemotron-H Omni has no PP split (Handler.pp_split=None),
+        # Gemma 3's estimator no calibrated mode (Handler.estimate_modes)
+        ("nemotron_omni", {"pp_microbatches": 1},
+         r"pp_microbatches=1 but handler 'nemotron_omni' declares no pipeline-parallel media "
+         r"split.*Fix: set pp_microbatches=None"),
+        ("gemma3", {"estimate_mode": "calibrated"},
+         r"estimate_mode='calibrated' is not available for handler 'gemma3' \(its estimator has "
+         r"no calibrated mode.*offers \('estimate', 'exact'\)"),
     ],
 )  # fmt: skip
 def test_config_that_cannot_work_is_refused_at_build(
@@ -232,17 +239,17 @@ def test_block_causal_families_take_the_mask_free_formats(corpus: Path) -> None:
 
 
 def test_handler_selection() -> None:
-    """``handler=None`` picks the processor's family (Qwen-VL classes: the Qwen-VL path, None);
-    an explicit name wins; an unknown name is refused listing the registered ones."""
+    """``handler=None`` picks the processor's family (Qwen-VL classes: ``qwen_vl``, a plan like
+    every family's); an explicit name wins; an unknown name is refused listing the registered
+    ones."""
     from neatpack.graphs.families import plan_family
     from neatpack.pipes.testing.tiny import load_tiny_processor
 
-    def chosen(proc: Any, handler: str | None = None) -> str | None:
-        plan = plan_family(proc, NeatVLMConfig(handler=handler))
-        return None if plan is None else plan.handler.name
+    def chosen(proc: Any, handler: str | None = None) -> str:
+        return plan_family(proc, NeatVLMConfig(handler=handler)).handler.name
 
-    assert chosen(load_tiny_processor("qwen2_vl")) is None
-    assert chosen(load_tiny_processor("qwen2_vl"), "qwen_vl") is None
+    assert chosen(load_tiny_processor("qwen2_vl")) == "qwen_vl"
+    assert chosen(load_tiny_processor("qwen2_vl"), "qwen_vl") == "qwen_vl"
     assert chosen(_processor("internvl")) == "chat_template"
     assert chosen(_processor("gemma3")) == "gemma3"
     assert chosen(_processor("gemma3"), "chat_template") == "chat_template"
