@@ -99,7 +99,9 @@ def test_each_microbatch_alone_equals_its_rows_of_the_whole_batch(
     whole = _batches(corpus, family, batch_size=4)
     split = _batches(corpus, family, batch_size=4, pp_microbatches=2)
     alone = _batches(corpus, family, batch_size=2)
-    assert len(whole) >= 2 and len(split) == len(whole) and len(alone) >= 2 * len(whole)
+    assert len(whole) >= 2
+    assert len(split) == len(whole)
+    assert len(alone) >= 2 * len(whole)
     media_seen = 0
     for i, (w, s) in enumerate(zip(whole, split, strict=True)):
         chunks = s.pop(VLM_PP_MEDIA_KEY)
@@ -107,7 +109,8 @@ def test_each_microbatch_alone_equals_its_rows_of_the_whole_batch(
         for key in (*ROW_KEYS, "attention_mask"):  # pipelining splits these by rows itself
             assert _same(s[key], w[key]), (family, i, key)
         media = set(w) - set(s)  # the keys the split moved into the chunks
-        assert media and {CHUNK_KEY.get(k, k) for k in media} == set(chunks), (family, i)
+        assert media, (family, i)
+        assert {CHUNK_KEY.get(k, k) for k in media} == set(chunks), (family, i)
         for m, (r0, r1) in enumerate([(0, 2), (2, 4)]):
             part = alone[2 * i + m]
             assert part["sample_ids"] == w["sample_ids"][r0:r1], (family, i, m)
