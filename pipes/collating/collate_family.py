@@ -2,7 +2,7 @@
 the default ``Handler.collate``): the text side of ``neat_packed_vlm_collater``, the family's
 media merged over the whole batch and the family's attention mask. ``collate_with_handler``
 is what the graph's ``Collater`` calls: the handler's own ``collate`` (Qwen-VL's is
-``neat_packed_vlm_collater``; every other family's, by default, the function below).
+``neat_packed_vlm_collater``), or, for a handler without one, the function below.
 
 ``neat_packed_family_collater(packs, "gemma3", ...)`` pads tokens, labels, document ids and
 positions exactly as :func:`collate.neat_packed_vlm_collater` (same fast path, same formats):
@@ -170,4 +170,6 @@ def collate_with_handler(
     (``options``: those of ``neat_packed_vlm_collater`` plus ``mask_options`` and
     ``media_counts``)."""
     h = resolve_handler(handler)
+    if h.collate is None:
+        return neat_packed_family_collater(packs, h, **options)
     return dict(h.collate(packs, h, **options))

@@ -42,12 +42,10 @@ __all__ = [
     "PackTokenizer",
     "PositionsFn",
     "check_processor_class",
-    "collate_media_samples",
     "get_handler",
     "packed_model_inputs",
     "register_handler",
     "resolve_handler",
-    "split_media_samples",
     "tokenize_with_handler",
 ]
 
@@ -87,24 +85,6 @@ class PackTokenizer:
     finish: Callable[..., list[dict[str, Any]]]
 
 
-def collate_media_samples(packs: Sequence[Mapping[str, Any]], handler: Any, **options: Any) -> Any:
-    """The default ``Handler.collate``: ``collate_family.neat_packed_family_collater`` (the
-    text side of ``neat_packed_vlm_collater``, each sample's media merged over the batch with
-    ``Handler.pack_media``, the family's ``packed_mask``)."""
-    from neatpack.pipes.collating.collate_family import neat_packed_family_collater
-
-    return neat_packed_family_collater(packs, handler, **options)
-
-
-def split_media_samples(batch: Any, handler: Any, rows: int, n_microbatches: int) -> Any:
-    """The default ``Handler.pp_split``: each row's media items counted from its samples
-    (``batch["media_counts"]``, from ``collate(..., media_counts=True)``) and cut on the
-    handler's ``media_axis`` (``pp_family_media.split_family_batch``)."""
-    from neatpack.pipes.parallel.pp_family_media import split_family_batch
-
-    return split_family_batch(batch, handler, rows, n_microbatches)
-
-
 @dataclass(frozen=True)
 class Handler:
     """Everything neatpack knows about one model family, Qwen-VL included.
@@ -132,27 +112,28 @@ class Handler:
     ``mrope``: positions are 3-D (``packed_model_inputs`` refuses); ``positions(sample,
     processor) -> [3, L]``: the model-free mRoPE rule of an ``mrope`` family.
 
-    Batches. ``collate(packs, handler, **options)``: the packed collate (default
-    ``collate_media_samples``: ``neat_packed_family_collater``; Qwen-VL:
-    ``neat_packed_vlm_collater``). ``pack_media(samples) -> dict``: the model's media inputs
-    for the samples of one batch, in order (None: each key concatenated on dim 0);
+    Batches. ``collate(packs, handler, **options)``: the packed collate (None:
+    ``collate_family.neat_packed_family_collater``; Qwen-VL: ``neat_packed_vlm_collater``).
+    ``pack_media(samples) -> dict``: the model's media inputs for the samples of one batch, in
+    order (None: each key concatenated on dim 0);
     ``packed_mask(doc_ids, mm_token_type_ids, **options)``: the attention mask (or per-layer-type
     dict) of packed rows (None: the block-causal mask of the attention format).
 
     Pipeline parallelism. ``pp_split(batch, handler, rows, n_microbatches)``: moves the batch's
-    media to per-micro-batch chunks (default ``split_media_samples``: counted per row from the
-    samples, cut on ``media_axis``; Qwen-VL: ``pp_media.prepare_vlm_media_for_pp``, from the
-    grids); None: the family's media cannot be split, and ``pp_microbatches`` is refused naming
-    the handler. ``media_axis``: the dim of ``pack_media``'s tensors that holds the items
-    (Idefics3 tiles are on 1).
+    media to per-micro-batch chunks (None: ``pp_family_media.split_family_batch``, items
+    counted per row from the samples, cut on ``media_axis``; Qwen-VL:
+    ``pp_media.prepare_vlm_media_for_pp``, from the grids). ``pp_refused``: why the family's
+    media cannot be split per micro-batch (None: they can); ``pp_microbatches`` is then refused,
+    naming the handler and this reason. ``media_axis``: the dim of ``pack_media``'s tensors that
+    holds the items (Idefics3 tiles are on 1).
 
     ``graph_refused``: why ``neat_vlm_graph`` cannot serve the family (None: it can).
     ``min_transformers``: the oldest transformers release that has the family's processor class
     (None: every 5.x); an older one loads only the tokenizer, which ``get_handler`` refuses.
 
     >>> h = Handler("mine", lambda record, processor: {}, media_axis=1)
-    >>> h.media_axis, h.graph_refused, h.estimate is None, h.estimate_modes, h.fake_image
-    (1, None, True, (), False)
+    >>> h.media_axis, h.graph_refused, h.pp_refused, h.estimate_modes, h.fake_image
+    (1, None, None, (), False)
     >>> Handler("mine", lambda record, processor: {}, estimate=lambda r, p, mode: 1).estimate_modes
     ('estimate', 'calibrated', 'exact')
     """
@@ -172,8 +153,9 @@ class Handler:
     graph_refused: str | None = None
     min_transformers: str | None = None
     calibrate: CalibrateFn | None = None
-    collate: CollateFn = collate_media_samples
-    pp_split: PPSplitFn | None = split_media_samples
+    collate: CollateFn | None = None
+    pp_split: PPSplitFn | None = None
+    pp_refused: str | None = None
     pack_tokenizer: PackTokenizer | None = None
     media_per_sample: bool = True
     fake_image: bool = False

@@ -1,6 +1,6 @@
 """Pipeline-parallel micro-batches through the family's handler: ``split_batch_media(batch,
 handler, n)`` (what ``PPMediaSplitter`` runs) calls ``Handler.pp_split``, or refuses a handler
-that declares none (``pp_split=None``), naming it. Qwen-VL's split is
+that declares ``pp_refused``, naming it and its reason. Qwen-VL's split is
 ``pp_media.prepare_vlm_media_for_pp`` (patch rows from the grids); the default, for families
 whose samples keep their media apart, is below: fixed-length rows, and each micro-batch's media
 taken from exactly its own rows.
@@ -21,7 +21,9 @@ dim 1: ``Handler.media_axis``)::
 Every micro-batch must also have the same shapes (pipelining builds its stages from the first
 one), so rows are padded to one fixed length: the collater's ``max_length`` (a pack longer than
 that is refused there, naming its samples); ``prepare_family_media_for_pp`` checks the width.
-The Qwen-VL path (``pp_media.prepare_vlm_media_for_pp``, grids) is unchanged.
+In ``neat_vlm_graph`` every row is ``pack_size`` tokens already, and the collater counts each
+row's items (``collate(..., media_counts=True)``: ``batch["media_counts"]``) for
+``split_family_batch``.
 """
 
 from __future__ import annotations
@@ -54,16 +56,17 @@ MEDIA_COUNTS_KEY = "media_counts"
 
 
 def check_pp_split(handler: str | Handler, n_microbatches: int | None = None) -> PPSplitFn:
-    """``handler``'s ``pp_split``; ValueError when it declares none (``Handler.pp_split=None``),
-    naming the handler and the fix."""
+    """``handler``'s pipeline-parallel media split (``Handler.pp_split``, else
+    ``split_family_batch``); ValueError naming the handler, its reason and the fix when it
+    declares ``pp_refused``."""
     h = resolve_handler(handler)
-    if h.pp_split is not None:
-        return h.pp_split
+    if h.pp_refused is None:
+        return h.pp_split or split_family_batch
     raise ValueError(
         f"pp_microbatches={n_microbatches} but handler {h.name!r} declares no pipeline-parallel "
-        "media split (Handler.pp_split=None: its media are not verified to split per "
-        "micro-batch). Fix: set pp_microbatches=None, or register the handler with "
-        "Handler(..., pp_split=<fn(batch, handler, rows, n_microbatches) -> batch>)"
+        f"media split (Handler.pp_refused: {h.pp_refused}). Fix: set pp_microbatches=None, or "
+        "register the handler without pp_refused (and with pp_split=<fn(batch, handler, rows, "
+        "n_microbatches) -> batch> if its media need a split of their own)"
     )
 
 
@@ -71,7 +74,7 @@ def split_batch_media(
     batch: MutableMapping[str, Any], handler: str | Handler | None, n_microbatches: int
 ) -> MutableMapping[str, Any]:
     """``batch`` with its media chunked per pipeline-parallel micro-batch at
-    ``VLM_PP_MEDIA_KEY``, by ``handler``'s ``pp_split`` (``handler=None``: a batch of
+    ``VLM_PP_MEDIA_KEY``, by ``handler``'s split (``check_pp_split``; ``handler=None``: a batch of
     ``collate.neat_packed_vlm_collater``, split by ``prepare_vlm_media_for_pp``). The rows are
     ``len(batch["packs"])`` (else ``input_ids``' first dim), split as ``torch.tensor_split``."""
     rows = len(batch["packs"]) if "packs" in batch else int(batch["input_ids"].shape[0])
@@ -180,8 +183,8 @@ def prepare_family_media_for_pp(
 def split_family_batch(
     batch: MutableMapping[str, Any], handler: str | Handler, rows: int, n_microbatches: int
 ) -> MutableMapping[str, Any]:
-    """The default ``Handler.pp_split``: ``prepare_family_media_for_pp`` with the rows' item
-    counts the collater stored at ``batch["media_counts"]`` (popped)."""
+    """The split of a handler without ``pp_split``: ``prepare_family_media_for_pp`` with the
+    rows' item counts the collater stored at ``batch["media_counts"]`` (popped)."""
     h = resolve_handler(handler)
     counts = batch.pop(MEDIA_COUNTS_KEY, None)
     if counts is None:

@@ -209,7 +209,7 @@ def test_qwen_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
         ("gemma4", {"attn_implementation": "position_ids",
                     "mask_options": {"bidirectional_vision": True}}, "cannot express the 'gemma4'"),
         ("llava_onevision", {"mask_options": {"x": 1}}, "has no packed_mask"),
-        # the handler's declarations: Nemotron-H Omni has no PP split (Handler.pp_split=None),
+        # the handler's declarations: Nemotron-H Omni has no PP split (Handler.pp_refused),
         # Gemma 3's estimator no calibrated mode (Handler.estimate_modes)
         ("nemotron_omni", {"pp_microbatches": 1},
          r"pp_microbatches=1 but handler 'nemotron_omni' declares no pipeline-parallel media "

@@ -1,6 +1,7 @@
 """``pp_microbatches`` through ``neat_vlm_graph`` for every family whose handler splits its media
-(``Handler.pp_split``), through the one ``PPMediaSplitter`` step: Qwen2-VL and four other
-families (Gemma 3, Idefics3, LLaVA-OneVision, InternVL through ``chat_template``).
+(``Handler.pp_split``, or the split by samples when it has none), through the one
+``PPMediaSplitter`` step: Qwen2-VL and four other families (Gemma 3, Idefics3,
+LLaVA-OneVision, InternVL through ``chat_template``).
 
 Three graphs over the same corpus: ``batch_size=4`` (the whole batches), the same with
 ``pp_microbatches=2``, and ``batch_size=2`` (each micro-batch's rows ALONE: the plan does not
@@ -95,7 +96,7 @@ def test_each_microbatch_alone_equals_its_rows_of_the_whole_batch(
     corpus: Path, family: str
 ) -> None:
     h = get_handler(_processor(family))
-    assert h.pp_split is not None
+    assert h.pp_refused is None
     whole = _batches(corpus, family, batch_size=4)
     split = _batches(corpus, family, batch_size=4, pp_microbatches=2)
     alone = _batches(corpus, family, batch_size=2)
@@ -134,14 +135,15 @@ def test_each_microbatch_alone_equals_its_rows_of_the_whole_batch(
 
 @pytest.mark.badinput
 def test_a_handler_without_a_split_is_refused_by_its_declaration(corpus: Path) -> None:
-    """Nemotron-H Omni declares ``pp_split=None``: the graph refuses, naming the handler and the
-    fix, before any record is read."""
+    """Nemotron-H Omni declares ``pp_refused``: the graph refuses, naming the handler, its reason
+    and the fix, before any record is read."""
     proc = tiny.load_tiny_nemotron_omni_processor()
-    assert get_handler(proc).pp_split is None
+    assert get_handler(proc).pp_refused is not None
     config = NeatVLMConfig(pack_size=PACK_SIZE, batch_size=2, pp_microbatches=2)
     with pytest.raises(
         ValueError,
         match=r"pp_microbatches=2 but handler 'nemotron_omni' declares no pipeline-parallel "
-        r"media split \(Handler.pp_split=None.*Fix: set pp_microbatches=None, or register",
+        r"media split \(Handler.pp_refused: its media split per pipeline micro-batch is not "
+        r"verified.*\)\. Fix: set pp_microbatches=None, or register",
     ):
         neat_vlm_graph(str(corpus), proc, config=config)
