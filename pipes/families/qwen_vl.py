@@ -77,7 +77,8 @@ def qwen_vl_positions(sample: Mapping[str, Any], processor: Any) -> Tensor:
     from neatpack.pipes.materializing.mrope import MRopeConfig
     from neatpack.pipes.materializing.pack import sample_mrope
 
-    return sample_mrope(sample, MRopeConfig.from_processor(processor))
+    ids: Tensor = sample_mrope(sample, MRopeConfig.from_processor(processor))
+    return ids
 
 
 def qwen_vl_collate(
@@ -107,7 +108,8 @@ def qwen_vl_pp_split(
     """``pp_media.prepare_vlm_media_for_pp(batch, rows, n_microbatches)``."""
     from neatpack.pipes.parallel.pp_media import prepare_vlm_media_for_pp
 
-    return prepare_vlm_media_for_pp(batch, rows, n_microbatches)
+    out: MutableMapping[str, Any] = prepare_vlm_media_for_pp(batch, rows, n_microbatches)
+    return out
 
 
 QWEN_VL_HANDLER = register_handler(

@@ -79,7 +79,8 @@ def split_batch_media(
     ``len(batch["packs"])`` (else ``input_ids``' first dim), split as ``torch.tensor_split``."""
     rows = len(batch["packs"]) if "packs" in batch else int(batch["input_ids"].shape[0])
     if handler is None:
-        return prepare_vlm_media_for_pp(batch, rows, n_microbatches)
+        out: MutableMapping[str, Any] = prepare_vlm_media_for_pp(batch, rows, n_microbatches)
+        return out
     h = resolve_handler(handler)
     split = check_pp_split(h, n_microbatches)
     return split(batch, h, rows, n_microbatches)  # type: ignore[no-any-return]
