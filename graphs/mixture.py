@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from neatpack.graphs.config import legacy_mixture
-from neatpack.graphs.families import plan_family, vlm_estimator
-from neatpack.graphs.open_data import EstimateChecked, open_source
+from neatpack.graphs.families import plan_family
+from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
@@ -104,7 +104,9 @@ def _record_sources(
             spec.data, spec.media_root, cache_dir=cfg.cache_dir, rank=rank,
             world_size=world_size, max_record_bytes=cfg.max_record_bytes,
         )  # fmt: skip
-        estimator = vlm_estimator(processor, cfg, family, source)
+        estimator = family.estimator(
+            processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
+        )
         try:
             index = build_length_index(
                 source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,

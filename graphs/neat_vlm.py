@@ -35,9 +35,9 @@ import numpy as np
 
 from neatpack.graphs.assemble import Hooks, cp_alignment, loader_of, packed_parts
 from neatpack.graphs.config import NeatVLMConfig
-from neatpack.graphs.families import FamilyPlan, plan_family, vlm_estimator
+from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.mixture import mixture_parts
-from neatpack.graphs.open_data import EstimateChecked, open_source
+from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.loader import describe_data
 from neatpack.graphs.runtime.stages import GraphParts
@@ -94,7 +94,7 @@ def neat_vlm_parts(
                           sample_transform=sample_transform, **hooks._asdict())  # fmt: skip
     if mixed is not None:
         return mixed
-    family: FamilyPlan | None = plan_family(processor, cfg)  # None: Qwen-VL; raises on misfit
+    family: FamilyPlan = plan_family(processor, cfg)  # every family; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(
         data, cfg.media_root, cache_dir=cfg.cache_dir, rank=rank, world_size=world_size,
@@ -102,7 +102,9 @@ def neat_vlm_parts(
     )  # fmt: skip
     estimator: Any = None
     if lengths is None:
-        estimator = vlm_estimator(processor, cfg, family, source)
+        estimator = family.estimator(
+            processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
+        )
         lengths = build_length_index(
             source,
             estimator,
@@ -132,7 +134,7 @@ def neat_vlm_parts(
             fake_image=cfg.fake_image,
             seed=cfg.seed,
             alignment=cp_alignment(cfg),
-            **({} if family is None else family.materialize_options),
+            **family.materialize_options,
         ),
         sample_transform=sample_transform,
     )
@@ -144,11 +146,10 @@ def neat_vlm_parts(
         packing_ratio=cfg.packing_ratio,
         lengths_fingerprint=index.fingerprint,
         materialize=PackMaterializer(materializer, np.asarray(index.total)),
-        collate_options={
-            "padding_idx": padding_idx,
-            **({} if family is None else family.collate_options),
-        },
-        extra_steps=[PPMediaSplitter(cfg.pp_microbatches)] if cfg.pp_microbatches else [],
+        collate_options={"padding_idx": padding_idx, **family.collate_options},
+        extra_steps=[PPMediaSplitter(cfg.pp_microbatches, handler=family.handler.name)]
+        if cfg.pp_microbatches
+        else [],
         rank=rank,
         world_size=world_size,
         data=describe_data(source),

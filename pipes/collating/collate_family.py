@@ -1,5 +1,8 @@
-"""Collate packs of a non-Qwen-VL family: the Qwen-VL collater's text side, the family's media
-merged over the whole batch and the family's attention mask.
+"""Collate packs of a family whose samples keep their media apart (``Handler.media_per_sample``,
+the default ``Handler.collate``): the text side of ``neat_packed_vlm_collater``, the family's
+media merged over the whole batch and the family's attention mask. ``collate_with_handler``
+is what the graph's ``Collater`` calls: the handler's own ``collate`` (Qwen-VL's is
+``neat_packed_vlm_collater``), or, for a handler without one, the function below.
 
 ``neat_packed_family_collater(packs, "gemma3", ...)`` pads tokens, labels, document ids and
 positions exactly as :func:`collate.neat_packed_vlm_collater` (same fast path, same formats):
@@ -40,6 +43,7 @@ from neatpack.pipes.families import Handler, resolve_handler
 __all__ = [
     "FAMILY_4D_FORMATS",
     "check_family_mask_format",
+    "collate_with_handler",
     "family_mask_is_block_causal",
     "merge_family_media",
     "neat_packed_family_collater",
@@ -116,6 +120,7 @@ def neat_packed_family_collater(
     mask_options: Mapping[str, Any] | None = None,
     shared_memory: bool = False,
     boundaries: bool = False,
+    media_counts: bool = False,
 ) -> dict[str, Any]:
     """Packs built with a family handler (``materialize_pack`` with ``handler=...``: media per
     sample in ``pack["media_samples"]``) -> one batch. See the module docstring.
@@ -123,7 +128,9 @@ def neat_packed_family_collater(
     Besides the keys of ``neat_packed_vlm_collater`` (``input_ids``, ``labels``,
     ``position_ids``, ``attention_mask``, ``doc_ids``, ``mm_token_type_ids``, ``sample_ids``) the
     batch holds the family's media keys (``Handler.pack_media``) and ``n_media_samples``, the
-    number of samples per row with any media.
+    number of samples per row with any media. ``media_counts=True`` (the graph sets it for
+    pipeline parallelism) adds ``batch["media_counts"]``: per media key, the items each row
+    contributes (``pp_family_media.family_media_counts``), which the PP split reads.
     """
     h = resolve_handler(handler)
     fmt = resolve_mask_format(attn_implementation, mask_format)
@@ -149,4 +156,20 @@ def neat_packed_family_collater(
     if samples:
         out.update(merge_family_media(samples, h, shared=shared_memory))
     out["n_media_samples"] = torch.tensor([sum(1 for m in r if m) for r in rows], dtype=torch.long)
+    if media_counts:
+        from neatpack.pipes.parallel.pp_family_media import family_media_counts
+
+        out["media_counts"] = family_media_counts(rows, h)
     return out
+
+
+def collate_with_handler(
+    packs: Sequence[Mapping[str, Any]], handler: str | Handler, **options: Any
+) -> dict[str, Any]:
+    """``Handler.collate(packs, handler, **options)``: one batch of ``handler``'s packed rows
+    (``options``: those of ``neat_packed_vlm_collater`` plus ``mask_options`` and
+    ``media_counts``)."""
+    h = resolve_handler(handler)
+    if h.collate is None:
+        return neat_packed_family_collater(packs, h, **options)
+    return dict(h.collate(packs, h, **options))

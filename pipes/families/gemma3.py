@@ -313,8 +313,8 @@ def gemma3_pack_media(samples: Any) -> dict[str, Tensor]:
     return {"pixel_values": torch.cat(pvs, dim=0)} if pvs else {}
 
 
-def _gemma3_estimator(processor: Any, mode: str) -> Gemma3LengthEstimator:
-    return gemma3_estimator(processor, mode=mode)
+def _gemma3_estimator(processor: Any, mode: str, **options: Any) -> Gemma3LengthEstimator:
+    return gemma3_estimator(processor, mode=mode, **options)
 
 
 GEMMA3_HANDLER = register_handler(

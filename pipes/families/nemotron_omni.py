@@ -174,6 +174,8 @@ NEMOTRON_OMNI_HANDLER = register_handler(
         "features, 16 kHz checked); packs need nemotron_omni.nemotron_omni_pack_media; "
         "Mamba layers are not isolated per document (pipes/families/nemotron_omni.py)",
         estimate=nemotron_omni_estimate,
+        pp_refused="its media split per pipeline micro-batch is not verified (README family "
+        "table: PP 'not done')",
     ),
     ("NemotronH_Omni_Reasoning_V3Processor",),
 )

@@ -237,6 +237,8 @@ PHI4_HANDLER = register_handler(
         "phi4.phi4_pack_media (pipes/families/phi4.py)",
         estimate=phi4_estimate,
         graph_refused=PHI4_GRAPH_REFUSED,
+        pp_refused="its media split per pipeline micro-batch is not verified (README family "
+        "table: PP 'not done')",
     ),
     ("Phi4MultimodalProcessor",),
 )

@@ -1,23 +1,50 @@
-"""Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and Qwen3-VL-MoE): the default family of neatpack.
+"""Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and Qwen3-VL-MoE): a family like the others, every fact on
+its ``Handler``.
 
-Its tokenizer is ``tokenize.tokenize_conversation`` (``*_grid_thw`` checks, fake images, video
-metadata) and its positions, collater and length estimate are the core path (``mrope.py``,
-``collate.neat_packed_vlm_collater``, ``estimate.LengthEstimator``), so the handler only names
-the tokenizer and the processor classes; ``neat_vlm_graph`` keeps the Qwen-VL path for them.
+* tokenize: ``tokenize.tokenize_conversation`` (``*_grid_thw`` checks, fake images, video
+  metadata); a pack's records share ONE processor call (``PackTokenizer``:
+  ``prepare_conversation`` per record, ``finish_conversations`` for the pack), and the pack
+  keeps the processor's media concatenated (``media_per_sample=False``);
+* lengths: ``estimate.LengthEstimator`` (estimate / exact; calibrated:
+  ``LengthEstimator.calibrate`` on records of the source);
+* positions: mRoPE ``[3, L]`` per document (``mrope.MRopeConfig.from_processor``);
+* collate: ``collate.neat_packed_vlm_collater`` (the mask comes from the attention format: the
+  packed rows are block-causal, so every format works);
+* pipeline parallelism: ``pp_media.prepare_vlm_media_for_pp`` (patch rows counted from the
+  grids, ``n_images_per_sample``).
 
 >>> from neatpack.pipes.families import get_handler
 >>> from neatpack.pipes.testing.tiny import load_tiny_processor
->>> get_handler(load_tiny_processor("qwen2_vl")).name
-'qwen_vl'
+>>> h = get_handler(load_tiny_processor("qwen2_vl"))
+>>> h.name, h.estimate_modes, h.fake_image, h.media_per_sample
+('qwen_vl', ('estimate', 'calibrated', 'exact'), True, False)
 """
 
 from __future__ import annotations
 
-from neatpack.pipes.materializing.tokenize import tokenize_conversation
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
 
-from .registry import Handler, register_handler
+from torch import Tensor
 
-__all__ = ["QWEN_VL_HANDLER", "QWEN_VL_PROCESSORS"]
+from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+from neatpack.pipes.materializing.tokenize import (
+    finish_conversations,
+    prepare_conversation,
+    tokenize_conversation,
+)
+
+from .registry import Handler, PackTokenizer, register_handler
+
+__all__ = [
+    "QWEN_VL_HANDLER",
+    "QWEN_VL_PROCESSORS",
+    "qwen_vl_calibrate",
+    "qwen_vl_collate",
+    "qwen_vl_estimator",
+    "qwen_vl_positions",
+    "qwen_vl_pp_split",
+]
 
 #: The processor classes of the Qwen-VL family.
 QWEN_VL_PROCESSORS: tuple[str, ...] = (
@@ -28,13 +55,78 @@ QWEN_VL_PROCESSORS: tuple[str, ...] = (
     "Qwen3_5Processor",  # the Qwen3-VL vision path (mrope's qwen3_vl rule)
 )
 
+
+def qwen_vl_estimator(processor: Any, mode: str, **options: Any) -> Any:
+    """``LengthEstimator.from_processor(processor, mode=mode, **options)``."""
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+
+    return LengthEstimator.from_processor(processor, mode=mode, **options)
+
+
+def qwen_vl_calibrate(source: Any, processor: Any, **options: Any) -> Any:
+    """``LengthEstimator.calibrate``: ``chars_per_token`` and the template overhead fitted on the
+    real tokenizer's count of 200 records of ``source`` (seed 0)."""
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+
+    return LengthEstimator.calibrate(source, processor, mode="calibrated", **options)
+
+
+def qwen_vl_positions(sample: Mapping[str, Any], processor: Any) -> Tensor:
+    """The ``[3, L]`` mRoPE ids of one unshifted sample (``pack.sample_mrope`` with the
+    processor's ``MRopeConfig``)."""
+    from neatpack.pipes.materializing.mrope import MRopeConfig
+    from neatpack.pipes.materializing.pack import sample_mrope
+
+    ids: Tensor = sample_mrope(sample, MRopeConfig.from_processor(processor))
+    return ids
+
+
+def qwen_vl_collate(
+    packs: Sequence[Mapping[str, Any]],
+    handler: Any = None,
+    *,
+    mask_options: Mapping[str, Any] | None = None,
+    media_counts: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
+    """``neat_packed_vlm_collater(packs, **options)``. Its batches always carry
+    ``n_images_per_sample`` / ``n_videos_per_sample`` (what the PP split reads), so
+    ``media_counts`` asks nothing more; ``mask_options`` are refused (the mask is the
+    format's)."""
+    if mask_options:
+        raise ValueError(
+            f"mask_options={dict(mask_options)!r} is for a family with its own packed mask "
+            "(Gemma 3 / 4); handler 'qwen_vl' builds its mask from attn_implementation: set "
+            "mask_options=None"
+        )
+    return dict(neat_packed_vlm_collater(packs, **options))
+
+
+def qwen_vl_pp_split(
+    batch: MutableMapping[str, Any], handler: Any, rows: int, n_microbatches: int
+) -> MutableMapping[str, Any]:
+    """``pp_media.prepare_vlm_media_for_pp(batch, rows, n_microbatches)``."""
+    from neatpack.pipes.parallel.pp_media import prepare_vlm_media_for_pp
+
+    out: MutableMapping[str, Any] = prepare_vlm_media_for_pp(batch, rows, n_microbatches)
+    return out
+
+
 QWEN_VL_HANDLER = register_handler(
     Handler(
         "qwen_vl",
         tokenize_conversation,
         mrope=True,
+        positions=qwen_vl_positions,
+        estimator=qwen_vl_estimator,
+        calibrate=qwen_vl_calibrate,
+        collate=qwen_vl_collate,
+        pp_split=qwen_vl_pp_split,
+        pack_tokenizer=PackTokenizer(prepare_conversation, finish_conversations),
+        media_per_sample=False,
+        fake_image=True,
         description="Qwen2-VL / Qwen2.5-VL / Qwen3-VL: grid_thw checks, fake images, video "
-        "metadata (pipes/materializing/tokenize.py)",
+        "metadata (pipes/materializing/tokenize.py), one processor call per pack, mRoPE",
     ),
     QWEN_VL_PROCESSORS,
 )

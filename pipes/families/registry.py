@@ -33,9 +33,13 @@ from ._shared import check_modalities, has_chat_template
 __all__ = [
     "HANDLERS",
     "PROCESSOR_HANDLERS",
+    "CalibrateFn",
+    "CollateFn",
     "EstimateFn",
     "EstimatorFactory",
     "Handler",
+    "PPSplitFn",
+    "PackTokenizer",
     "PositionsFn",
     "check_processor_class",
     "get_handler",
@@ -50,38 +54,88 @@ PackMediaFn = Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]]
 PackedMaskFn = Callable[..., Any]
 #: ``estimate(record, processor, *, mode) -> int``: the Sample's length after the shift
 EstimateFn = Callable[..., int]
-#: ``estimator(processor, mode) -> LengthEstimator``-shaped object (replaces ``estimate``)
-EstimatorFactory = Callable[[Any, str], Any]
+#: ``estimator(processor, mode, **options) -> LengthEstimator``-shaped object (replaces
+#: ``estimate``); ``options``: ``missing_media_fix``, the graph's advice for a missing media file
+EstimatorFactory = Callable[..., Any]
+#: ``calibrate(source, processor, **options) -> LengthEstimator``-shaped object fitted on records
+#: of ``source`` (``estimate_mode="calibrated"``); ``options`` as for ``EstimatorFactory``
+CalibrateFn = Callable[..., Any]
 #: ``positions(sample, processor) -> [3, L]`` model-free mRoPE ids of one unshifted sample
 PositionsFn = Callable[[Mapping[str, Any], Any], Any]
+#: ``collate(packs, handler, **options) -> batch``: one batch of packed rows (``options``: those
+#: of ``collate.neat_packed_vlm_collater``, plus ``mask_options`` and ``media_counts``)
+CollateFn = Callable[..., dict[str, Any]]
+#: ``pp_split(batch, handler, rows, n_microbatches) -> batch``: the batch's media moved to
+#: per-micro-batch chunks at ``pp_media.VLM_PP_MEDIA_KEY`` (rows split as ``torch.tensor_split``)
+PPSplitFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class PackTokenizer:
+    """Tokenize the records of one pack with ONE processor call (Qwen-VL: same-size images
+    resized together, the per-call overhead paid once per pack).
+
+    ``prepare(record, processor, *, fake_image) -> prepared`` per record (the materialize step's
+    failure policy sees each record's own loading error), then ``finish(prepared_list,
+    processor, *, label_policy) -> list[Sample]``. Each Sample must equal the handler's
+    ``tokenize`` of its record (``materialize_pack`` redoes a failing pack one record at a time
+    through ``tokenize``)."""
+
+    prepare: Callable[..., Any]
+    finish: Callable[..., list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class Handler:
-    """Everything neatpack knows about one model family.
+    """Everything neatpack knows about one model family, Qwen-VL included.
 
     ``tokenize(record, processor, **options) -> Sample``. ``modalities``: the media kinds the
     family accepts (a record with another kind is a ``SampleError`` naming the sample).
     ``needs_chat_template``: refuse a processor without one.
-    ``estimate(record, processor, *, mode) -> int``: the Sample's length after the shift without
-    running the processor's media side (``mode`` "exact" or "estimate"); the length index of
-    ``neat_vlm_graph`` uses it (``handler_lengths.HandlerEstimator``). ``estimator(processor,
-    mode)``: a whole ``LengthEstimator``-shaped object instead (Gemma 3). With neither, the graph
-    needs ``lengths=`` (a ``LengthIndex``).
+
+    Lengths. ``estimate(record, processor, *, mode) -> int``: the Sample's length after the shift
+    without running the processor's media side (``mode`` "exact" or "estimate"); the length
+    index of ``neat_vlm_graph`` uses it (``handler_lengths.HandlerEstimator``, which also fits
+    the "calibrated" mode from it). ``estimator(processor, mode, **options)``: a whole
+    ``LengthEstimator``-shaped object instead (Gemma 3, Qwen-VL). ``calibrate(source,
+    processor, **options)``: the estimator of ``estimate_mode="calibrated"``, fitted on records
+    of the source (Qwen-VL's ``LengthEstimator.calibrate``). ``estimate_modes`` (a property)
+    says which modes these give; with none of them the graph needs ``lengths=`` (a
+    ``LengthIndex``).
+
+    Packs. ``pack_tokenizer``: a ``PackTokenizer`` that tokenizes a pack's records in one
+    processor call (None: ``tokenize`` per record). ``media_per_sample``: packs keep each
+    sample's media apart (``pack["media_samples"]``, merged over the batch by ``pack_media``);
+    False: the tokenizer's media tensors are concatenated per pack (Qwen-VL's patch rows and
+    grids). ``fake_image``: ``tokenize`` takes ``fake_image=True`` (a text-only sample gets a
+    tiny image, so every rank's vision tower runs; ``NeatVLMConfig.fake_image``).
+    ``mrope``: positions are 3-D (``packed_model_inputs`` refuses); ``positions(sample,
+    processor) -> [3, L]``: the model-free mRoPE rule of an ``mrope`` family.
+
+    Batches. ``collate(packs, handler, **options)``: the packed collate (None:
+    ``collate_family.neat_packed_family_collater``; Qwen-VL: ``neat_packed_vlm_collater``).
     ``pack_media(samples) -> dict``: the model's media inputs for the samples of one batch, in
-    order (None: each key concatenated on dim 0); ``packed_mask(doc_ids, mm_token_type_ids,
-    **options)``: the attention mask (or per-layer-type dict) of packed rows (None:
-    ``mask.to_4d_additive_mask``); ``mrope``: positions are 3-D (``packed_model_inputs``
-    refuses); ``positions(sample, processor) -> [3, L]``: the model-free mRoPE rule of an
-    ``mrope`` family other than Qwen-VL (Qwen-Omni); ``media_axis``: the dim of ``pack_media``'s
-    tensors that holds the items (pipeline-parallel split; Idefics3 tiles are on 1);
+    order (None: each key concatenated on dim 0);
+    ``packed_mask(doc_ids, mm_token_type_ids, **options)``: the attention mask (or per-layer-type
+    dict) of packed rows (None: the block-causal mask of the attention format).
+
+    Pipeline parallelism. ``pp_split(batch, handler, rows, n_microbatches)``: moves the batch's
+    media to per-micro-batch chunks (None: ``pp_family_media.split_family_batch``, items
+    counted per row from the samples, cut on ``media_axis``; Qwen-VL:
+    ``pp_media.prepare_vlm_media_for_pp``, from the grids). ``pp_refused``: why the family's
+    media cannot be split per micro-batch (None: they can); ``pp_microbatches`` is then refused,
+    naming the handler and this reason. ``media_axis``: the dim of ``pack_media``'s tensors that
+    holds the items (Idefics3 tiles are on 1).
+
     ``graph_refused``: why ``neat_vlm_graph`` cannot serve the family (None: it can).
     ``min_transformers``: the oldest transformers release that has the family's processor class
     (None: every 5.x); an older one loads only the tokenizer, which ``get_handler`` refuses.
 
     >>> h = Handler("mine", lambda record, processor: {}, media_axis=1)
-    >>> h.media_axis, h.graph_refused, h.estimate is None
-    (1, None, True)
+    >>> h.media_axis, h.graph_refused, h.pp_refused, h.estimate_modes, h.fake_image
+    (1, None, None, (), False)
+    >>> Handler("mine", lambda record, processor: {}, estimate=lambda r, p, mode: 1).estimate_modes
+    ('estimate', 'calibrated', 'exact')
     """
 
     name: str
@@ -98,6 +152,25 @@ class Handler:
     media_axis: int = 0
     graph_refused: str | None = None
     min_transformers: str | None = None
+    calibrate: CalibrateFn | None = None
+    collate: CollateFn | None = None
+    pp_split: PPSplitFn | None = None
+    pp_refused: str | None = None
+    pack_tokenizer: PackTokenizer | None = None
+    media_per_sample: bool = True
+    fake_image: bool = False
+
+    @property
+    def estimate_modes(self) -> tuple[str, ...]:
+        """The ``estimate_mode`` values this handler's length estimate offers: "estimate" and
+        "exact" with ``estimator`` or ``estimate``; "calibrated" with ``calibrate``, or with
+        ``estimate`` (``HandlerEstimator`` fits it); none without any (the graph then needs
+        ``lengths=``)."""
+        if self.estimate is None and self.estimator is None:
+            return ()
+        if self.calibrate is not None or self.estimate is not None:
+            return ("estimate", "calibrated", "exact")
+        return ("estimate", "exact")
 
     def __call__(self, record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
         check_modalities(record, processor, self.modalities)

@@ -2,11 +2,15 @@
 (``lengths.build_length_index``): the planner packs by these numbers, so they should be close to
 the real row length after the shift and rarely above it.
 
-``handler_estimator(processor, handler, mode)`` asks the handler (``families.Handler``): its
-``estimator(processor, mode)`` when it has one (Gemma 3's ``Gemma3LengthEstimator``), else a
+``handler_estimator(processor, handler, mode, source=...)`` asks the handler
+(``families.Handler``): for "estimate" / "exact" its ``estimator(processor, mode)`` when it has
+one (Qwen-VL's ``LengthEstimator``, Gemma 3's ``Gemma3LengthEstimator``), else a
 ``HandlerEstimator`` over its ``estimate(record, processor, mode=mode)`` (every other family;
-the function lives in the family's module, e.g. ``families/step3.py``). A handler with neither
-is refused, naming the fix (give it ``estimate=`` or pass ``lengths=`` to the graph).
+the function lives in the family's module, e.g. ``families/step3.py``). For "calibrated" its
+``calibrate(source, processor)`` (Qwen-VL), else ``HandlerEstimator.calibrated``: the text part
+of the "estimate" mode fitted by least squares to the "exact" mode on records of the source
+(the media tokens are counted exactly in both modes). A mode the handler does not offer
+(``Handler.estimate_modes``) is refused naming the handler, the modes it offers and the fix.
 
 The family functions read image sizes from ``images_meta``; a record without it gets the sizes
 from its image headers (``_media_meta._image_size``, no decode), so every image is counted. An
@@ -28,10 +32,18 @@ from neatpack.pipes.families import EstimateFn, Handler, resolve_handler
 from neatpack.pipes.indexing._media_meta import EstimateError, image_hw, record_media
 from neatpack.pipes.indexing.estimate import FallbackCounter, SampleEstimate
 
-__all__ = ["HANDLER_ESTIMATE_MODES", "HandlerEstimator", "handler_estimator"]
+__all__ = [
+    "CALIBRATION_RECORDS",
+    "HANDLER_ESTIMATE_MODES",
+    "HandlerEstimator",
+    "check_estimate_mode",
+    "handler_estimator",
+]
 
-#: The estimate modes a family estimator takes ("calibrated" is Qwen-VL's LengthEstimator only).
-HANDLER_ESTIMATE_MODES: tuple[str, ...] = ("estimate", "exact")
+#: The estimate modes a ``HandlerEstimator`` takes ("calibrated": ``HandlerEstimator.calibrated``).
+HANDLER_ESTIMATE_MODES: tuple[str, ...] = ("estimate", "calibrated", "exact")
+#: Records ``HandlerEstimator.calibrated`` fits on (as ``LengthEstimator.calibrate``).
+CALIBRATION_RECORDS = 200
 
 
 @dataclass
@@ -40,12 +52,16 @@ class HandlerEstimator:
     ``estimate_raw_batch``, ``config_key``, ``fallbacks``) over a family's ``Handler.estimate``.
 
     ``handler``: a registered name (what the graph passes: the estimator travels to the loader
-    workers by name, as the materializer's handler does) or a ``Handler``."""
+    workers by name, as the materializer's handler does) or a ``Handler``. ``mode="calibrated"``
+    runs the "estimate" mode and maps its text tokens ``t`` to ``text_scale * t +
+    text_offset`` (rounded; ``calibrated`` fits the two on records of a source)."""
 
     handler: str | Handler
     processor: Any
     mode: str = "exact"
     fallbacks: FallbackCounter = field(default_factory=FallbackCounter, repr=False)
+    text_scale: float = 1.0
+    text_offset: float = 0.0
 
     def __post_init__(self) -> None:
         h = resolve_handler(self.handler)
@@ -63,7 +79,65 @@ class HandlerEstimator:
         from neatpack.pipes.indexing._template_probe import tokenizer_id
 
         name = resolve_handler(self.handler).name
-        return f"HandlerEstimator({name!r}, {self.mode!r}, {tokenizer_id(self.processor)})"
+        fit = ""
+        if self.mode == "calibrated":  # the fit changes every length: the index cache must see it
+            fit = f", text_scale={self.text_scale!r}, text_offset={self.text_offset!r}"
+        return f"HandlerEstimator({name!r}, {self.mode!r}, {tokenizer_id(self.processor)}{fit})"
+
+    @classmethod
+    def calibrated(
+        cls,
+        handler: str | Handler,
+        processor: Any,
+        source: Any,
+        n: int = CALIBRATION_RECORDS,
+        seed: int = 0,
+    ) -> HandlerEstimator:
+        """The "calibrated" estimator: on ``n`` records of ``source`` sampled with ``seed``, the
+        least-squares line from the text tokens of the "estimate" mode to those of the "exact"
+        mode (each record without its media). Records that cannot be estimated are left out."""
+        rough = cls(handler, processor, "estimate")
+        exact = cls(handler, processor, "exact")
+        rng = np.random.default_rng(seed)
+        ids = np.sort(rng.choice(len(source), size=min(n, len(source)), replace=False))
+        xs, ys = [], []
+        for sid in ids:
+            record = source[int(sid)]
+            if not record.get("conversation"):
+                continue
+            text = _text_only(record)
+            try:
+                x, y = rough._count(text, int(sid)), exact._count(text, int(sid))
+            except EstimateError:
+                continue
+            xs.append((float(x), 1.0))
+            ys.append(float(y))
+        name = resolve_handler(handler).name
+        if len(xs) < 2:
+            raise ValueError(
+                f"estimate_mode='calibrated' for handler {name!r} needs at least 2 records that "
+                f"can be estimated; the source has {len(source)} ({len(xs)} usable)"
+            )
+        (a, b), *_ = np.linalg.lstsq(np.asarray(xs, float), np.asarray(ys, float), rcond=None)
+        if not a > 0:
+            raise ValueError(
+                f"calibrating handler {name!r} gave text_scale={a}; use records with more text "
+                "variety, or estimate_mode='exact'"
+            )
+        return cls(handler, processor, "calibrated", text_scale=float(a), text_offset=float(b))
+
+    def _count(self, record: Mapping[str, Any], sid: int) -> int:
+        fn: EstimateFn | None = resolve_handler(self.handler).estimate
+        if fn is None:
+            raise EstimateError(
+                f"sample_id={sid}: handler {self.handler!r} was registered again without an "
+                "estimate; give it Handler(..., estimate=...)"
+            )
+        mode = "estimate" if self.mode == "calibrated" else self.mode
+        try:
+            return int(fn(record, self.processor, mode=mode))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise EstimateError(f"sample_id={sid}: {type(exc).__name__}: {exc}") from exc
 
     def estimate_raw_batch(
         self, raws: Sequence[Any]
@@ -81,18 +155,13 @@ class HandlerEstimator:
         if not record.get("conversation"):
             raise EstimateError(f"sample_id={sid}: empty conversation; nothing to estimate")
         record = _with_image_sizes(record, sid)
-        fn: EstimateFn | None = resolve_handler(self.handler).estimate
-        if fn is None:
-            raise EstimateError(
-                f"sample_id={sid}: handler {self.handler!r} was registered again without an "
-                "estimate; give it Handler(..., estimate=...)"
-            )
-        try:
-            total = int(fn(record, self.processor, mode=self.mode))
-            text = int(fn(_text_only(record), self.processor, mode=self.mode))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise EstimateError(f"sample_id={sid}: {type(exc).__name__}: {exc}") from exc
-        return SampleEstimate(total, max(total - text, 0), ())
+        total = self._count(record, sid)
+        text = self._count(_text_only(record), sid)
+        visual = max(total - text, 0)
+        if self.mode == "calibrated":
+            text = max(round(self.text_scale * text + self.text_offset), 0)
+            total = text + visual
+        return SampleEstimate(total, visual, ())
 
 
 def _with_image_sizes(record: Mapping[str, Any], sid: int) -> Mapping[str, Any]:
@@ -129,16 +198,53 @@ def _text_only(record: Mapping[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in record.items() if k not in skip}, "conversation": conv}
 
 
-def handler_estimator(processor: Any, handler: str | Handler, mode: str) -> Any:
-    """The length estimator of ``handler``'s family (module docstring): a ``LengthEstimator`` or
-    a ``HandlerEstimator``."""
-    if mode not in HANDLER_ESTIMATE_MODES:
-        raise ValueError(
-            f"estimate_mode={mode!r} is not available for handler "
-            f"{getattr(handler, 'name', handler)!r}; valid: "
-            f"{HANDLER_ESTIMATE_MODES} ('calibrated' fits Qwen-VL's LengthEstimator only)"
-        )
+def handler_estimator(
+    processor: Any,
+    handler: str | Handler,
+    mode: str,
+    *,
+    source: Any = None,
+    **options: Any,
+) -> Any:
+    """The length estimator of ``handler``'s family in ``mode`` (module docstring): a
+    ``LengthEstimator``-shaped object. ``source``: the records "calibrated" fits on;
+    ``options`` (``missing_media_fix``) go to the handler's own ``estimator`` / ``calibrate``."""
     h = resolve_handler(handler)
+    check_estimate_mode(h, mode)
+    if mode == "calibrated":
+        if source is None:
+            raise ValueError(
+                f"estimate_mode='calibrated' for handler {h.name!r} fits on records: pass "
+                "source= (the graph passes its data)"
+            )
+        if h.calibrate is not None:
+            return h.calibrate(source, processor, **options)
+        return HandlerEstimator.calibrated(handler, processor, source)
     if h.estimator is not None:
-        return h.estimator(processor, mode)
+        return h.estimator(processor, mode, **options)
     return HandlerEstimator(handler, processor, mode)
+
+
+def check_estimate_mode(handler: str | Handler, mode: str) -> None:
+    """ValueError when ``handler`` does not offer ``mode`` (``Handler.estimate_modes``), naming
+    the handler, the modes it offers and the fix."""
+    h = resolve_handler(handler)
+    if mode in h.estimate_modes:
+        return
+    if not h.estimate_modes:
+        raise ValueError(
+            f"handler {h.name!r} has no length estimate: register it with "
+            "Handler(..., estimate=<fn(record, processor, *, mode) -> int>) "
+            "(docs/families.md, 'Adding a family'), or pass lengths= (a LengthIndex) to "
+            "the graph"
+        )
+    why = (
+        " (its estimator has no calibrated mode: give the handler calibrate=<fn(source, "
+        "processor) -> estimator>, or an estimate= function that HandlerEstimator calibrates)"
+        if mode == "calibrated"
+        else ""
+    )
+    raise ValueError(
+        f"estimate_mode={mode!r} is not available for handler {h.name!r}{why}; it offers "
+        f"{h.estimate_modes}: set estimate_mode to one of them"
+    )

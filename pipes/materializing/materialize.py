@@ -17,7 +17,8 @@ drawn with `random.Random(f"{seed}:{epoch}:{sample_id}:{attempt}")`, at most `ma
 tries, in `report.replaced` as (failed id, replacement id)). Replacement lengths differ from the
 plan's, so overflow handling applies to them too.
 
-On the Qwen-VL path (`config.handler is None`) the pack's samples go through the processor in
+On the Qwen-VL path (`config.handler` None, or a handler with a `PackTokenizer`: `qwen_vl`)
+the pack's samples go through the processor in
 ONE call (`tokenize.finish_conversations`): same-size images are resized together, the
 per-call overhead is paid once per pack, and the pack's `pixel_values` is that call's tensor
 rather than a second copy. If any sample fails after loading, the whole pack is redone one
@@ -34,11 +35,11 @@ from dataclasses import InitVar, asdict, dataclass, field
 from typing import Any, Literal, NamedTuple, get_args
 
 from neatpack.pipes.contracts import Pack
+from neatpack.pipes.families.registry import PackTokenizer
 from neatpack.pipes.materializing.mrope import MRopeConfig
 from neatpack.pipes.materializing.pack import build_pack, sample_mrope, truncate_sample
 from neatpack.pipes.materializing.sample_media import PositionsFn, media_after, split_media
 from neatpack.pipes.materializing.tokenize import (
-    Prepared,
     finish_conversations,
     prepare_conversation,
     tokenize_conversation,
@@ -95,11 +96,16 @@ class MaterializeConfig:
             raise ValueError(f"{self.on_bad_sample=!r}; valid: {FAILURE_POLICIES}")
         if self.max_retries < 0:
             raise ValueError(f"{self.max_retries=} must be >= 0")
-        if self.fake_image and self.handler not in (None, "qwen_vl"):
-            raise ValueError(
-                f"{self.fake_image=} needs the Qwen-VL path; got {self.handler=} "
-                "(use handler=None or 'qwen_vl', or fake_image=False)"
-            )
+        if self.fake_image and self.handler is not None:
+            from neatpack.pipes.families import HANDLERS, resolve_handler
+
+            if not resolve_handler(self.handler).fake_image:
+                able = sorted(n for n, h in HANDLERS.items() if h.fake_image)
+                raise ValueError(
+                    f"{self.fake_image=} needs a handler that injects a fake image "
+                    f"(Handler.fake_image: {able}); got {self.handler=} (use handler=None or "
+                    "one of those, or fake_image=False)"
+                )
 
 
 @dataclass(frozen=True)
@@ -184,16 +190,23 @@ def _handler_positions(handler: str | None) -> Any:
     return resolve_handler(handler).positions
 
 
+def _pack_path(config: MaterializeConfig) -> tuple[bool, PackTokenizer | None]:
+    """Whether samples keep their media apart (``Handler.media_per_sample``), and the
+    ``PackTokenizer`` of the handler (``handler=None``: Qwen-VL's ``tokenize_conversation``)."""
+    if config.handler is None:
+        return False, PackTokenizer(prepare_conversation, finish_conversations)
+    from neatpack.pipes.families import resolve_handler
+
+    h = resolve_handler(config.handler)
+    return h.media_per_sample, h.pack_tokenizer
+
+
 class _Loaded(NamedTuple):
     items: list[tuple[int, Any]]  # (loaded id, sample or prepared sample), in plan order
     planned_of: list[int]  # the planned id each item stands for
     skipped: list[int]
     failed: list[int]
     errors: list[str]
-
-
-def _prepare(source: Any, sample_id: int, processor: Any, config: MaterializeConfig) -> Prepared:
-    return prepare_conversation(source[sample_id], processor, fake_image=config.fake_image)
 
 
 def _collect(
@@ -252,15 +265,19 @@ def materialize_pack(
     ``sample_transform`` (a user hook) maps each tokenized, unshifted sample before its
     positions and the shift; a sample it makes longer meets the overflow policy."""
     positions, merge = _positions_fn(processor, config)
-    per_sample_media = config.handler not in (None, "qwen_vl")
+    per_sample_media, pack_tokenizer = _pack_path(config)
     planned = [int(i) for i in sample_ids]
     loaded: _Loaded | None = None
-    if config.handler is None:  # Qwen-VL: one processor call for the whole pack
+    if pack_tokenizer is not None:  # Qwen-VL: one processor call for the whole pack
         # Loading applies the failure policy per sample already (and raises naming it).
-        got = _collect(planned, lambda i: _prepare(source, i, processor, config), config,
-                       epoch, len(source))  # fmt: skip
+        prepare = pack_tokenizer.prepare
+
+        def load(i: int) -> Any:
+            return prepare(source[i], processor, fake_image=config.fake_image)
+
+        got = _collect(planned, load, config, epoch, len(source))
         try:
-            done = finish_conversations(
+            done = pack_tokenizer.finish(
                 [p for _, p in got.items], processor, label_policy=config.label_policy
             )
             loaded = got._replace(items=[(i, s) for (i, _), s in zip(got.items, done, strict=True)])

@@ -1,5 +1,9 @@
-"""Pipeline-parallel micro-batches for the non-Qwen-VL families: fixed-length rows, and each
-micro-batch's media taken from exactly its own rows.
+"""Pipeline-parallel micro-batches through the family's handler: ``split_batch_media(batch,
+handler, n)`` (what ``PPMediaSplitter`` runs) calls ``Handler.pp_split``, or refuses a handler
+that declares ``pp_refused``, naming it and its reason. Qwen-VL's split is
+``pp_media.prepare_vlm_media_for_pp`` (patch rows from the grids); the default, for families
+whose samples keep their media apart, is below: fixed-length rows, and each micro-batch's media
+taken from exactly its own rows.
 
 The family models (Gemma 3/4, LLaVA-OneVision, Idefics3, InternVL, Qwen2.5-Omni) take ONE flat
 media input per forward whose items are scattered over the media tokens of the flattened
@@ -17,7 +21,9 @@ dim 1: ``Handler.media_axis``)::
 Every micro-batch must also have the same shapes (pipelining builds its stages from the first
 one), so rows are padded to one fixed length: the collater's ``max_length`` (a pack longer than
 that is refused there, naming its samples); ``prepare_family_media_for_pp`` checks the width.
-The Qwen-VL path (``pp_media.prepare_vlm_media_for_pp``, grids) is unchanged.
+In ``neat_vlm_graph`` every row is ``pack_size`` tokens already, and the collater counts each
+row's items (``collate(..., media_counts=True)``: ``batch["media_counts"]``) for
+``split_family_batch``.
 """
 
 from __future__ import annotations
@@ -27,15 +33,57 @@ from typing import Any
 
 from torch import Tensor
 
-from neatpack.pipes.families import Handler, resolve_handler
-from neatpack.pipes.parallel.pp_media import VLM_PP_MEDIA_KEY, microbatch_bounds
+from neatpack.pipes.families.registry import Handler, PPSplitFn, resolve_handler
+from neatpack.pipes.parallel.pp_media import (
+    VLM_PP_MEDIA_KEY,
+    microbatch_bounds,
+    prepare_vlm_media_for_pp,
+)
 
 __all__ = [
+    "MEDIA_COUNTS_KEY",
+    "check_pp_split",
     "chunk_family_media",
     "family_media_counts",
     "prepare_family_media_for_pp",
+    "split_batch_media",
+    "split_family_batch",
     "wrap_family_collate_for_pp",
 ]
+
+#: The batch key of each row's media item counts (``collate(..., media_counts=True)``).
+MEDIA_COUNTS_KEY = "media_counts"
+
+
+def check_pp_split(handler: str | Handler, n_microbatches: int | None = None) -> PPSplitFn:
+    """``handler``'s pipeline-parallel media split (``Handler.pp_split``, else
+    ``split_family_batch``); ValueError naming the handler, its reason and the fix when it
+    declares ``pp_refused``."""
+    h = resolve_handler(handler)
+    if h.pp_refused is None:
+        return h.pp_split or split_family_batch
+    raise ValueError(
+        f"pp_microbatches={n_microbatches} but handler {h.name!r} declares no pipeline-parallel "
+        f"media split (Handler.pp_refused: {h.pp_refused}). Fix: set pp_microbatches=None, or "
+        "register the handler without pp_refused (and with pp_split=<fn(batch, handler, rows, "
+        "n_microbatches) -> batch> if its media need a split of their own)"
+    )
+
+
+def split_batch_media(
+    batch: MutableMapping[str, Any], handler: str | Handler | None, n_microbatches: int
+) -> MutableMapping[str, Any]:
+    """``batch`` with its media chunked per pipeline-parallel micro-batch at
+    ``VLM_PP_MEDIA_KEY``, by ``handler``'s split (``check_pp_split``; ``handler=None``: a batch of
+    ``collate.neat_packed_vlm_collater``, split by ``prepare_vlm_media_for_pp``). The rows are
+    ``len(batch["packs"])`` (else ``input_ids``' first dim), split as ``torch.tensor_split``."""
+    rows = len(batch["packs"]) if "packs" in batch else int(batch["input_ids"].shape[0])
+    if handler is None:
+        out: MutableMapping[str, Any] = prepare_vlm_media_for_pp(batch, rows, n_microbatches)
+        return out
+    h = resolve_handler(handler)
+    split = check_pp_split(h, n_microbatches)
+    return split(batch, h, rows, n_microbatches)  # type: ignore[no-any-return]
 
 
 def _sample_media(h: Handler, sample: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,7 +178,34 @@ def prepare_family_media_for_pp(
             f"rows are {int(ids.shape[1])} tokens, not the fixed {seq_len=}: pipeline "
             "micro-batches need one shape; collate with max_length=seq_len"
         )
-    counts = family_media_counts(rows, h)
+    return _split_counted(batch, family_media_counts(rows, h), h, n_microbatches)
+
+
+def split_family_batch(
+    batch: MutableMapping[str, Any], handler: str | Handler, rows: int, n_microbatches: int
+) -> MutableMapping[str, Any]:
+    """The split of a handler without ``pp_split``: ``prepare_family_media_for_pp`` with the
+    rows' item counts the collater stored at ``batch["media_counts"]`` (popped)."""
+    h = resolve_handler(handler)
+    counts = batch.pop(MEDIA_COUNTS_KEY, None)
+    if counts is None:
+        raise ValueError(
+            f"handler {h.name!r}: the batch has no {MEDIA_COUNTS_KEY!r} (each row's media items) "
+            "to split its media by; collate with media_counts=True (neat_vlm_graph does when "
+            "pp_microbatches is set)"
+        )
+    lens = {len(c) for c in counts.values()}
+    if lens - {rows}:
+        raise ValueError(f"{MEDIA_COUNTS_KEY} cover {sorted(lens)} rows, not the batch's {rows}")
+    return _split_counted(batch, counts, h, n_microbatches)
+
+
+def _split_counted(
+    batch: MutableMapping[str, Any],
+    counts: Mapping[str, Sequence[int]],
+    h: Handler,
+    n_microbatches: int,
+) -> MutableMapping[str, Any]:
     media = {k: batch.pop(k) for k in counts if k in batch}
     missing = sorted(set(counts) - set(media))
     if missing:

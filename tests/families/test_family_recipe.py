@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from support.tiny import load_tiny_internvl_processor
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
@@ -110,21 +111,56 @@ def test_a_family_without_an_estimate_is_refused_naming_the_fix(toy: dict[str, A
 
 
 @pytest.mark.parametrize(
-    ("fields", "error"),
+    ("fields", "options", "error"),
     [
-        ({"graph_refused": "toy forwards mix documents"}, r"'toy_misfit'.*toy forwards mix"),
-        ({"mrope": True}, r"'toy_misfit' needs mRoPE positions.*positions="),
+        ({"graph_refused": "toy forwards mix documents"}, {}, r"'toy_misfit'.*toy forwards mix"),
+        ({"mrope": True}, {}, r"'toy_misfit' needs mRoPE positions.*positions="),
+        ({"pp_refused": "toy media are one blob"}, {"batch_size": 2, "pp_microbatches": 2},
+         r"handler 'toy_misfit' declares no pipeline-parallel media split \(Handler.pp_refused: "
+         r"toy media are one blob\)"),
+        ({}, {"fake_image": True}, r"fake_image=True needs a handler .*'toy_misfit'"),
     ],
-)
+)  # fmt: skip
 def test_the_graph_asks_the_handler_what_it_refuses(
-    corpus: Path, fields: dict[str, Any], error: str
+    corpus: Path, fields: dict[str, Any], options: dict[str, Any], error: str
 ) -> None:
-    """``Handler.graph_refused`` and an mRoPE family without ``Handler.positions`` are refused
-    when the graph is built, naming the handler and the reason (no table to edit elsewhere)."""
+    """``Handler.graph_refused``, an mRoPE family without ``Handler.positions``, ``pp_refused``
+    with ``pp_microbatches`` and ``fake_image=True`` for a handler without ``Handler.fake_image``
+    are refused when the graph is built, naming the handler and the reason (no table to edit
+    elsewhere)."""
     register_handler(Handler("toy_misfit", tokenize_default, estimate=default_estimate, **fields))
     try:
-        config = NeatVLMConfig(pack_size=PACK_SIZE, handler="toy_misfit", estimate_mode="exact")
+        config = NeatVLMConfig(
+            pack_size=PACK_SIZE, handler="toy_misfit", estimate_mode="exact", **options
+        )
         with pytest.raises(ValueError, match=error):
             neat_vlm_graph(str(corpus), _toy_processor(), config=config)
     finally:
         HANDLERS.pop("toy_misfit", None)
+
+
+def test_a_registered_toy_family_splits_its_media_per_pipeline_microbatch(
+    toy: dict[str, Any], corpus: Path
+) -> None:
+    """No ``Handler.pp_split`` needed: registered as the recipe shows, the toy family's batches
+    carry their media per micro-batch (``pp_microbatches=2``), every image of the batch once, in
+    order, each chunk holding its own rows' images."""
+    from neatpack.pipes.parallel.pp_media import VLM_PP_MEDIA_KEY
+
+    proc = _toy_processor()
+    base = {"pack_size": PACK_SIZE, "batch_size": 2, "estimate_mode": "exact", "shuffle": False,
+            "media_root": str(corpus.parent / "media"), "attn_implementation": "eager"}  # fmt: skip
+    whole = list(neat_vlm_graph(str(corpus), proc, config=NeatVLMConfig(**base)))
+    split = list(neat_vlm_graph(str(corpus), proc, config=NeatVLMConfig(**base, pp_microbatches=2)))
+    assert len(split) == len(whole) >= 2
+    image = proc.tokenizer.convert_tokens_to_ids(proc.image_token)
+    chunks_seen = 0
+    for w, s in zip(whole, split, strict=True):
+        chunks = s.pop(VLM_PP_MEDIA_KEY)["pixel_values"]
+        assert "pixel_values" not in s
+        assert torch.equal(torch.cat([c for c in chunks if c is not None]), w["pixel_values"])
+        for row, chunk in enumerate(chunks):  # InternVL: 1 pixel tile -> image_seq_length tokens
+            tokens = int((s["input_ids"][row] == image).sum())
+            assert (0 if chunk is None else chunk.shape[0]) * proc.image_seq_length == tokens
+            chunks_seen += chunk is not None
+    assert chunks_seen >= 2

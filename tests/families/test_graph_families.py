@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -200,15 +201,22 @@ def test_qwen_omni_graph_audio_positions_and_parity(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("family", "options", "match"),
     [
-        ("gemma3", {"fake_image": True}, "fake_image=True needs the Qwen-VL path"),
+        ("gemma3", {"fake_image": True},
+         "fake_image=True needs a handler that injects a fake image .*handler 'gemma3'"),
         ("gemma3", {"attn_implementation": "flash_attention_2"},
          "attn_implementation='flash_attention_2' cannot express the 'gemma3'"),
         ("gemma3", {"attn_implementation": "doc_ids"}, r"use attn_implementation in \('sdpa'"),
         ("gemma4", {"attn_implementation": "position_ids",
                     "mask_options": {"bidirectional_vision": True}}, "cannot express the 'gemma4'"),
         ("llava_onevision", {"mask_options": {"x": 1}}, "has no packed_mask"),
-        ("idefics3", {"pp_microbatches": 1}, "pp_microbatches=1 splits the Qwen-VL media"),
-        ("internvl", {"estimate_mode": "calibrated"}, "estimate_mode='calibrated' is not"),
+        # the handler's declarations: Nemotron-H Omni has no PP split (Handler.pp_refused),
+        # Gemma 3's estimator no calibrated mode (Handler.estimate_modes)
+        ("nemotron_omni", {"pp_microbatches": 1},
+         r"pp_microbatches=1 but handler 'nemotron_omni' declares no pipeline-parallel media "
+         r"split.*Fix: set pp_microbatches=None"),
+        ("gemma3", {"estimate_mode": "calibrated"},
+         r"estimate_mode='calibrated' is not available for handler 'gemma3' \(its estimator has "
+         r"no calibrated mode.*offers \('estimate', 'exact'\)"),
     ],
 )  # fmt: skip
 def test_config_that_cannot_work_is_refused_at_build(
@@ -216,6 +224,33 @@ def test_config_that_cannot_work_is_refused_at_build(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         neat_vlm_graph(corpus, _processor(family), config=_config(corpus, **options))
+
+
+def test_calibrated_estimate_of_a_family_through_the_graph(corpus: Path) -> None:
+    """``estimate_mode="calibrated"`` for InternVL (``chat_template``'s estimate, calibrated by
+    ``HandlerEstimator.calibrated``; refused before #26): the length index the graph plans with
+    is closer to the exact lengths than the uncalibrated estimate (least squares on the text
+    tokens of these records), and the graph yields its batches."""
+    from neatpack.graphs import neat_vlm_parts
+
+    proc = _processor("internvl")
+    total = {
+        mode: np.asarray(
+            neat_vlm_parts(
+                corpus, proc, config=_config(corpus, estimate_mode=mode)
+            ).materialize.estimated
+        )
+        for mode in ("estimate", "calibrated", "exact")
+    }
+
+    def squared_error(mode: str) -> float:
+        return float(((total[mode] - total["exact"]) ** 2).sum())
+
+    assert not np.array_equal(total["calibrated"], total["estimate"])
+    assert squared_error("calibrated") < squared_error("estimate")
+    cfg = _config(corpus, estimate_mode="calibrated", overflow="truncate")
+    batch = next(iter(neat_vlm_graph(corpus, proc, config=cfg)))
+    assert batch["input_ids"].shape == (2, PACK_SIZE)
 
 
 def test_block_causal_families_take_the_mask_free_formats(corpus: Path) -> None:
@@ -232,17 +267,17 @@ def test_block_causal_families_take_the_mask_free_formats(corpus: Path) -> None:
 
 
 def test_handler_selection() -> None:
-    """``handler=None`` picks the processor's family (Qwen-VL classes: the Qwen-VL path, None);
-    an explicit name wins; an unknown name is refused listing the registered ones."""
+    """``handler=None`` picks the processor's family (Qwen-VL classes: ``qwen_vl``, a plan like
+    every family's); an explicit name wins; an unknown name is refused listing the registered
+    ones."""
     from neatpack.graphs.families import plan_family
     from neatpack.pipes.testing.tiny import load_tiny_processor
 
-    def chosen(proc: Any, handler: str | None = None) -> str | None:
-        plan = plan_family(proc, NeatVLMConfig(handler=handler))
-        return None if plan is None else plan.handler.name
+    def chosen(proc: Any, handler: str | None = None) -> str:
+        return plan_family(proc, NeatVLMConfig(handler=handler)).handler.name
 
-    assert chosen(load_tiny_processor("qwen2_vl")) is None
-    assert chosen(load_tiny_processor("qwen2_vl"), "qwen_vl") is None
+    assert chosen(load_tiny_processor("qwen2_vl")) == "qwen_vl"
+    assert chosen(load_tiny_processor("qwen2_vl"), "qwen_vl") == "qwen_vl"
     assert chosen(_processor("internvl")) == "chat_template"
     assert chosen(_processor("gemma3")) == "gemma3"
     assert chosen(_processor("gemma3"), "chat_template") == "chat_template"

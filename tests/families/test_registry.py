@@ -197,7 +197,10 @@ def test_materialize_pack_selects_a_handler(proc: Any) -> None:
     assert report.packed == (0, 2)
     for key in ("input_ids", "labels", "attention_mask", "position_ids"):
         assert torch.equal(got[key], want[key]), key
-    with pytest.raises(ValueError, match="fake_image=True needs the Qwen-VL path"):
+    # the handler's declaration (Handler.fake_image) decides, naming the handlers that inject one
+    with pytest.raises(
+        ValueError, match=r"fake_image=True needs a handler .*\['qwen_vl'\].*gemma3"
+    ):
         MaterializeConfig(pack_size=8, fake_image=True, handler="gemma3")
 
 
