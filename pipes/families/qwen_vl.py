@@ -77,7 +77,7 @@ def qwen_vl_positions(sample: Mapping[str, Any], processor: Any) -> Tensor:
     from neatpack.pipes.materializing.mrope import MRopeConfig
     from neatpack.pipes.materializing.pack import sample_mrope
 
-    ids: Tensor = sample_mrope(sample, MRopeConfig.from_processor(processor))
+    ids: Tensor = sample_mrope(dict(sample), MRopeConfig.from_processor(processor))
     return ids
 
 
