@@ -103,6 +103,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "steps.collater": ("Collater",),
     "steps.mask_converter": ("MaskConverter",),
     "steps.pp_split": ("PPMediaSplitter",),
+    "steps.sample_reader": ("SampleReader",),
+    "steps.conversation_tokenizer": ("ConversationTokenizer",),
+    "steps.pad_collater": ("PadCollater",),
     "families": (
         "Handler",
         "get_handler",

@@ -23,21 +23,27 @@ from __future__ import annotations
 
 from .chain import StepChain
 from .collater import Collater
+from .conversation_tokenizer import ConversationTokenizer
 from .mask_converter import MASK_CONVERSIONS as MASK_CONVERSIONS
 from .mask_converter import MaskConverter
 from .materializer import PackMaterializer
 from .meta import META_KEY as META_KEY
 from .meta import pack_meta
+from .pad_collater import PadCollater
 from .per_pack import PerPack
 from .pp_split import PPMediaSplitter
+from .sample_reader import SampleReader
 from .shifter import Shifter
 
 __all__ = [
     "Collater",
+    "ConversationTokenizer",
     "MaskConverter",
     "PPMediaSplitter",
     "PackMaterializer",
+    "PadCollater",
     "PerPack",
+    "SampleReader",
     "Shifter",
     "StepChain",
     "pack_meta",
