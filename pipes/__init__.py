@@ -101,6 +101,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "steps.materializer": ("PackMaterializer",),
     "steps.shifter": ("Shifter",),
     "steps.collater": ("Collater",),
+    "steps.pack_padder": ("PackPadder",),
     "steps.mask_converter": ("MaskConverter",),
     "steps.pp_split": ("PPMediaSplitter",),
     "steps.sample_reader": ("SampleReader",),

@@ -12,7 +12,8 @@ and be recomputed after a resume. Stateful work belongs in a node in the main pr
                                                          sample with Shifter, replaceable)
       PerPack(my_pack_step)       -> [pack0', pack1']    optional user step
       Collater                    -> batch               batch["packs"] = [meta0, meta1]
-      MaskConverter (optional)    -> batch               doc ids -> a backend's mask
+        = PackPadder              -> batch               padded; doc ids in attention_mask
+        + MaskConverter           -> batch               doc ids -> sdpa / eager / flex mask
       PPMediaSplitter             -> batch               media chunked per PP micro-batch
 
 ``batch["packs"]`` is the bookkeeping ``NeatLoader`` advances its cursor and ledger with: a
@@ -29,6 +30,7 @@ from .mask_converter import MaskConverter
 from .materializer import PackMaterializer
 from .meta import META_KEY as META_KEY
 from .meta import pack_meta
+from .pack_padder import PackPadder
 from .pad_collater import PadCollater
 from .per_pack import PerPack
 from .pp_split import PPMediaSplitter
@@ -41,6 +43,7 @@ __all__ = [
     "MaskConverter",
     "PPMediaSplitter",
     "PackMaterializer",
+    "PackPadder",
     "PadCollater",
     "PerPack",
     "SampleReader",

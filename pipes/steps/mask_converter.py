@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MASK_CONVERSIONS", "MaskConverter"]
+from neatpack.pipes.collating.mask_format import MASK_CONVERSIONS, convert_mask
 
-MASK_CONVERSIONS = ("sdpa", "eager", "flex_attention")
+__all__ = ["MASK_CONVERSIONS", "MaskConverter"]
 
 
 class MaskConverter:
@@ -14,7 +14,9 @@ class MaskConverter:
     attention mask of another backend, built from its ``[B, S]`` document ids (``mask.py``).
 
     ``sdpa``: bool ``[B,1,S,S]`` (True = attend); ``eager``: additive ``[B,1,S,S]`` in
-    ``dtype``; ``flex_attention``: a ``BlockMask``. The ids stay in ``batch["doc_ids"]``.
+    ``dtype``; ``flex_attention``: a ``BlockMask``. The ids stay in ``batch["doc_ids"]``. The
+    second step of the prebuilt collate, after ``PackPadder`` (``Collater.steps``), which
+    checked the ids already: there it runs with ``validate=False``.
 
     >>> import torch
     >>> ids = torch.tensor([[1, 1, 2, 0]])
@@ -23,26 +25,23 @@ class MaskConverter:
     [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
     """
 
-    def __init__(self, attn_implementation: str, *, dtype: Any = None) -> None:
+    def __init__(
+        self, attn_implementation: str, *, dtype: Any = None, validate: bool = True
+    ) -> None:
         if attn_implementation not in MASK_CONVERSIONS:
             raise ValueError(
                 f"{attn_implementation=} is not one of {MASK_CONVERSIONS}; for the mask-free "
                 "formats (flash, thd, position_ids) collate with that attn_implementation"
             )
-        self.attn_implementation, self.dtype = attn_implementation, dtype
+        self.attn_implementation, self.dtype, self.validate = attn_implementation, dtype, validate
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         import torch
 
-        from neatpack.pipes.collating.doc_ids import check_doc_ids
-        from neatpack.pipes.collating.mask_format import attention_inputs
-
-        doc_ids = batch.get("doc_ids")
-        if doc_ids is None or doc_ids.dim() != 2:
-            raise ValueError(
-                "MaskConverter needs batch['doc_ids'] [B, S] (collate with "
-                f"attn_implementation='doc_ids'); got keys {sorted(batch)}"
-            )
-        check_doc_ids(doc_ids)
         dtype = self.dtype or torch.float32
-        return dict(batch) | attention_inputs(doc_ids, self.attn_implementation, mask_dtype=dtype)
+        return convert_mask(
+            batch, self.attn_implementation, mask_dtype=dtype, validate=self.validate
+        )
+
+    def __repr__(self) -> str:
+        return f"MaskConverter({self.attn_implementation!r})"

@@ -11,12 +11,23 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-from neatpack.graphs import GroupedConfig, grouped_vlm_graph, open_source
+from neatpack.graphs import (
+    GroupedConfig,
+    NeatVLMConfig,
+    grouped_vlm_graph,
+    neat_vlm_graph,
+    neat_vlm_parts,
+    open_source,
+)
 from neatpack.graphs.grouped import grouped_plan
 from neatpack.pipes import (
+    Collater,
     ConversationTokenizer,
     LengthEstimator,
+    MaskConverter,
+    PackPadder,
     PackSource,
     PadCollater,
     SampleReader,
@@ -28,9 +39,21 @@ from neatpack.pipes import (
 from neatpack.pipes.testing.resume import same_item
 
 STEP_MODULES = (
-    "chain", "per_pack", "meta", "materializer", "shifter", "collater", "mask_converter",
-    "pp_split", "sample_reader", "conversation_tokenizer", "pad_collater",
-)  # fmt: skip
+    "chain",
+    "per_pack",
+    "meta",
+    "materializer",
+    "shifter",
+    "collater",
+    "mask_converter",
+    "pp_split",
+    "sample_reader",
+    "conversation_tokenizer",
+    "pad_collater",
+    "pack_padder",
+)
+MASK_BUILT = ("sdpa", "eager", "flex_attention")
+FORMATS = (*MASK_BUILT, "flash_attention_2", "position_ids", "thd", "doc_ids")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +119,95 @@ def test_grouped_chain_by_hand_equals_grouped_vlm_graph(
     metas = [m for b in by_hand for m in b["packs"]]
     assert sorted(i for m in metas for i in m["sample_ids"]) == list(range(14))
     assert all(len(b["packs"]) == 1 for b in by_hand)  # a group is one ledger entry
+
+
+def _comparable(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch with a flex ``BlockMask`` as its dense mask (a BlockMask has no value equality)."""
+    mask = batch.get("attention_mask")
+    if type(mask).__name__ == "BlockMask":
+        return {**batch, "attention_mask": mask.to_dense()}
+    return batch
+
+
+def _packs(corpus: Path, processor: Any, fmt: str) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """The VLM graph's own collate for ``fmt`` and two of its materialized (mRoPE) packs."""
+    cfg = NeatVLMConfig(
+        pack_size=1024,
+        batch_size=2,
+        media_root=str(corpus / "media"),
+        attn_implementation=fmt,
+        pad_to_multiple_of=64,
+        boundaries=True,
+    )
+    parts = neat_vlm_parts(corpus / "data.jsonl", processor, config=cfg)
+    parts.source.reset()
+    return cfg, parts, [parts.materialize(parts.source.next()) for _ in range(2)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prebuilt_collate_is_padder_then_mask_converter(
+    corpus: Path, processor: Any, fmt: str
+) -> None:
+    """The VLM graph's ``Collater`` runs ``PackPadder`` (document ids in ``attention_mask``, or
+    a mask-free format complete) then ``MaskConverter`` for the masks built from the ids; the
+    same chain composed by hand from the exported steps gives the graph's batch, key order
+    included, and the graph's first batch is that collate of its first packs."""
+    cfg, parts, packs = _packs(corpus, processor, fmt)
+    chain = parts.collate.steps
+    assert isinstance(parts.collate, Collater)
+    assert isinstance(chain, StepChain)
+    want = [PackPadder, MaskConverter] if fmt in MASK_BUILT else [PackPadder]
+    assert [type(step) for step in chain.steps] == want
+    pad = int(processor.tokenizer.pad_token_id)
+    padder = PackPadder(
+        pad,
+        mask_format="doc_ids" if fmt in MASK_BUILT else fmt,
+        pad_to_multiple_of=64,
+        boundaries=True,
+    )
+    by_hand = StepChain(padder, *([MaskConverter(fmt)] if fmt in MASK_BUILT else []))(
+        [{k: v for k, v in p.items() if k != "meta"} for p in packs]
+    )
+    by_hand["packs"] = [p["meta"] for p in packs]
+    direct = parts.collate(packs)
+    assert list(by_hand) == list(direct)
+    assert same_item(_comparable(by_hand), _comparable(direct))
+    if fmt in MASK_BUILT:  # the padder's output is the doc_ids form: the ids as the mask
+        padded = padder([{k: v for k, v in p.items() if k != "meta"} for p in packs])
+        assert torch.equal(padded["attention_mask"], padded["doc_ids"])
+        assert padded["position_ids"].shape[0] == 3  # mRoPE [3, B, S], as for doc_ids
+    first = next(iter(neat_vlm_graph(corpus / "data.jsonl", processor, config=cfg)))
+    assert same_item(_comparable(first), _comparable(direct))
+
+
+def test_prebuilt_collate_builds_the_mask_once_and_checks_the_ids_once(
+    corpus: Path, processor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PackPadder checks the document ids; the MaskConverter after it does not scan them again,
+    and the 4D mask is built once (no dense mask built and dropped)."""
+    import neatpack.pipes.collating.mask_format as mask_format
+
+    calls = {"check": 0, "sdpa": 0}
+    check, build = mask_format.check_doc_ids, mask_format.to_4d_bool_mask
+
+    def counted_check(*args: Any, **kwargs: Any) -> Any:
+        calls["check"] += 1
+        return check(*args, **kwargs)
+
+    def counted_build(*args: Any, **kwargs: Any) -> Any:
+        calls["sdpa"] += 1
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(mask_format, "check_doc_ids", counted_check)
+    monkeypatch.setattr(mask_format, "to_4d_bool_mask", counted_build)
+    _, parts, packs = _packs(corpus, processor, "sdpa")
+    batch = parts.collate(packs)
+    assert calls == {"check": 0, "sdpa": 1}
+    assert batch["attention_mask"].shape[-1] == batch["doc_ids"].shape[1]
+    MaskConverter("sdpa")(dict(batch, attention_mask=batch["doc_ids"]))  # alone: it checks
+    assert calls == {"check": 1, "sdpa": 2}
+
+
+def test_pack_padder_refuses_a_format_whose_mask_it_does_not_build() -> None:
+    with pytest.raises(ValueError, match=r"mask_format='sdpa' is not one of .*MaskConverter"):
+        PackPadder(mask_format="sdpa")
