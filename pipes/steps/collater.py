@@ -90,6 +90,7 @@ class Collater:
                 # every rank: make the first pad token a one-token document with no labels.
                 p["attention_mask"] = mask.clone()
                 p["attention_mask"][0] = 1
+        batch: dict[str, Any]
         if self.steps is not None:
             batch = self.steps(rows)
         else:

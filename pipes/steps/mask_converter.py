@@ -39,9 +39,10 @@ class MaskConverter:
         import torch
 
         dtype = self.dtype or torch.float32
-        return convert_mask(
+        out: dict[str, Any] = convert_mask(
             batch, self.attn_implementation, mask_dtype=dtype, validate=self.validate
         )
+        return out
 
     def __repr__(self) -> str:
         return f"MaskConverter({self.attn_implementation!r})"

@@ -47,7 +47,7 @@ class PackPadder:
     def __call__(self, packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         from neatpack.pipes.collating.collate import pad_batch
 
-        return pad_batch(
+        batch: dict[str, Any] = pad_batch(
             packs,
             self.padding_idx,
             self.max_length,
@@ -55,6 +55,7 @@ class PackPadder:
             shared_memory=collate_into_shared_memory(self.owner_pid),
             **self.pad_kwargs,
         )
+        return batch
 
     def __repr__(self) -> str:
         return f"PackPadder(mask_format={self.mask_format!r})"

@@ -24,4 +24,5 @@ class Shifter:
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         from neatpack.pipes.materializing.pack import shift_sample
 
-        return shift_sample(sample)
+        shifted: dict[str, Any] = shift_sample(sample)
+        return shifted
