@@ -12,11 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torchdata.nodes import Batcher, Mapper
 
 from neatpack.graphs import (
     GroupedConfig,
+    NeatLLMConfig,
     NeatVLMConfig,
     grouped_vlm_graph,
+    neat_llm_parts,
     neat_vlm_graph,
     neat_vlm_parts,
     open_source,
@@ -30,13 +33,14 @@ from neatpack.pipes import (
     PackPadder,
     PackSource,
     PadCollater,
+    PerPack,
     SampleReader,
     StepChain,
     build_length_index,
     load_tiny_processor,
     write_corpus,
 )
-from neatpack.pipes.testing.resume import same_item
+from neatpack.pipes.testing.resume import assert_resumable, same_item
 
 STEP_MODULES = (
     "chain",
@@ -211,3 +215,35 @@ def test_prebuilt_collate_builds_the_mask_once_and_checks_the_ids_once(
 def test_pack_padder_refuses_a_format_whose_mask_it_does_not_build() -> None:
     with pytest.raises(ValueError, match=r"mask_format='sdpa' is not one of .*MaskConverter"):
         PackPadder(mask_format="sdpa")
+
+
+def test_the_new_steps_pass_assert_resumable(corpus: Path, processor: Any) -> None:
+    """The grouped graph's steps and the padder / converter chain, after a resumable source."""
+    source = open_source(corpus / "data.jsonl", str(corpus / "media"))
+    lengths = build_length_index(
+        source, LengthEstimator.from_processor(processor), progress=False, rank=0, world_size=1
+    )
+    total = np.asarray(lengths.total)
+
+    def grouped() -> Mapper[Any]:
+        refs = PackSource(
+            lambda g: grouped_plan(total, 4, group_size=g, seed=1, shuffle=True),
+            rank=0,
+            world_size=1,
+        )
+        chain = StepChain(
+            SampleReader(source), ConversationTokenizer(processor), PadCollater(processor)
+        )
+        return Mapper(refs, chain)
+
+    assert assert_resumable(grouped, epochs=1, positions=[0, 2]) == 4
+
+    cfg = NeatLLMConfig(pack_size=48, batch_size=2, attn_implementation="doc_ids")
+    records = [{"input_ids": list(range(1, 5 + (7 * i) % 23))} for i in range(24)]
+
+    def padded() -> Mapper[Any]:
+        parts = neat_llm_parts(records, config=cfg)
+        chain = StepChain(PerPack(parts.materialize), PackPadder(), MaskConverter("eager"))
+        return Mapper(Batcher(parts.source, 2, drop_last=False), chain)
+
+    assert assert_resumable(padded, epochs=2) >= 3
