@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,14 +25,10 @@ from neatpack.graphs.open_data import open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.loader import describe_data
 from neatpack.graphs.runtime.stages import GraphParts
-from neatpack.graphs.runtime.watchdog import init_worker
-from neatpack.pipes.collating.sample_collate import pad_collate_fn
 from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
-from neatpack.pipes.materializing.tokenize import tokenize_conversations
-from neatpack.pipes.materializing.transfer import collate_into_shared_memory
 from neatpack.pipes.planning.plan import PackPlan
-from neatpack.pipes.steps import pack_meta
+from neatpack.pipes.steps import ConversationTokenizer, PadCollater, SampleReader
 
 __all__ = ["GroupedConfig", "grouped_plan", "grouped_vlm_graph", "grouped_vlm_parts"]
 
@@ -80,28 +75,6 @@ def grouped_plan(
     )
 
 
-class GroupStep:
-    """Map function: a batch reference -> the collated, padded batch (picklable)."""
-
-    def __init__(self, source: Any, processor: Any, cfg: GroupedConfig) -> None:
-        self.source, self.processor, self.cfg = source, processor, cfg
-        self.owner_pid = os.getpid()
-
-    def __call__(self, ref: dict[str, Any]) -> dict[str, Any]:
-        init_worker(self.owner_pid)
-        records = [self.source[i] for i in ref["sample_ids"]]
-        samples = tokenize_conversations(records, self.processor)  # one processor call
-        batch = dict(
-            pad_collate_fn(
-                samples, self.processor, self.cfg.max_length, truncate=self.cfg.truncate,
-                shared_memory=collate_into_shared_memory(self.owner_pid),
-            )
-        )  # fmt: skip
-        real = int(sum(int(s["input_ids"].numel()) - 1 for s in samples))
-        batch["packs"] = [pack_meta(ref, real_tokens=real)]
-        return batch
-
-
 def grouped_vlm_parts(
     data: Any,
     processor: Any,
@@ -114,7 +87,8 @@ def grouped_vlm_parts(
 ) -> GraphParts:
     """The pieces of ``grouped_vlm_graph`` (same arguments): length-grouped, padded batches.
 
-    The graph: ``PackSource -> map_stage(StepChain(GroupStep[, batch_transform]))`` (each plan
+    The graph: ``PackSource -> map_stage(StepChain(SampleReader, ConversationTokenizer,
+    PadCollater[, batch_transform]))``, the public steps of ``neatpack.pipes.steps`` (each plan
     entry is one whole batch); the ``batch_transform`` hook runs in the workers on each batch
     (keep ``batch["packs"]``)."""
     cfg = config or GroupedConfig()
@@ -146,7 +120,12 @@ def grouped_vlm_parts(
         graph="grouped",
         plan_for=plan_for,
         lengths_fingerprint=lengths.fingerprint,
-        steps=[GroupStep(source, processor, cfg), *([batch_transform] if batch_transform else [])],
+        steps=[
+            SampleReader(source),
+            ConversationTokenizer(processor),
+            PadCollater(processor, cfg.max_length, truncate=cfg.truncate),
+            *([batch_transform] if batch_transform else []),
+        ],
         rank=rank,
         world_size=world_size,
         pack_size=max_len * cfg.batch_size,

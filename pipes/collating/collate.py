@@ -26,12 +26,22 @@ from neatpack.pipes.collating.collate_media import (
     media_token_counts,
     pack_sample_ids,
 )
-from neatpack.pipes.collating.mask_format import attention_inputs, resolve_mask_format
+from neatpack.pipes.collating.mask_format import (
+    MASK_CONVERSIONS,
+    attention_inputs,
+    check_padded_format,
+    convert_mask,
+    padded_format,
+    resolve_mask_format,
+)
 from neatpack.pipes.collating.pad_packs import pad_packs, pad_packs_fast
 from neatpack.pipes.materializing.loss import label_counts
 
 __all__ = [
+    "core_collate",
+    "core_collate_options",
     "neat_packed_vlm_collater",
+    "pad_batch",
 ]
 
 
@@ -86,8 +96,57 @@ def neat_packed_vlm_collater(
     ``[B, S]``: 3-5x faster at B=4, S=16384 (``general_path`` in benchmarks/bench_collate.py).
     Any other pack (int32 tensors, lists, lengths that disagree with the ids, bad input) goes
     through the general path, which gives the same outputs and the errors quoted above.
+
+    Two steps, the pure cores of the public steps ``PackPadder`` and ``MaskConverter`` that the
+    prebuilt graphs' ``Collater`` chains: :func:`pad_batch` into ``padded_format(fmt)``, then
+    for sdpa / eager / flex_attention ``convert_mask`` (``pipes/collating/mask_format.py``).
     """
     fmt = resolve_mask_format(attn_implementation, mask_format, materialize_4d_mask)
+    out = pad_batch(
+        batch,
+        padding_idx,
+        max_length,
+        mask_format=padded_format(fmt),
+        pad_to_multiple_of=pad_to_multiple_of,
+        pixel_dtype=pixel_dtype,
+        spatial_merge_size=spatial_merge_size,
+        check_media=check_media,
+        shared_memory=shared_memory,
+        boundaries=boundaries,
+    )
+    if fmt in MASK_CONVERSIONS:  # the ids were checked by pad_batch: no second scan
+        out = convert_mask(out, fmt, mask_dtype=mask_dtype, validate=False)
+    return out
+
+
+def pad_batch(
+    batch: Sequence[Mapping[str, Any]],
+    padding_idx: int = 0,
+    max_length: int | None = None,
+    *,
+    mask_format: str = "doc_ids",
+    pad_to_multiple_of: int | None = None,
+    pixel_dtype: torch.dtype | None = None,
+    spatial_merge_size: int = 2,
+    check_media: bool = True,
+    shared_memory: bool = False,
+    boundaries: bool = False,
+) -> dict[str, Any]:
+    """Packs -> the batch padded to ``[B, S]`` in ``mask_format``, one of ``PADDED_FORMATS``:
+    ``doc_ids`` (``attention_mask`` = the checked document ids, the form ``convert_mask`` /
+    ``MaskConverter`` turns into a 4D mask or BlockMask) or a mask-free format, whose boundaries
+    (``cu_seq_lens``, THD params) come from the packs' lengths. Everything else of
+    :func:`neat_packed_vlm_collater` is here: the text tensors, ``doc_ids``, ``sample_ids``,
+    media, label counts and, with ``boundaries=True``, ``seq_idx`` / ``cu_seq_lens_q/k``.
+
+    >>> pack = {"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([6, 7, -100]),
+    ...         "attention_mask": torch.tensor([1, 1, 2]), "sample_ids": [4, 9]}
+    >>> out = pad_batch([pack], max_length=4)
+    >>> out["attention_mask"].tolist(), out["position_ids"].tolist()
+    ([[1, 1, 2, 0]], [[0, 1, 0, 0]])
+    """
+    check_padded_format(mask_format)
+    fmt = mask_format
     if len(batch) == 0:
         raise ValueError("empty batch: neat_packed_vlm_collater needs at least one pack")
     padded = pad_packs_fast(batch, padding_idx, max_length, pad_to_multiple_of, fmt)
@@ -110,7 +169,6 @@ def neat_packed_vlm_collater(
             seq_lens=[list(p["seq_lens"]) for p in batch]
             if all("seq_lens" in p for p in batch)
             else None,
-            mask_dtype=mask_dtype,
         )
     )
     tokens = (
@@ -130,3 +188,29 @@ def neat_packed_vlm_collater(
         for key, value in boundary_kwargs(doc_ids, doc_lengths, validate=False).items():
             out.setdefault(key, value)
     return out
+
+
+def core_collate_options(handler: Any = None, **options: Any) -> dict[str, Any]:
+    """``options`` of a family whose packed rows are the core contract, for
+    ``neat_packed_vlm_collater`` (or its steps): ``media_counts`` needs nothing more (the
+    batch carries ``n_images_per_sample`` / ``n_videos_per_sample``, what the PP split reads);
+    ``mask_options`` are refused (the mask is the format's)."""
+    mask_options = options.pop("mask_options", None)
+    options.pop("media_counts", None)
+    if mask_options:
+        name = getattr(handler, "name", handler)
+        raise ValueError(
+            f"mask_options={dict(mask_options)!r} is for a family with its own packed mask "
+            f"(Gemma 3 / 4); handler {name!r} builds its mask from attn_implementation: set "
+            "mask_options=None"
+        )
+    return options
+
+
+def core_collate(
+    packs: Sequence[Mapping[str, Any]], handler: Any = None, **options: Any
+) -> dict[str, Any]:
+    """``Handler.collate`` of a family whose packed rows are the core contract (Qwen-VL):
+    ``neat_packed_vlm_collater``. ``Collater`` runs it as the public steps ``PackPadder`` +
+    ``MaskConverter`` (``pipes/steps/collater.py``)."""
+    return dict(neat_packed_vlm_collater(packs, **core_collate_options(handler, **options)))

@@ -5,6 +5,16 @@
 (the functions behind it live in ``mask.py``, ``block_mask.py``, ``cu_seqlens.py``). A new
 format is one entry in ``MASK_FORMATS`` and one branch in ``attention_inputs``.
 
+A batch is collated in two steps: padded (``collate.pad_batch``, the ``PackPadder`` step) into
+its *padded format*, ``padded_format(fmt)``, then, for the formats of ``MASK_CONVERSIONS``, its
+mask built from the document ids (``convert_mask``, the ``MaskConverter`` step)::
+
+    sdpa / eager / flex_attention   pad -> doc_ids form -> convert_mask -> the 4D mask / BlockMask
+    doc_ids, flash_*, position_ids, thd   pad -> that format (boundaries from the packs' lengths)
+
+>>> padded_format("sdpa"), padded_format("thd")
+('doc_ids', 'thd')
+
 >>> resolve_mask_format("flash_attention_2"), resolve_mask_format("sdpa", materialize_4d_mask=False)
 ('flash_attention_2', 'doc_ids')
 >>> sorted(attention_inputs(torch.tensor([[1, 1, 2, 0]]), "flash_attention_2"))
@@ -13,6 +23,7 @@ format is one entry in ``MASK_FORMATS`` and one branch in ``attention_inputs``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,13 +36,19 @@ from neatpack.pipes.collating.cu_seqlens import (
     to_cu_seqlens,
     to_thd_params,
 )
+from neatpack.pipes.collating.doc_ids import check_doc_ids
 from neatpack.pipes.collating.mask import to_4d_additive_mask, to_4d_bool_mask
 
 __all__ = [
     "FLASH_FORMATS",
+    "MASK_CONVERSIONS",
     "MASK_FORMATS",
     "MASK_FREE_FORMATS",
+    "PADDED_FORMATS",
     "attention_inputs",
+    "check_padded_format",
+    "convert_mask",
+    "padded_format",
     "resolve_mask_format",
 ]
 
@@ -40,6 +57,25 @@ FLASH_FORMATS = ("flash_attention_2", "flash_attention_3")
 MASK_FORMATS = ("sdpa", "eager", *FLASH_FORMATS, "flex_attention", "position_ids", "thd", "doc_ids")
 #: Formats with no attention mask: document boundaries travel in positions or cu_seqlens.
 MASK_FREE_FORMATS = (*FLASH_FORMATS, "position_ids", "thd")
+#: Formats whose mask is built from a padded batch's ``[B, S]`` document ids (``convert_mask``).
+MASK_CONVERSIONS = ("sdpa", "eager", "flex_attention")
+#: The formats a batch is padded into (``collate.pad_batch``): document ids, or a mask-free one.
+PADDED_FORMATS = ("doc_ids", *MASK_FREE_FORMATS)
+
+
+def padded_format(fmt: str) -> str:
+    """The format to pad into for format ``fmt``: ``doc_ids`` for the formats of
+    ``MASK_CONVERSIONS`` (their mask is built after padding), ``fmt`` itself otherwise."""
+    return "doc_ids" if fmt in MASK_CONVERSIONS else fmt
+
+
+def check_padded_format(fmt: str) -> None:
+    """ValueError unless ``fmt`` is one of ``PADDED_FORMATS`` (a format to pad a batch into)."""
+    if fmt not in PADDED_FORMATS:
+        raise ValueError(
+            f"mask_format={fmt!r} is not one of {PADDED_FORMATS}: pad into doc_ids, then build "
+            f"the mask of {MASK_CONVERSIONS} with MaskConverter (convert_mask)"
+        )
 
 
 def resolve_mask_format(
@@ -107,3 +143,35 @@ def attention_inputs(
                 else thd_params_from_doc_lengths(doc_lengths, s, seq_lens=seq_lens)
             )
     return out
+
+
+def convert_mask(
+    batch: Mapping[str, Any],
+    fmt: str,
+    *,
+    mask_dtype: torch.dtype = torch.float32,
+    validate: bool = True,
+) -> dict[str, Any]:
+    """A copy of a batch in the ``doc_ids`` form with the attention mask of ``fmt`` (one of
+    ``MASK_CONVERSIONS``) built from its ``batch["doc_ids"]``; ``attention_mask`` keeps its
+    place among the keys. ``validate=False`` when the ids were checked already (the padding
+    step checks them: checking again would scan ``[B, S]`` a second time).
+
+    >>> ids = torch.tensor([[1, 1, 2, 0]])
+    >>> convert_mask({"attention_mask": ids, "doc_ids": ids}, "eager")["attention_mask"].shape
+    torch.Size([1, 1, 4, 4])
+    """
+    if fmt not in MASK_CONVERSIONS:
+        raise ValueError(
+            f"{fmt=} is not one of {MASK_CONVERSIONS}; for the mask-free formats (flash, thd, "
+            "position_ids) collate with that attn_implementation"
+        )
+    doc_ids = batch.get("doc_ids")
+    if not isinstance(doc_ids, Tensor) or doc_ids.dim() != 2:
+        raise ValueError(
+            "MaskConverter needs batch['doc_ids'] [B, S] (collate with "
+            f"attn_implementation='doc_ids'); got keys {sorted(batch)}"
+        )
+    if validate:
+        check_doc_ids(doc_ids)
+    return dict(batch) | attention_inputs(doc_ids, fmt, mask_dtype=mask_dtype)

@@ -22,12 +22,12 @@ its ``Handler``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from torch import Tensor
 
-from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+from neatpack.pipes.collating.collate import core_collate
 from neatpack.pipes.materializing.tokenize import (
     finish_conversations,
     prepare_conversation,
@@ -40,7 +40,6 @@ __all__ = [
     "QWEN_VL_HANDLER",
     "QWEN_VL_PROCESSORS",
     "qwen_vl_calibrate",
-    "qwen_vl_collate",
     "qwen_vl_estimator",
     "qwen_vl_positions",
     "qwen_vl_pp_split",
@@ -81,27 +80,6 @@ def qwen_vl_positions(sample: Mapping[str, Any], processor: Any) -> Tensor:
     return ids
 
 
-def qwen_vl_collate(
-    packs: Sequence[Mapping[str, Any]],
-    handler: Any = None,
-    *,
-    mask_options: Mapping[str, Any] | None = None,
-    media_counts: bool = False,
-    **options: Any,
-) -> dict[str, Any]:
-    """``neat_packed_vlm_collater(packs, **options)``. Its batches always carry
-    ``n_images_per_sample`` / ``n_videos_per_sample`` (what the PP split reads), so
-    ``media_counts`` asks nothing more; ``mask_options`` are refused (the mask is the
-    format's)."""
-    if mask_options:
-        raise ValueError(
-            f"mask_options={dict(mask_options)!r} is for a family with its own packed mask "
-            "(Gemma 3 / 4); handler 'qwen_vl' builds its mask from attn_implementation: set "
-            "mask_options=None"
-        )
-    return dict(neat_packed_vlm_collater(packs, **options))
-
-
 def qwen_vl_pp_split(
     batch: MutableMapping[str, Any], handler: Any, rows: int, n_microbatches: int
 ) -> MutableMapping[str, Any]:
@@ -120,7 +98,7 @@ QWEN_VL_HANDLER = register_handler(
         positions=qwen_vl_positions,
         estimator=qwen_vl_estimator,
         calibrate=qwen_vl_calibrate,
-        collate=qwen_vl_collate,
+        collate=core_collate,  # the core rows: Collater runs PackPadder + MaskConverter
         pp_split=qwen_vl_pp_split,
         pack_tokenizer=PackTokenizer(prepare_conversation, finish_conversations),
         media_per_sample=False,

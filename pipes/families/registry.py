@@ -113,7 +113,8 @@ class Handler:
     processor) -> [3, L]``: the model-free mRoPE rule of an ``mrope`` family.
 
     Batches. ``collate(packs, handler, **options)``: the packed collate (None:
-    ``collate_family.neat_packed_family_collater``; Qwen-VL: ``neat_packed_vlm_collater``).
+    ``collate_family.neat_packed_family_collater``; Qwen-VL: ``collate.core_collate``, which
+    ``Collater`` runs as the public steps ``PackPadder`` + ``MaskConverter``).
     ``pack_media(samples) -> dict``: the model's media inputs for the samples of one batch, in
     order (None: each key concatenated on dim 0);
     ``packed_mask(doc_ids, mm_token_type_ids, **options)``: the attention mask (or per-layer-type
