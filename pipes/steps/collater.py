@@ -100,6 +100,7 @@ class Collater:
         else:
             from neatpack.pipes.collating.collate_family import collate_with_handler
 
+            assert self.handler is not None  # handler=None collates with self.steps
             batch = collate_with_handler(
                 rows,
                 self.handler,
