@@ -409,14 +409,20 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.reading.shards import TarShardSource as TarShardSource
     from neatpack.pipes.reading.video import decode_video as decode_video
     from neatpack.pipes.reading.video import probe_video as probe_video
-    from neatpack.pipes.steps import Collater as Collater
-    from neatpack.pipes.steps import MaskConverter as MaskConverter
-    from neatpack.pipes.steps import PackMaterializer as PackMaterializer
-    from neatpack.pipes.steps import PerPack as PerPack
-    from neatpack.pipes.steps import PPMediaSplitter as PPMediaSplitter
-    from neatpack.pipes.steps import Shifter as Shifter
-    from neatpack.pipes.steps import StepChain as StepChain
-    from neatpack.pipes.steps import pack_meta as pack_meta
+    from neatpack.pipes.steps.chain import StepChain as StepChain
+    from neatpack.pipes.steps.collater import Collater as Collater
+    from neatpack.pipes.steps.conversation_tokenizer import (
+        ConversationTokenizer as ConversationTokenizer,
+    )
+    from neatpack.pipes.steps.mask_converter import MaskConverter as MaskConverter
+    from neatpack.pipes.steps.materializer import PackMaterializer as PackMaterializer
+    from neatpack.pipes.steps.meta import pack_meta as pack_meta
+    from neatpack.pipes.steps.pack_padder import PackPadder as PackPadder
+    from neatpack.pipes.steps.pad_collater import PadCollater as PadCollater
+    from neatpack.pipes.steps.per_pack import PerPack as PerPack
+    from neatpack.pipes.steps.pp_split import PPMediaSplitter as PPMediaSplitter
+    from neatpack.pipes.steps.sample_reader import SampleReader as SampleReader
+    from neatpack.pipes.steps.shifter import Shifter as Shifter
     from neatpack.pipes.testing.resume import assert_exactly_once as assert_exactly_once
     from neatpack.pipes.testing.resume import assert_resumable as assert_resumable
     from neatpack.pipes.testing.synth import write_corpus as write_corpus
