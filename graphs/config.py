@@ -351,7 +351,8 @@ class LegacyMixture(Options):
                 stacklevel=4,
             )
             check_mixture_config(max_packs=self.max_packs, shuffle=self.shuffle)  # type: ignore[attr-defined]
-        object.__setattr__(self, "_mixture", mixture)
+            # kept off the instance otherwise, so Config(**cfg.__dict__) still rebuilds a config
+            object.__setattr__(self, "_mixture", mixture)
 
 
 def legacy_mixture(config: Any) -> Any:

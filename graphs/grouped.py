@@ -25,7 +25,8 @@ from neatpack.graphs.open_data import open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.loader import describe_data
 from neatpack.graphs.runtime.stages import GraphParts
-from neatpack.pipes.indexing.estimate import LengthEstimator
+from neatpack.pipes.families import get_handler
+from neatpack.pipes.indexing.handler_lengths import handler_estimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.planning.plan import PackPlan
 from neatpack.pipes.steps import ConversationTokenizer, PadCollater, SampleReader
@@ -93,12 +94,22 @@ def grouped_vlm_parts(
     (keep ``batch["packs"]``)."""
     cfg = config or GroupedConfig()
     rank, world_size = resolve_rank(rank, world_size)
+    handler = get_handler(processor)
+    if not handler.core_rows:  # the tokenize and pad steps below make the core rows only
+        raise ValueError(
+            f"grouped_vlm_graph pads the core rows (Qwen-VL: Handler.collate is core_collate); "
+            f"the processor {type(processor).__name__} uses handler {handler.name!r}, whose "
+            "rows collate their own way: use neat_vlm_graph (packed) for it"
+        )
     source = open_source(data, cfg.media_root, max_record_bytes=cfg.max_record_bytes)
     if lengths is None:
         lengths = build_length_index(
             source,
-            LengthEstimator.from_processor(
-                processor, missing_media_fix="(relative paths resolve against the media_root)"
+            handler_estimator(
+                processor,
+                handler,
+                "estimate",
+                missing_media_fix="(relative paths resolve against the media_root)",
             ),
             cache_dir=cfg.cache_dir,
             progress=cfg.progress,

@@ -198,7 +198,8 @@ def _length_index(
 ) -> tuple[LengthIndex, bool]:
     """Build (or reuse from ``--cache-dir``) the data's length index; ``True`` if reused."""
     from neatpack.graphs.open_data import open_source
-    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.families import get_handler
+    from neatpack.pipes.indexing.handler_lengths import handler_estimator
     from neatpack.pipes.indexing.lengths import build_length_index
     from neatpack.pipes.reading.read import RecordError
 
@@ -206,9 +207,10 @@ def _length_index(
     try:
         source = open_source(args.data, args.media_root)
         fix = f"(relative media paths resolve against --media-root={args.media_root!r})"
-        estimator = LengthEstimator.from_processor(
-            processor, mode=getattr(args, "estimate_mode", "exact"),
-            on_missing_media=missing or "raise",
+        # the processor's family estimates (Qwen-VL: LengthEstimator, which takes the options)
+        estimator = handler_estimator(
+            processor, get_handler(processor), getattr(args, "estimate_mode", "exact"),
+            source=source, on_missing_media=missing or "raise",
             missing_media_fix=fix + (", or pass --missing-media fallback to count it (plan)"
                                      if missing else ""),
         )  # fmt: skip

@@ -173,6 +173,15 @@ class Handler:
             return ("estimate", "calibrated", "exact")
         return ("estimate", "exact")
 
+    @property
+    def core_rows(self) -> bool:
+        """Whether the family's packed rows are the core contract (``collate`` is
+        ``collate.core_collate``: Qwen-VL): ``Collater`` runs them through the public steps
+        ``PackPadder`` + ``MaskConverter``, and the length-grouped graph can pad them."""
+        from neatpack.pipes.collating.collate import core_collate
+
+        return self.collate is core_collate
+
     def __call__(self, record: Mapping[str, Any], processor: Any, **options: Any) -> dict[str, Any]:
         check_modalities(record, processor, self.modalities)
         return self.tokenize(record, processor, **options)

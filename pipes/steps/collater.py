@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from neatpack.pipes.collating.collate import core_collate, core_collate_options
+from neatpack.pipes.collating.collate import core_collate_options
 from neatpack.pipes.materializing.transfer import collate_into_shared_memory
 
 from .chain import StepChain
@@ -73,7 +73,7 @@ class Collater:
         self.handler, self.collate_kwargs = handler, collate_kwargs
         self.owner_pid = os.getpid()
         self.steps: StepChain | None = None
-        if handler is None or _core_rows(handler):
+        if handler is None or _resolve(handler).core_rows:
             self.steps = collate_steps(**core_collate_options(handler, **collate_kwargs))
 
     def __call__(self, packs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -111,9 +111,7 @@ class Collater:
         return batch
 
 
-def _core_rows(handler: str) -> bool:
-    """Whether ``handler`` declares the core packed rows (``Handler.collate`` is
-    ``core_collate``), which the public steps collate."""
+def _resolve(handler: str) -> Any:
     from neatpack.pipes.families import resolve_handler
 
-    return resolve_handler(handler).collate is core_collate
+    return resolve_handler(handler)

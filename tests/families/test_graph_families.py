@@ -349,3 +349,16 @@ def test_family_overflow_cuts_text_but_never_media() -> None:
     assert report.truncated == ()
     assert cut["sample_ids"] == [0]
     assert len(cut["media_samples"]) == 1
+
+
+def test_the_grouped_graph_refuses_a_family_whose_rows_are_not_the_core_ones(
+    tmp_path: Path,
+) -> None:
+    """The grouped graph's steps tokenize and pad the core (Qwen-VL) rows; a family with its own
+    collate is refused by its handler's declaration (``Handler.core_rows``), naming it, instead
+    of being tokenized the Qwen-VL way."""
+    from neatpack.graphs import GroupedConfig, grouped_vlm_graph
+
+    data = write_corpus(tmp_path, num_samples=4, seed=1)
+    with pytest.raises(ValueError, match=r"handler 'gemma3', whose rows collate their own way"):
+        grouped_vlm_graph(data, _processor("gemma3"), config=GroupedConfig(batch_size=2))
