@@ -29,6 +29,7 @@ from neatpack.graphs.config import checkpoint_key
 from neatpack.graphs.runtime.loader import NeatLoader
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.pipes.collating.leak_probe import packing_boundaries
+from neatpack.pipes.collating.mask_format import resolve_mask_format, warn_dense_mask_on_cuda
 from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.planning.plan import PackPlan, plan_packs
 from neatpack.pipes.planning.source import PackSource
@@ -145,6 +146,9 @@ def packed_parts(
             shuffle=config.shuffle,
         )
 
+    warn_dense_mask_on_cuda(
+        resolve_mask_format(config.attn_implementation), total, config.pack_size
+    )  # a dense mask costs the whole row's square on a GPU: say how much
     collate = Collater(
         attn_implementation=config.attn_implementation,
         pad_to_multiple_of=config.pad_to_multiple_of,

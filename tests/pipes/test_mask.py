@@ -208,3 +208,26 @@ def test_to_4d_mask_dispatches_on_dtype() -> None:
     assert torch.equal(
         M.to_4d_mask(doc, torch.bfloat16), M.to_4d_additive_mask(doc, torch.bfloat16)
     )
+
+
+def test_a_dense_mask_on_cuda_is_told_what_it_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#27: on a CUDA machine the graph says what a dense 4D mask costs on this data (every
+    row's square against the documents' own) and how to run varlen instead; on CPU, or with a
+    document-aware format, it says nothing."""
+    import warnings
+
+    import torch
+
+    from neatpack.graphs import NeatLLMConfig, neat_llm_graph
+
+    records = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 3, 7, 4, 6)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # CPU: no warning
+        neat_llm_graph(records, config=NeatLLMConfig(pack_size=16))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.warns(UserWarning, match=r"dense \[16, 16\] mask.*about 3\.3x") as seen:
+        neat_llm_graph(records, config=NeatLLMConfig(pack_size=16))
+    assert "register_varlen_attention" in str(seen[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        neat_llm_graph(records, config=NeatLLMConfig(pack_size=16, attn_implementation="thd"))
