@@ -1,0 +1,123 @@
+"""Which packs share a training step: the storage order ``plan_packs`` cuts step groups from.
+
+A step waits for its slowest rank, and a rank's cost is not its token count: the language
+model's attention grows with the square of each document's length, the vision encoder's with
+the square of each image's patch count. ``balance`` picks what the ranks of a step are made
+alike on:
+
+- ``"tokens"``: (visual tokens, total tokens), today's order, bit for bit;
+- ``"lm"``: the language model's cost, ``LM_LINEAR * tokens + sum(document length ** 2)``;
+- ``"vision"``: the vision encoder's cost, ``VISION_LINEAR * patches + sum(patches ** 2)``;
+- ``"cost"``: both at once.
+
+One term is a sort: neighbours in cost order are alike. Two terms are a snake over a grid:
+the packs are cut by lm cost into ``k = sqrt(n / group_size)`` strips of equal count, each
+strip sorted by vision cost (every second strip descending, so the order has no seam). Then
+any ``group_size`` consecutive packs span about ``1/k`` of both cost ranges, the balance for
+which ``k`` is chosen. The plan still cuts consecutive packs into groups and permutes whole
+groups per epoch, so the balance survives shuffling, resume, and a new world size (the order
+is a pure function of the packs and ``group_size``).
+
+Example, four packs of like tokens, two ranks (``k = round(sqrt(4 / 2)) = 1`` strip)::
+
+    pack        0   1   2   3
+    lm cost    10  11  30  31
+    vision      5  90   6  91
+    "cost" order 0 2 1 3 -> step groups (0, 2) (1, 3): alike in vision (5/6, 90/91)
+
+With many packs ``k`` grows and the groups grow alike in both (``bench_step_balance.py``).
+
+The cost columns come from per-sample lengths: the samples of a pack are its documents, and
+visual tokens stand in for an image's patches (one image per sample).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final, Literal, get_args
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.planning.binpack import IntArray
+
+__all__ = [
+    "BALANCE_POLICIES",
+    "COST_TERMS",
+    "LM_LINEAR",
+    "VISION_LINEAR",
+    "BalancePolicy",
+    "balanced_order",
+    "pack_cost_terms",
+    "pack_costs",
+]
+
+BalancePolicy = Literal["tokens", "cost", "lm", "vision"]
+BALANCE_POLICIES: tuple[str, ...] = get_args(BalancePolicy)
+
+#: Columns of ``pack_cost_terms``.
+COST_TERMS: Final = ("tokens", "doc_sq", "patches", "patch_sq")
+
+#: Cost of one token's linear layers in units of one attention pair (veRL's ``24576 * s + s^2``:
+#: about ``6 * hidden`` for a 4k-hidden model; the ratio only weighs the two parts of one term).
+LM_LINEAR: Final = 24576.0
+#: The same for the vision encoder: ``6 * 1280`` (Qwen2-VL's ViT width).
+VISION_LINEAR: Final = 7680.0
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def pack_cost_terms(
+    offsets: IntArray, ids: IntArray, total: IntArray, visual: IntArray
+) -> FloatArray:
+    """Per-pack cost columns ``[n_packs, 4]`` in ``COST_TERMS`` order, from per-sample lengths.
+
+    >>> pack_cost_terms(np.array([0, 2, 3]), np.array([0, 1, 2]),
+    ...                 np.array([3, 4, 5]), np.array([0, 2, 1])).tolist()
+    [[7.0, 25.0, 2.0, 4.0], [5.0, 25.0, 1.0, 1.0]]
+    """
+    n = int(offsets.size - 1)
+    if n <= 0:
+        return np.zeros((0, len(COST_TERMS)), dtype=np.float64)
+    t = total[ids].astype(np.float64)
+    v = visual[ids].astype(np.float64)
+    starts = offsets[:-1]
+    cols = (t, t * t, v, v * v)
+    return np.stack([np.add.reduceat(c, starts) for c in cols], axis=1)
+
+
+def pack_costs(terms: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """The (language model, vision encoder) cost of each pack from its ``pack_cost_terms``."""
+    lm = LM_LINEAR * terms[:, 0] + terms[:, 1]
+    vision = VISION_LINEAR * terms[:, 2] + terms[:, 3]
+    return lm, vision
+
+
+def balanced_order(
+    balance: BalancePolicy, terms: FloatArray, visual: IntArray, totals: IntArray, group_size: int
+) -> IntArray:
+    """Pack indices in the order whose ``group_size`` neighbours are alike on ``balance``.
+
+    >>> terms = pack_cost_terms(np.arange(5), np.arange(4), np.array([4, 2, 4, 2]),
+    ...                         np.array([0, 0, 0, 0]))
+    >>> balanced_order("lm", terms, np.zeros(4, np.int64), np.array([4, 2, 4, 2]), 2).tolist()
+    [1, 3, 0, 2]
+    """
+    if balance not in BALANCE_POLICIES:
+        raise ValueError(f"{balance=} must be one of {BALANCE_POLICIES}")
+    n = int(totals.size)
+    index = np.arange(n, dtype=np.int64)
+    if balance == "tokens":
+        return np.lexsort((totals, visual)).astype(np.int64)
+    lm, vision = pack_costs(terms)
+    if balance == "lm":
+        return np.lexsort((index, vision, lm)).astype(np.int64)
+    if balance == "vision":
+        return np.lexsort((index, lm, vision)).astype(np.int64)
+    by_lm = np.lexsort((index, vision, lm)).astype(np.int64)
+    strips = max(1, round(math.sqrt(n / max(group_size, 1))))
+    parts = []
+    for s, strip in enumerate(np.array_split(by_lm, strips)):
+        order = strip[np.lexsort((strip, lm[strip], vision[strip]))]
+        parts.append(order[::-1] if s % 2 else order)
+    return np.concatenate(parts).astype(np.int64) if parts else index
