@@ -143,6 +143,7 @@ def packed_parts(
             world_size=group_size,
             seed=config.seed,
             shuffle=config.shuffle,
+            balance=config.balance,
         )
 
     collate = Collater(

@@ -117,8 +117,9 @@ def greedy_knapsack_vt_balanced(
 class PackPlan:
     """Packs as CSR (``ids[offsets[g]:offsets[g + 1]]`` are pack ``g``'s sample ids).
 
-    Packs are stored sorted by load (visual, then total tokens); ``epoch_order(epoch)`` is
-    the serving order. ``dropped_ids`` are the overlong samples left out (``overlong="drop"``),
+    Packs are stored in ``balance`` order (``balance.balanced_order``: by default sorted by
+    visual, then total tokens), so consecutive packs are alike; ``epoch_order(epoch)`` is the
+    serving order. ``dropped_ids`` are the overlong samples left out (``overlong="drop"``),
     ``truncated_ids`` the samples of packs cut by ``max_packs``. ``group_size`` is the world
     size the plan was grouped for; ``fingerprint`` covers the lengths and every parameter.
     """
@@ -135,6 +136,7 @@ class PackPlan:
     seed: int
     shuffle: bool
     fingerprint: str
+    balance: BalancePolicy = "tokens"
 
     def __len__(self) -> int:
         return int(self.offsets.size - 1)
@@ -293,4 +295,5 @@ def plan_packs(
         seed=int(seed),
         shuffle=bool(shuffle),
         fingerprint=fingerprint,
+        balance=balance,
     )
