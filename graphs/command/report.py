@@ -325,6 +325,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             img = plan_picture(
                 np.asarray(plan.totals) / args.pack_size * 100.0,
                 vis[:PICTURE_STEPS], tot[:PICTURE_STEPS], title=title,
+                step_cost={k: v[:PICTURE_STEPS] for k, v in report["per_step_cost"].items()},
             )  # fmt: skip
             img.save(png, format="PNG")
             report["png"] = {"path": str(png), "width": img.width, "height": img.height}
