@@ -264,9 +264,9 @@ def plan_picture(
     step cost panel.
 
     ``visual_loads`` / ``total_loads`` are ``[steps, world_size]`` (already cut to the steps
-    to show); ``step_cost[term]`` is max/mean over ranks per step of each cost term, drawn at
-    ``COST_PANEL`` as ``(max/mean - 1) %``, one bar per term in ``RANK_COLORS`` order (an even
-    step draws nothing). The image is always ``PLAN_SIZE``.
+    to show); ``step_cost[term]`` is max/mean over ranks per step of each cost term, drawn
+    at ``COST_PANEL`` as ``(max/mean - 1) %`` (to 0.001 %), one bar per term in
+    ``RANK_COLORS`` order (an even step draws nothing). The image is always ``PLAN_SIZE``.
     """
     fill = np.clip(np.asarray(fill_pct, float), 0.0, 100.0)
     counts, _ = np.histogram(fill, bins=bins, range=(0.0, 100.0))
@@ -294,7 +294,7 @@ def plan_picture(
     if step_cost:
         names = list(step_cost)
         excess = np.stack([np.asarray(step_cost[k], float) for k in names], axis=1)
-        excess = np.clip((excess - 1.0) * 100.0, 0.0, None)
+        excess = np.round(np.clip((excess - 1.0) * 100.0, 0.0, None), 3)  # 0.001 % steps
         _, top, right_c, _ = COST_PANEL
         for j, name in enumerate(names):
             x = right_c - 90 * (len(names) - j)

@@ -325,7 +325,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             img = plan_picture(
                 np.asarray(plan.totals) / args.pack_size * 100.0,
                 vis[:PICTURE_STEPS], tot[:PICTURE_STEPS], title=title,
-                step_cost={k: v[:PICTURE_STEPS] for k, v in report["per_step_cost"].items()},
+                step_cost={
+                    k: imbalance(v[:PICTURE_STEPS])
+                    for k, v in step_costs(plan, index.total, index.visual, args.world_size).items()
+                },
             )  # fmt: skip
             img.save(png, format="PNG")
             report["png"] = {"path": str(png), "width": img.width, "height": img.height}
