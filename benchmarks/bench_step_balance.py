@@ -4,7 +4,7 @@ Prints one JSON object. The same packs (``plan_packs`` at capacity 8192, best-fi
 are served four ways, shuffle on:
 
 - ``tokens``: the plan's step groups on (visual, total) tokens (``balance="tokens"``, default);
-- ``cost``: the plan's step groups on language-model and vision cost (``balance="cost"``);
+- ``cost``: the plan's step groups on attention and vision cost (``balance="cost"``);
 - ``kk``: veRL's way: packs in a random order per epoch, each step's ``world x per_rank``
   packs split over the ranks by Karmarkar-Karp (equal count) on the step cost;
 - ``lpt_swaps``: LoongForge's way: the same random steps, longest-processing-time first,
@@ -160,11 +160,16 @@ def evaluate(
             "steps": int(slots.shape[0]),
             "attention": ratio_stats(attention[slots].sum(axis=2)),
             "vision": ratio_stats(vision[slots].sum(axis=2)),
-            "epoch_time": round(float(step.max(axis=1).sum() / step.mean(axis=1).sum()), 4),
+            "epoch_time": (
+                round(float(step.max(axis=1).sum() / step.mean(axis=1).sum()), 4)
+                if slots.shape[0]
+                else None  # fewer packs than one step takes
+            ),
         }
     base = out["tokens"]["epoch_time"]
     for method in ("cost", "kk", "lpt_swaps"):
-        out[method]["speedup_vs_tokens"] = round(base / out[method]["epoch_time"], 4)
+        t = out[method]["epoch_time"]
+        out[method]["speedup_vs_tokens"] = None if base is None else round(base / t, 4)
     return out
 
 

@@ -150,7 +150,8 @@ class PackingOptions(EpochOptions):
         "tokens",
         doc="what the ranks of a step are made alike on: tokens (visual, then total), or the "
         "compute cost of the language model (lm: tokens and squared document lengths), the "
-        "vision encoder (vision: patches and squared patches per image) or both (cost); the "
+        "vision encoder (vision: patches and squared patches per image) or both quadratic "
+        "terms (cost: attention and vision); the "
         "packs stay the same, only which packs share a step changes",
         key=KEY_WHEN_SET,
     )

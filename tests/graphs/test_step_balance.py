@@ -36,11 +36,12 @@ def vlm_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def step_ratios(plan: Any, total: np.ndarray, visual: np.ndarray, world: int) -> np.ndarray:
-    """``[2, steps]``: max/mean over ranks of (lm, vision) cost, epoch 1's served order."""
-    lm, vision = pack_costs(pack_cost_terms(plan.offsets, plan.ids, total, visual))
+    """``[2, steps]``: max/mean over ranks of (attention, vision) cost, epoch 1's order."""
+    terms = pack_cost_terms(plan.offsets, plan.ids, total, visual)
+    attention, vision = terms[:, 1], pack_costs(terms)[1]
     order = plan.epoch_order(1)
     take = order[: order.size // world * world].reshape(-1, world)
-    return np.stack([imbalance(c[take]) for c in (lm, vision)])  # a step without load: 1.0
+    return np.stack([imbalance(c[take]) for c in (attention, vision)])  # a step without load: 1.0
 
 
 @pytest.mark.parametrize("world", [8, 64])
@@ -54,10 +55,9 @@ def test_cost_balance_keeps_the_packs_and_evens_the_slowest_rank(world: int) -> 
     assert cost.balance == "cost"
     before = step_ratios(tokens, total, visual, world)
     after = step_ratios(cost, total, visual, world)
-    # the slowest rank's language-model cost over the mean rank's, p95 over steps
-    assert np.percentile(after[0], 95) < np.percentile(before[0], 95)
-    # the vision cost stays as even as the token plan keeps it (within 5 %)
-    assert np.percentile(after[1], 95) < 1.05 * np.percentile(before[1], 95)
+    # the slowest rank's attention and vision cost over the mean rank's, p95 over steps
+    assert np.percentile(after[0], 95) < 0.6 * np.percentile(before[0], 95)
+    assert np.percentile(after[1], 95) < np.percentile(before[1], 95)
     for epoch in (0, 3):  # every pack served once per epoch, in whole groups
         assert sorted(cost.epoch_order(epoch).tolist()) == list(range(len(cost)))
 
