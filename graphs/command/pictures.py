@@ -293,8 +293,8 @@ def plan_picture(
                    xlabel="step", ylabel="tokens", xticks=sticks)  # fmt: skip
     if step_cost:
         names = list(step_cost)
-        excess = np.stack([np.asarray(step_cost[k], float) for k in names], axis=1)
-        excess = np.round(np.clip((excess - 1.0) * 100.0, 0.0, None), 3)  # 0.001 % steps
+        ratio = np.stack([np.asarray(step_cost[k], np.float64) for k in names], axis=1)
+        excess = np.round(np.clip((ratio - 1.0) * 100.0, 0.0, None), 3).astype(np.float64)
         _, top, right_c, _ = COST_PANEL
         for j, name in enumerate(names):
             x = right_c - 90 * (len(names) - j)
