@@ -55,9 +55,10 @@ def test_cost_balance_keeps_the_packs_and_evens_the_slowest_rank(world: int) -> 
     assert cost.balance == "cost"
     before = step_ratios(tokens, total, visual, world)
     after = step_ratios(cost, total, visual, world)
-    # the slowest rank's attention and vision cost over the mean rank's, p95 over steps
+    # the slowest rank's attention cost over the mean rank's, p95 over steps, and the worse
+    # of the two terms per step (what the strips are chosen on)
     assert np.percentile(after[0], 95) < 0.6 * np.percentile(before[0], 95)
-    assert np.percentile(after[1], 95) < np.percentile(before[1], 95)
+    assert np.percentile(after.max(0), 95) < 0.6 * np.percentile(before.max(0), 95)
     for epoch in (0, 3):  # every pack served once per epoch, in whole groups
         assert sorted(cost.epoch_order(epoch).tolist()) == list(range(len(cost)))
 
