@@ -144,6 +144,7 @@ def packed_parts(
             world_size=group_size,
             seed=config.seed,
             shuffle=config.shuffle,
+            balance=config.balance,
         )
 
     warn_dense_mask_on_cuda(

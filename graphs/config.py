@@ -5,7 +5,7 @@ every graph's config is made of the groups it uses (``NeatVLMConfig``, ``NeatLLM
     group              fields                                              used by
     EpochOptions       seed shuffle tail                                   every graph
     PackingOptions     EpochOptions + pack_size batch_size overlong        VLM, LLM
-                       max_packs cp_size
+                       max_packs cp_size balance
     RecordOptions      media_root cache_dir max_record_bytes               VLM, grouped
     IndexOptions       index_workers index_start_method progress           VLM, grouped
     AttentionOptions   attn_implementation pad_to_multiple_of boundaries   VLM, LLM
@@ -47,6 +47,7 @@ from neatpack.pipes.indexing.index_workers import IndexStartMethod, index_start_
 from neatpack.pipes.materializing.materialize import BadSamplePolicy, OverflowPolicy
 from neatpack.pipes.materializing.transfer import WorkerTransfer
 from neatpack.pipes.mixtures.mixture import check_mixture_config
+from neatpack.pipes.planning.balance import BalancePolicy
 from neatpack.pipes.planning.binpack import OverlongPolicy
 from neatpack.pipes.planning.source import TailPolicy
 from neatpack.pipes.reading.read import MAX_RECORD_BYTES
@@ -143,6 +144,15 @@ class PackingOptions(EpochOptions):
         1,
         doc="context parallel: documents padded to a multiple of 2 * cp_size, so each of the "
         "2 * cp_size chunks of a row holds whole tokens of every document (docs/long_context.md)",
+        key=KEY_WHEN_SET,
+    )
+    balance: BalancePolicy = option(
+        "tokens",
+        doc="what the ranks of a step are made alike on: tokens (visual, then total), or the "
+        "compute cost of the language model (lm: tokens and squared document lengths), the "
+        "vision encoder (vision: patches and squared patches per image) or both quadratic "
+        "terms (cost: attention and vision); the "
+        "packs stay the same, only which packs share a step changes",
         key=KEY_WHEN_SET,
     )
 

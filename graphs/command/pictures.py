@@ -8,7 +8,8 @@ an integer factor ``f`` so one pixel is always ``f`` whole tokens (``f x f`` mas
   white, so a block-causal mask shows as a staircase of coloured triangles.
 * :func:`batch_picture` -- one band per batch row (documents as coloured spans labelled with
   their sample ids, padding grey), a label-coverage strip under each band, then the mask.
-* :func:`plan_picture` -- histogram of pack fill and per-rank loads of the first steps.
+* :func:`plan_picture` -- histogram of pack fill, per-rank loads of the first steps, and per
+  step how much the slowest rank's cost exceeds the mean rank's (one bar per cost term).
 
 >>> import numpy as np
 >>> mask = np.tril(np.ones((4, 4), dtype=bool))
@@ -20,7 +21,7 @@ an integer factor ``f`` so one pixel is always ``f`` whole tokens (``f x f`` mas
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy.typing as npt
 from PIL import Image, ImageDraw, ImageFont
 
 __all__ = [
+    "COST_PANEL",
     "COVER",
     "GREY",
     "PALETTE",
@@ -52,9 +54,11 @@ PALETTE: tuple[RGB, ...] = (
     (140, 86, 75), (227, 119, 194), (188, 189, 34), (23, 190, 207), (90, 90, 160),
 )  # fmt: skip
 RANK_COLORS = PALETTE
-PLAN_SIZE = (900, 780)  # width, height of plan_picture
+PLAN_SIZE = (900, 1000)  # width, height of plan_picture
 _LEFT, _RIGHT, _TOP = 70, 20, 40
 _BAND, _STRIP, _ROW_GAP = 22, 6, 12
+#: Where plan_picture draws the per-step cost panel (left, top, right, bottom).
+COST_PANEL = (_LEFT + 10, 800, PLAN_SIZE[0] - _RIGHT, 960)
 
 
 def doc_color(doc_id: int) -> RGB:
@@ -254,11 +258,15 @@ def plan_picture(
     *,
     title: str = "",
     bins: int = 20,
+    step_cost: Mapping[str, npt.ArrayLike] | None = None,
 ) -> Image.Image:
-    """Pack fill histogram (``bins`` bins over 0..100 %) and per-rank loads per step.
+    """Pack fill histogram (``bins`` bins over 0..100 %), per-rank loads per step, and the
+    step cost panel.
 
     ``visual_loads`` / ``total_loads`` are ``[steps, world_size]`` (already cut to the steps
-    to show). The image is always ``PLAN_SIZE``.
+    to show); ``step_cost[term]`` is max/mean over ranks per step of each cost term, drawn
+    at ``COST_PANEL`` as ``(max/mean - 1) %`` (to 0.001 %), one bar per term in
+    ``RANK_COLORS`` order (an even step draws nothing). The image is always ``PLAN_SIZE``.
     """
     fill = np.clip(np.asarray(fill_pct, float), 0.0, 100.0)
     counts, _ = np.histogram(fill, bins=bins, range=(0.0, 100.0))
@@ -283,4 +291,17 @@ def plan_picture(
         _bar_panel(draw, (_LEFT + 10, top, right, top + 170), loads,
                    title=f"{what} tokens per rank, first {steps} steps ({ranks} rank(s))",
                    xlabel="step", ylabel="tokens", xticks=sticks)  # fmt: skip
+    if step_cost:
+        names = list(step_cost)
+        ratio = np.stack([np.asarray(step_cost[k], np.float64) for k in names], axis=1)
+        excess = np.round(np.clip((ratio - 1.0) * 100.0, 0.0, None), 3).astype(np.float64)
+        _, top, right_c, _ = COST_PANEL
+        for j, name in enumerate(names):
+            x = right_c - 90 * (len(names) - j)
+            draw.rectangle([x, top - 44, x + 10, top - 34], fill=RANK_COLORS[j])
+            draw.text((x + 14, top - 45), name, fill=INK, font=_font())
+        ticks = [(i + 0.5, str(i)) for i in range(0, excess.shape[0], max(1, excess.shape[0] // 8))]
+        _bar_panel(draw, COST_PANEL, excess,
+                   title=f"cost: slowest rank over mean rank, first {excess.shape[0]} steps",
+                   xlabel="step", ylabel="% over", xticks=ticks)  # fmt: skip
     return img

@@ -30,6 +30,12 @@ import numpy.typing as npt
 from neatpack.graphs.command.cli_inputs import UsageError, load_processor, writable_path
 from neatpack.pipes.indexing.lengths import LengthIndex
 from neatpack.pipes.indexing.overlong import OverlongSummary, summarize_overlong
+from neatpack.pipes.planning.balance import (
+    BALANCE_POLICIES,
+    COST_TERMS,
+    pack_cost_terms,
+    pack_costs,
+)
 from neatpack.pipes.planning.binpack import OVERLONG_POLICIES, lower_bound
 from neatpack.pipes.planning.plan import PackPlan
 
@@ -38,10 +44,14 @@ __all__ = [
     "batch_summary",
     "imbalance",
     "plan_report",
+    "step_costs",
     "step_loads",
 ]
 
 FIRST_IDS = 10  # ids listed for overlong samples and fallbacks
+TEXT_STEPS = 16  # steps listed one per line in the text report (--json lists every step)
+#: The cost terms reported per step (``pipes/planning/balance.py``).
+STEP_COSTS = ("lm", "attention", "vision")
 PICTURE_STEPS = 64  # steps drawn in the plan picture
 MISSING_MEDIA = ("raise", "fallback")
 
@@ -59,6 +69,22 @@ def step_loads(plan: PackPlan, world_size: int, epoch: int = 0) -> tuple[Any, An
     )
 
 
+def step_costs(
+    plan: PackPlan, total: npt.ArrayLike, visual: npt.ArrayLike, world_size: int, epoch: int = 0
+) -> dict[str, npt.NDArray[np.float64]]:
+    """Each cost term of ``STEP_COSTS`` as ``[steps, world_size]``, steps cut as in
+    :func:`step_loads`: ``lm`` (linear + attention), ``attention`` (sum of squared document
+    lengths), ``vision`` (patches + squared patches per image), from per-sample lengths."""
+    tot = np.asarray(total, np.int64)
+    vis = np.zeros_like(tot) if visual is None else np.asarray(visual, np.int64)
+    terms = pack_cost_terms(np.asarray(plan.offsets), np.asarray(plan.ids), tot, vis)
+    lm, vision = pack_costs(terms)
+    per_pack = {"lm": lm, "attention": terms[:, COST_TERMS.index("doc_sq")], "vision": vision}
+    order = np.asarray(plan.epoch_order(epoch))
+    take = order[: order.size // world_size * world_size]
+    return {k: v[take].reshape(-1, world_size) for k, v in per_pack.items()}
+
+
 def imbalance(loads: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Per step: max / mean load across the ranks (1.0 = even; a step with no load is even).
 
@@ -72,6 +98,16 @@ def imbalance(loads: npt.ArrayLike) -> npt.NDArray[np.float64]:
         return np.ones(a.shape[0])
     mean, peak = a.mean(axis=1), a.max(axis=1)
     return np.where(mean > 0, peak / np.where(mean > 0, mean, 1.0), 1.0)
+
+
+def _quantiles(x: npt.NDArray[np.float64]) -> dict[str, float]:
+    if x.size == 0:
+        return {"p50": 1.0, "p95": 1.0, "max": 1.0}
+    return {
+        "p50": round(float(np.percentile(x, 50)), 4),
+        "p95": round(float(np.percentile(x, 95)), 4),
+        "max": round(float(x.max()), 4),
+    }
 
 
 def _stats(x: npt.NDArray[np.float64]) -> dict[str, float]:
@@ -97,6 +133,7 @@ def plan_report(index: LengthIndex, plan: PackPlan, *, world_size: int) -> dict[
     cap = max(int(plan.capacity * plan.packing_ratio), 1)
     bound = lower_bound(np.minimum(total[keep], cap), cap)
     vis, tot = step_loads(plan, world_size)
+    costs = step_costs(plan, total, index.visual, world_size)
     packs = len(plan)
     fill = np.asarray(plan.totals, float) / plan.capacity * 100.0
     fallback_ids = np.asarray(index.fallback_ids, np.int64)
@@ -128,6 +165,9 @@ def plan_report(index: LengthIndex, plan: PackPlan, *, world_size: int) -> dict[
             "reasons": dict(index.fallback_counts),
         },
         "imbalance": {"visual": _stats(imbalance(vis)), "total": _stats(imbalance(tot))},
+        "balance": plan.balance,
+        "step_cost": {k: _quantiles(imbalance(v)) for k, v in costs.items()},
+        "per_step_cost": {k: [round(float(x), 4) for x in imbalance(v)] for k, v in costs.items()},
         "fingerprint": plan.fingerprint,
     }
 
@@ -269,6 +309,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = plan_packs(
             index.total, args.pack_size, visual=index.visual, packing_ratio=args.packing_ratio,
             overlong=args.overlong, world_size=args.world_size, seed=args.seed,
+            balance=args.balance,
         )  # fmt: skip
         report = {"data": str(args.data), **plan_report(index, plan, world_size=args.world_size)}
         report["length_index_reused"] = reused
@@ -284,6 +325,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             img = plan_picture(
                 np.asarray(plan.totals) / args.pack_size * 100.0,
                 vis[:PICTURE_STEPS], tot[:PICTURE_STEPS], title=title,
+                step_cost={
+                    k: imbalance(v[:PICTURE_STEPS])
+                    for k, v in step_costs(plan, index.total, index.visual, args.world_size).items()
+                },
             )  # fmt: skip
             img.save(png, format="PNG")
             report["png"] = {"path": str(png), "width": img.width, "height": img.height}
@@ -315,6 +360,22 @@ def _plan_text(r: dict[str, Any]) -> str:
         f"{' ' + str(r['fallbacks']['reasons']) if r['fallbacks']['reasons'] else ''}",
         f"  step imbalance      visual max/mean: {imb('visual')}",
         f"                      total  max/mean: {imb('total')}",
+        f"  step balance        on {r['balance']}; cost max/mean over ranks (p50 p95 max):",
+        *(
+            f"    {k:<9} {q['p50']:.3f} {q['p95']:.3f} {q['max']:.3f}"
+            for k, q in r["step_cost"].items()
+        ),
+        f"  per step            {'  '.join(f'{k:>9}' for k in r['per_step_cost'])}",
+        *(
+            f"    step {s:<5}       "
+            + "  ".join(f"{r['per_step_cost'][k][s]:>9.3f}" for k in r["per_step_cost"])
+            for s in range(min(TEXT_STEPS, r["steps"]))
+        ),
+        *(
+            (f"    ... {r['steps'] - TEXT_STEPS} more step(s) (--json lists every step)",)
+            if r["steps"] > TEXT_STEPS
+            else ()
+        ),
         f"  length index        {'reused from cache' if r['length_index_reused'] else 'built'}",
     ]
     if "png" in r:
@@ -441,6 +502,13 @@ def add_report_commands(sub: Any) -> None:
         choices=MISSING_MEDIA,
         default="raise",
         help="a media file that cannot be read: raise, or fallback (counted)",
+    )
+    plan.add_argument(
+        "--balance",
+        choices=BALANCE_POLICIES,
+        default="tokens",
+        help="what the ranks of a step are made alike on: tokens, or the compute cost of the "
+        "language model (lm), the vision encoder (vision) or both (cost)",
     )
     plan.add_argument("--png", help="write a picture of pack fill and per-step balance")
     plan.add_argument(

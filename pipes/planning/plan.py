@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.compat.renamed import renamed_keywords
+from neatpack.pipes.planning.balance import BalancePolicy, balanced_order, pack_cost_terms
 from neatpack.pipes.planning.binpack import (
     IntArray,
     best_fit_decreasing,
@@ -116,8 +117,9 @@ def greedy_knapsack_vt_balanced(
 class PackPlan:
     """Packs as CSR (``ids[offsets[g]:offsets[g + 1]]`` are pack ``g``'s sample ids).
 
-    Packs are stored sorted by load (visual, then total tokens); ``epoch_order(epoch)`` is
-    the serving order. ``dropped_ids`` are the overlong samples left out (``overlong="drop"``),
+    Packs are stored in ``balance`` order (``balance.balanced_order``: by default sorted by
+    visual, then total tokens), so consecutive packs are alike; ``epoch_order(epoch)`` is the
+    serving order. ``dropped_ids`` are the overlong samples left out (``overlong="drop"``),
     ``truncated_ids`` the samples of packs cut by ``max_packs``. ``group_size`` is the world
     size the plan was grouped for; ``fingerprint`` covers the lengths and every parameter.
     """
@@ -134,6 +136,7 @@ class PackPlan:
     seed: int
     shuffle: bool
     fingerprint: str
+    balance: BalancePolicy = "tokens"
 
     def __len__(self) -> int:
         return int(self.offsets.size - 1)
@@ -207,6 +210,7 @@ def plan_packs(
     world_size: int = 1,
     seed: int = 0,
     shuffle: bool = True,
+    balance: BalancePolicy = "tokens",
 ) -> PackPlan:
     """Plan packs of at most ``capacity`` tokens, grouped for ``world_size`` ranks.
 
@@ -217,6 +221,9 @@ def plan_packs(
     are left out and listed in ``dropped_ids``. ``max_packs`` keeps the first ``max_packs``
     packs of epoch 0's order (whole step groups in seeded random order, so a sample that is
     fair across visual loads) and lists the rest's samples in ``truncated_ids``.
+    ``balance`` picks what the ranks of a step are made alike on (``balance.py``): ``"tokens"``
+    (visual, then total tokens), or the compute cost of the language model (``"lm"``), the
+    vision encoder (``"vision"``) or both (``"cost"``); the packs themselves stay the same.
 
     >>> plan = plan_packs([5, 4, 3, 3, 2], 8)
     >>> len(plan), plan.packs(), plan.totals.tolist()
@@ -245,6 +252,8 @@ def plan_packs(
         "seed": int(seed),
         "shuffle": bool(shuffle),
     }
+    if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
+        params["balance"] = balance
     fingerprint = _fingerprint(total, vis, params)
     dropped = np.asarray(overlong_ids(total, capacity), dtype=np.int64)
     work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] packs alone
@@ -255,7 +264,8 @@ def plan_packs(
     sizes = np.diff(offsets)
     tot_p = np.add.reduceat(total[ids], starts) if ids.size else np.zeros(0, np.int64)
     vis_p = np.add.reduceat(vis_arr[ids], starts) if ids.size else np.zeros(0, np.int64)
-    by_load = _sorted_by_load(vis_p, tot_p)
+    terms = pack_cost_terms(offsets, ids, total, vis_arr)
+    by_load = balanced_order(balance, terms, vis_p, tot_p, world_size)
     truncated = np.zeros(0, dtype=np.int64)
     if max_packs is not None and max_packs < by_load.size:
         first = step_group_order(by_load.size, world_size, np.random.default_rng([seed, 0]))
@@ -285,4 +295,5 @@ def plan_packs(
         seed=int(seed),
         shuffle=bool(shuffle),
         fingerprint=fingerprint,
+        balance=balance,
     )

@@ -21,7 +21,14 @@ import pytest
 from PIL import Image
 
 from neatpack.graphs.command.cli import main
-from neatpack.graphs.command.pictures import _LEFT, _RIGHT, PLAN_SIZE, RANK_COLORS, WHITE
+from neatpack.graphs.command.pictures import (
+    _LEFT,
+    _RIGHT,
+    COST_PANEL,
+    PLAN_SIZE,
+    RANK_COLORS,
+    WHITE,
+)
 from neatpack.graphs.command.report import PICTURE_STEPS, step_loads
 from neatpack.graphs.open_data import open_source
 from neatpack.pipes.indexing.estimate import LengthEstimator
@@ -178,3 +185,48 @@ def test_plan_png_100k_records(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert report["samples"] == 100_000
     assert report["packs"] == len(plan)
     check_picture(png, plan, 16384, 8)
+
+
+def test_plan_png_balance_cost_draws_each_steps_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--balance cost``: the cost panel shows, per step and term, how far the slowest rank's
+    cost exceeds the mean rank's, recomputed here from each pack's samples."""
+    data = write_records(tmp_path / "data.jsonl", 600, seed=4)
+    png = tmp_path / "plan.png"
+    world = 4
+    report = plan_png(capsys, data, png, 4096, world, "--balance", "cost")
+    index = build_length_index(
+        open_source(data, None), LengthEstimator.from_processor(load_tiny_processor()),
+        progress=False,
+    )  # fmt: skip
+    plan = plan_packs(index.total, 4096, visual=index.visual, world_size=world, balance="cost")
+    assert report["balance"] == "cost"
+    assert report["packs"] == len(plan)
+    tot, vis = np.asarray(index.total, float), np.asarray(index.visual, float)
+    per_pack = {"lm": [], "attention": [], "vision": []}
+    for g in range(len(plan)):
+        s = plan.pack(g)
+        per_pack["attention"].append(float((tot[s] ** 2).sum()))
+        per_pack["lm"].append(24576.0 * tot[s].sum() + float((tot[s] ** 2).sum()))
+        per_pack["vision"].append(7680.0 * vis[s].sum() + float((vis[s] ** 2).sum()))
+    order = plan.epoch_order(0)
+    steps = order[: order.size // world * world].reshape(-1, world)
+    ratios = {}
+    for k, v in per_pack.items():
+        loads = np.asarray(v)[steps]
+        mean = loads.mean(axis=1)
+        ratios[k] = np.where(mean > 0, loads.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+        assert report["per_step_cost"][k] == pytest.approx(ratios[k].tolist(), abs=1e-4)
+        q = report["step_cost"][k]
+        assert q["p50"] == pytest.approx(np.percentile(ratios[k], 50), abs=1e-4)
+        assert q["p95"] == pytest.approx(np.percentile(ratios[k], 95), abs=1e-4)
+        assert q["max"] == pytest.approx(ratios[k].max(), abs=1e-4)
+    excess = np.stack([ratios[k][:PICTURE_STEPS] for k in ("lm", "attention", "vision")], 1)
+    excess = np.round(np.clip((excess - 1.0) * 100.0, 0.0, None), 3)
+    assert (excess > 0).any()
+    with Image.open(png) as img:
+        assert img.size == PLAN_SIZE
+        img.load()
+        check_panel(img, COST_PANEL, excess)
+    check_picture(png, plan, 4096, world)  # the other panels are where they were

@@ -1,0 +1,224 @@
+"""Per-step compute balance across ranks: token order, cost order, Karmarkar-Karp, LPT + swaps.
+
+Prints one JSON object. The same packs (``plan_packs`` at capacity 8192, best-fit decreasing)
+are served four ways, shuffle on:
+
+- ``tokens``: the plan's step groups on (visual, total) tokens (``balance="tokens"``, default);
+- ``cost``: the plan's step groups on attention and vision cost (``balance="cost"``);
+- ``kk``: veRL's way: packs in a random order per epoch, each step's ``world x per_rank``
+  packs split over the ranks by Karmarkar-Karp (equal count) on the step cost;
+- ``lpt_swaps``: LoongForge's way: the same random steps, longest-processing-time first,
+  then swaps between the slowest and the fastest rank while they help.
+
+Cost per pack (``pipes/planning/balance.py``): attention = sum of squared document lengths
+(varlen), vision = ``VISION_LINEAR * patches + sum(patches ** 2)`` with a sample's visual tokens
+standing in for one image's patches, lm = ``LM_LINEAR * tokens + attention``, step = lm +
+vision. For every step, max/mean over ranks of the rank's attention and vision cost:
+p50 / p95 / max over steps; the simulated epoch time is the sum over steps of the slowest
+rank's step cost, over the same sum of the mean rank (1.0 = no waiting).
+
+Lengths: ``generated`` (the VLM draw of ``bench_balance.py``) and the real per-sample lengths
+of ai2d, chartqa and docvqa (``benchmarks/data/omnibal_lengths.npz``, from ModelTC/OmniBal:
+448px tiles of 256 tokens each).
+
+    python benchmarks/bench_step_balance.py           # 100k generated samples, 2 epochs
+    python benchmarks/bench_step_balance.py --quick   # 20k generated, real lengths at 8 ranks
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_balance import make_samples
+
+from neatpack.pipes.planning.balance import COST_TERMS, pack_cost_terms, pack_costs
+from neatpack.pipes.planning.plan import PackPlan, plan_packs
+
+DATA = Path(__file__).resolve().parent / "data" / "omnibal_lengths.npz"
+REAL = ("ai2d", "chartqa", "docvqa")
+TILE_TOKENS = 256
+
+
+def real_lengths(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(total, visual) tokens per sample of one real dataset."""
+    with np.load(DATA) as z:
+        total = z[f"{name}_token_num"].astype(np.int64)
+        visual = z[f"{name}_vit_num"].astype(np.int64) * TILE_TOKENS
+    return total, np.minimum(visual, total)
+
+
+def karmarkar_karp(costs: np.ndarray, k: int) -> list[list[int]]:
+    """Equal-count Karmarkar-Karp (veRL's ``get_seqlen_balanced_partitions``): ``k`` parts."""
+    order = np.argsort(-costs, kind="stable")
+    heap: list[tuple[float, int, list[tuple[float, list[int]]]]] = []
+    for n, start in enumerate(range(0, costs.size, k)):
+        chunk = order[start : start + k]
+        parts = [(float(costs[i]), [int(i)]) for i in chunk]
+        parts += [(0.0, []) for _ in range(k - len(parts))]
+        parts.sort(key=lambda p: -p[0])
+        heapq.heappush(heap, (-(parts[0][0] - parts[-1][0]), n, parts))
+    tie = costs.size
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        merged = [(a[i][0] + b[k - 1 - i][0], a[i][1] + b[k - 1 - i][1]) for i in range(k)]
+        merged.sort(key=lambda p: -p[0])
+        tie += 1
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), tie, merged))
+    return [p[1] for p in heap[0][2]]
+
+
+def lpt_swaps(costs: np.ndarray, k: int, per_rank: int) -> list[list[int]]:
+    """LPT with ``per_rank`` packs per rank, then swaps between slowest and fastest rank."""
+    parts: list[list[int]] = [[] for _ in range(k)]
+    load = np.zeros(k)
+    for i in np.argsort(-costs, kind="stable"):
+        open_ = [r for r in range(k) if len(parts[r]) < per_rank]
+        r = min(open_, key=lambda j: load[j])
+        parts[r].append(int(i))
+        load[r] += costs[i]
+    for _ in range(4 * k):
+        hi, lo = int(load.argmax()), int(load.argmin())
+        best, pair = load[hi], None
+        for a in parts[hi]:
+            for b in parts[lo]:
+                worse = max(load[hi] - costs[a] + costs[b], load[lo] - costs[b] + costs[a])
+                if worse < best - 1e-9:
+                    best, pair = worse, (a, b)
+        if pair is None:
+            break
+        a, b = pair
+        parts[hi][parts[hi].index(a)], parts[lo][parts[lo].index(b)] = b, a
+        load[hi] += costs[b] - costs[a]
+        load[lo] += costs[a] - costs[b]
+    return parts
+
+
+def rank_slots(
+    plan: PackPlan, step_cost: np.ndarray, method: str, epoch: int, world: int, per_rank: int
+) -> np.ndarray:
+    """``[steps, world, per_rank]`` pack indices of one epoch for one method."""
+    unit = world * per_rank
+    if method in ("tokens", "cost"):
+        order = plan.epoch_order(epoch)
+        steps = order[: order.size // unit * unit].reshape(-1, per_rank, world)
+        return steps.transpose(0, 2, 1)
+    order = np.random.default_rng([plan.seed, epoch, 7]).permutation(len(plan))
+    out = []
+    for step in order[: order.size // unit * unit].reshape(-1, unit):
+        c = step_cost[step]
+        parts = karmarkar_karp(c, world) if method == "kk" else lpt_swaps(c, world, per_rank)
+        out.append([[int(step[i]) for i in p] for p in parts])
+    return np.asarray(out, dtype=np.int64).reshape(-1, world, per_rank)
+
+
+def ratio_stats(per_rank_cost: np.ndarray) -> dict[str, float]:
+    mean = per_rank_cost.mean(axis=1)
+    keep = mean > 0
+    r = per_rank_cost[keep].max(axis=1) / mean[keep]
+    if r.size == 0:
+        return {"p50": 1.0, "p95": 1.0, "max": 1.0}
+    return {
+        "p50": round(float(np.percentile(r, 50)), 4),
+        "p95": round(float(np.percentile(r, 95)), 4),
+        "max": round(float(r.max()), 4),
+    }
+
+
+def evaluate(
+    total: np.ndarray, visual: np.ndarray, world: int, per_rank: int, epochs: int, seed: int
+) -> dict[str, Any]:
+    kw: dict[str, Any] = {"visual": visual, "world_size": world, "seed": seed, "overlong": "drop"}
+    plans = {
+        "tokens": plan_packs(total, 8192, balance="tokens", **kw),
+        "cost": plan_packs(total, 8192, balance="cost", **kw),
+    }
+    same = sorted(map(tuple, plans["tokens"].packs())) == sorted(map(tuple, plans["cost"].packs()))
+    out: dict[str, Any] = {
+        "packs": len(plans["tokens"]),
+        "same_packs": same,
+        "fill": {k: round(p.utilization(), 5) for k, p in plans.items()},
+    }
+    for method in ("tokens", "cost", "kk", "lpt_swaps"):
+        plan = plans["cost" if method == "cost" else "tokens"]
+        terms = pack_cost_terms(plan.offsets, plan.ids, total, visual)
+        lm, vision = pack_costs(terms)
+        attention = terms[:, COST_TERMS.index("doc_sq")]
+        slots = np.concatenate(
+            [rank_slots(plan, lm + vision, method, e, world, per_rank) for e in range(epochs)]
+        )
+        step = (lm + vision)[slots].sum(axis=2)
+        out[method] = {
+            "steps": int(slots.shape[0]),
+            "attention": ratio_stats(attention[slots].sum(axis=2)),
+            "vision": ratio_stats(vision[slots].sum(axis=2)),
+            "epoch_time": (
+                round(float(step.max(axis=1).sum() / step.mean(axis=1).sum()), 4)
+                if slots.shape[0]
+                else None  # fewer packs than one step takes
+            ),
+        }
+    base = out["tokens"]["epoch_time"]
+    for method in ("cost", "kk", "lpt_swaps"):
+        t = out[method]["epoch_time"]
+        out[method]["speedup_vs_tokens"] = None if base is None else round(base / t, 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="20k generated samples, 8 ranks")
+    ap.add_argument("--samples", type=int, default=100_000)
+    ap.add_argument("--ranks", default="8,64")
+    ap.add_argument("--packs-per-rank", default="1,4")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    n = 20_000 if args.quick else args.samples
+    ranks = [8] if args.quick else [int(r) for r in args.ranks.split(",")]
+    per_ranks = [1] if args.quick else [int(p) for p in args.packs_per_rank.split(",")]
+    corpora = {"generated": make_samples(n, args.seed)}
+    corpora.update({name: real_lengths(name) for name in REAL})
+    both = [np.concatenate(x) for x in zip(*(corpora[name] for name in REAL), strict=True)]
+    corpora["real_mix"] = (both[0], both[1])
+    metrics: dict[str, Any] = {}
+    for name, (total, visual) in corpora.items():
+        for world in ranks:
+            for per_rank in per_ranks:
+                key = f"{name}/ranks={world}/per_rank={per_rank}"
+                metrics[key] = evaluate(total, visual, world, per_rank, args.epochs, args.seed)
+    out = {
+        "benchmark": "step_balance",
+        "params": {
+            "generated_samples": n,
+            "real_samples": {name: int(corpora[name][0].size) for name in REAL},
+            "capacity": 8192,
+            "ranks": ranks,
+            "packs_per_rank": per_ranks,
+            "epochs": args.epochs,
+            "seed": args.seed,
+            "shuffle": True,
+            "quick": args.quick,
+            "real_source": "ModelTC/OmniBal@fc12bce data/vision/*_wh_token_lengths.json",
+        },
+        "metrics": metrics,
+        "env": {
+            "python": sys.version.split()[0],
+            "numpy": np.__version__,
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Which packs share a training step: the storage order ``plan_packs`` cuts step groups from.
+
+A step waits for its slowest rank, and a rank's cost is not its token count: the language
+model's attention grows with the square of each document's length, the vision encoder's with
+the square of each image's patch count. ``balance`` picks what the ranks of a step are made
+alike on:
+
+- ``"tokens"``: (visual tokens, total tokens), today's order, bit for bit;
+- ``"lm"``: the language model's cost, ``LM_LINEAR * tokens + sum(document length ** 2)``;
+- ``"vision"``: the vision encoder's cost, ``VISION_LINEAR * patches + sum(patches ** 2)``;
+- ``"cost"``: both at once: the attention part of the language model's cost (sum of squared
+  document lengths) and the vision encoder's cost. The linear part is left to the packing,
+  which fills every pack to within a few percent of its capacity (``24576 x 2 %`` of a
+  pack of 8,192 already outweighs the attention of most packs, so balancing lm as a whole
+  would mostly sort on fill and leave attention uneven: p95 max/mean 1.24 against 1.07 at
+  8 ranks on the OmniBal lengths).
+
+One term is a sort: neighbours in cost order are alike. Two terms are a snake over a grid:
+the packs are cut by attention cost into ``k`` strips of equal count, each strip sorted by
+vision cost (every second strip descending, so the order has no seam). Few strips make groups
+alike in vision, many alike in attention; ``k`` is the one of ``STRIP_CANDIDATES`` counts
+(geometric from 1 to ``n / group_size``) whose groups have the lowest p95 over groups of the
+larger of the two max/mean ratios (at 8 ranks on the OmniBal lengths: attention p95 1.02,
+against 1.07 for a fixed ``k = sqrt(n / group_size)``). The plan still cuts consecutive packs
+into groups and permutes whole groups per epoch, so the balance survives shuffling, resume, and
+a new world size (the order is a pure function of the packs and ``group_size``).
+
+Example, four packs of like tokens, two ranks (``k = 1`` strip is best here)::
+
+    pack        0   1   2   3
+    attention  10  11  30  31
+    vision      5  90   6  91
+    "cost" order 0 2 1 3 -> step groups (0, 2) (1, 3): alike in vision (5/6, 90/91)
+
+With many packs ``k`` grows and the groups grow alike in both (``bench_step_balance.py``).
+
+The cost columns come from per-sample lengths: the samples of a pack are its documents, and
+visual tokens stand in for an image's patches (one image per sample).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.planning.binpack import IntArray
+
+__all__ = [
+    "BALANCE_POLICIES",
+    "COST_TERMS",
+    "LM_LINEAR",
+    "VISION_LINEAR",
+    "BalancePolicy",
+    "balanced_order",
+    "pack_cost_terms",
+    "pack_costs",
+]
+
+BalancePolicy = Literal["tokens", "cost", "lm", "vision"]
+BALANCE_POLICIES: tuple[str, ...] = get_args(BalancePolicy)
+
+#: How many strip counts ``balanced_order("cost", ...)`` tries.
+STRIP_CANDIDATES: Final = 12
+
+#: Columns of ``pack_cost_terms``.
+COST_TERMS: Final = ("tokens", "doc_sq", "patches", "patch_sq")
+
+#: Cost of one token's linear layers in units of one attention pair (veRL's ``24576 * s + s^2``:
+#: about ``6 * hidden`` for a 4k-hidden model; the ratio only weighs the two parts of one term).
+LM_LINEAR: Final = 24576.0
+#: The same for the vision encoder: ``6 * 1280`` (Qwen2-VL's ViT width).
+VISION_LINEAR: Final = 7680.0
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def pack_cost_terms(
+    offsets: IntArray, ids: IntArray, total: IntArray, visual: IntArray
+) -> FloatArray:
+    """Per-pack cost columns ``[n_packs, 4]`` in ``COST_TERMS`` order, from per-sample lengths.
+
+    >>> pack_cost_terms(np.array([0, 2, 3]), np.array([0, 1, 2]),
+    ...                 np.array([3, 4, 5]), np.array([0, 2, 1])).tolist()
+    [[7.0, 25.0, 2.0, 4.0], [5.0, 25.0, 1.0, 1.0]]
+    """
+    n = int(offsets.size - 1)
+    if n <= 0:
+        return np.zeros((0, len(COST_TERMS)), dtype=np.float64)
+    t = total[ids].astype(np.float64)
+    v = visual[ids].astype(np.float64)
+    starts = offsets[:-1]
+    cols = (t, t * t, v, v * v)
+    return np.stack([np.add.reduceat(c, starts) for c in cols], axis=1)
+
+
+def pack_costs(terms: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """The (language model, vision encoder) cost of each pack from its ``pack_cost_terms``."""
+    lm = LM_LINEAR * terms[:, 0] + terms[:, 1]
+    vision = VISION_LINEAR * terms[:, 2] + terms[:, 3]
+    return lm, vision
+
+
+def balanced_order(
+    balance: BalancePolicy, terms: FloatArray, visual: IntArray, totals: IntArray, group_size: int
+) -> IntArray:
+    """Pack indices in the order whose ``group_size`` neighbours are alike on ``balance``.
+
+    >>> terms = pack_cost_terms(np.arange(5), np.arange(4), np.array([4, 2, 4, 2]),
+    ...                         np.array([0, 0, 0, 0]))
+    >>> balanced_order("lm", terms, np.zeros(4, np.int64), np.array([4, 2, 4, 2]), 2).tolist()
+    [1, 3, 0, 2]
+    """
+    if balance not in BALANCE_POLICIES:
+        raise ValueError(f"{balance=} must be one of {BALANCE_POLICIES}")
+    n = int(totals.size)
+    index = np.arange(n, dtype=np.int64)
+    if balance == "tokens":
+        return np.lexsort((totals, visual)).astype(np.int64)
+    lm, vision = pack_costs(terms)
+    if balance == "lm":
+        return np.lexsort((index, vision, lm)).astype(np.int64)
+    if balance == "vision":
+        return np.lexsort((index, lm, vision)).astype(np.int64)
+    attention = terms[:, COST_TERMS.index("doc_sq")]
+    if n == 0:
+        return index
+    by_attention = np.lexsort((index, vision, attention)).astype(np.int64)
+    both = np.stack([attention, vision], axis=1)
+    tries = np.geomspace(1.0, max(1.0, n / max(group_size, 1)), STRIP_CANDIDATES)
+    counts = sorted({max(1, round(float(k))) for k in tries})
+    orders = [_snake(by_attention, attention, vision, k) for k in counts]
+    scores = [_group_p95(both[order], group_size) for order in orders]
+    return orders[int(np.argmin(scores))]  # ties: the fewer strips
+
+
+def _snake(by_attention: IntArray, attention: FloatArray, vision: FloatArray, k: int) -> IntArray:
+    parts = []
+    for s, strip in enumerate(np.array_split(by_attention, k)):
+        order = strip[np.lexsort((strip, attention[strip], vision[strip]))]
+        parts.append(order[::-1] if s % 2 else order)
+    return np.concatenate(parts).astype(np.int64)
+
+
+def _group_p95(cols: FloatArray, group_size: int) -> float:
+    """p95 over consecutive groups of the largest max/mean over ``cols``' columns."""
+    n = cols.shape[0] // group_size * group_size
+    if n == 0:
+        return 1.0
+    x = cols[:n].reshape(-1, group_size, cols.shape[1])
+    mean = x.mean(axis=1)
+    ratio = np.where(mean > 0, x.max(axis=1) / np.where(mean > 0, mean, 1.0), 1.0)
+    return float(np.percentile(ratio.max(axis=1), 95))
