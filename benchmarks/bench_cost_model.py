@@ -123,10 +123,7 @@ def time_packs(model: Any, batches: list[Any], repeats: int) -> list[float]:
         return dt
 
     step(batches[0])  # the first step of a process is slow (allocation, kernel choice)
-    out = []
-    for b in batches:
-        out.append(statistics.median(step(b) for _ in range(repeats)))
-    return out
+    return [statistics.median(step(b) for _ in range(repeats)) for b in batches]
 
 
 def score(model_cfg: Any, fmt: str, terms: np.ndarray, rows: np.ndarray,
@@ -141,19 +138,19 @@ def score(model_cfg: Any, fmt: str, terms: np.ndarray, rows: np.ndarray,
     cal = flops.calibrate(terms[fit], seconds[fit], row_length=rows[fit])
     got = cal.cost(terms[held], row_length=rows[held])
     share = flops.per_term(terms, row_length=rows).sum(axis=0)
+    parts = ("fixed", "tokens", "attention", "patches", "patch_attention")
+    coefs = ("per_pack", "per_token", "per_pair", "per_patch", "per_patch_pair")
+    spread = (seconds.min(), np.median(seconds), seconds.max())
     return {
         "spearman_flops": round(spearman(pred, seconds), 4),
         "spearman_calibrated_held_out": round(spearman(got, seconds[held]), 4),
         "calibrated_median_rel_error": round(
             float(np.median(np.abs(got - seconds[held]) / seconds[held])), 4
         ),
-        "flops_share": dict(zip(("fixed", "tokens", "attention", "patches", "patch_attention"),
-                                (round(float(s / share.sum()), 4) for s in share))),  # fmt: skip
-        "calibrated": {k: getattr(cal, k) for k in
-                       ("per_pack", "per_token", "per_pair", "per_patch", "per_patch_pair")},
-        "seconds_min_median_max": [round(float(f), 4) for f in
-                                   (seconds.min(), np.median(seconds), seconds.max())],
-    }  # fmt: skip
+        "flops_share": dict(zip(parts, np.round(share / share.sum(), 4).tolist(), strict=True)),
+        "calibrated": {k: getattr(cal, k) for k in coefs},
+        "seconds_min_median_max": [round(float(f), 4) for f in spread],
+    }
 
 
 def main() -> None:

@@ -292,5 +292,6 @@ class CostModel:
         if best is not None:
             for c, j in zip(best[1], best[2], strict=True):
                 fitted[live[j]] = c / norm[live[j]]
-        names = ("per_pack", "per_token", "per_pair", "per_patch", "per_patch_pair")
-        return replace(self, unit="s", **{n: float(v) for n, v in zip(names, fitted, strict=True)})
+        pack, token, pair, patch, patch_pair = (float(v) for v in fitted)
+        return replace(self, unit="s", per_pack=pack, per_token=token, per_pair=pair,
+                       per_patch=patch, per_patch_pair=patch_pair)  # fmt: skip
