@@ -150,3 +150,13 @@ def test_bad_values_are_named() -> None:
         CostModel(attention="sparse")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="row_length=5"):
         CostModel().cost(pack_terms([0, 1], [0], [8]), row_length=5)
+
+
+def test_doctests_pass() -> None:
+    import doctest
+
+    from neatpack.pipes.planning import cost
+
+    result = doctest.testmod(cost)
+    assert result.failed == 0
+    assert result.attempted >= 3
