@@ -49,6 +49,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "indexing.length_source": ("LengthSource",),
     "reading.record_reader": ("RecordReader",),
     "planning.binpack": ("best_fit_decreasing", "greedy_knapsack", "lower_bound", "overlong_ids"),
+    "planning.cost": ("CostModel",),
     "planning.plan": ("PackPlan", "greedy_knapsack_vt_balanced", "plan_packs"),
     "planning.sampler": ("LengthGroupedSampler",),
     "planning.source": ("PackSource", "StateMismatchError"),
@@ -381,6 +382,7 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.planning.binpack import greedy_knapsack as greedy_knapsack
     from neatpack.pipes.planning.binpack import lower_bound as lower_bound
     from neatpack.pipes.planning.binpack import overlong_ids as overlong_ids
+    from neatpack.pipes.planning.cost import CostModel as CostModel
     from neatpack.pipes.planning.plan import PackPlan as PackPlan
     from neatpack.pipes.planning.plan import (
         greedy_knapsack_vt_balanced as greedy_knapsack_vt_balanced,
