@@ -49,9 +49,9 @@ __all__ = [
     "check_padded_format",
     "convert_mask",
     "dense_mask_cost",
-    "warn_dense_mask_on_cuda",
     "padded_format",
     "resolve_mask_format",
+    "warn_dense_mask_on_cuda",
 ]
 
 FLASH_FORMATS = ("flash_attention_2", "flash_attention_3")
@@ -218,4 +218,3 @@ def warn_dense_mask_on_cuda(fmt: str, lengths: Any, pack_size: int) -> None:
         UserWarning,
         stacklevel=4,
     )
-

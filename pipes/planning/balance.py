@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.planning.binpack import IntArray
+from neatpack.pipes.planning.cost import pack_terms
 
 __all__ = [
     "BALANCE_POLICIES",
@@ -85,14 +86,9 @@ def pack_cost_terms(
     ...                 np.array([3, 4, 5]), np.array([0, 2, 1])).tolist()
     [[7.0, 25.0, 2.0, 4.0], [5.0, 25.0, 1.0, 1.0]]
     """
-    n = int(offsets.size - 1)
-    if n <= 0:
-        return np.zeros((0, len(COST_TERMS)), dtype=np.float64)
-    t = total[ids].astype(np.float64)
-    v = visual[ids].astype(np.float64)
-    starts = offsets[:-1]
-    cols = (t, t * t, v, v * v)
-    return np.stack([np.add.reduceat(c, starts) for c in cols], axis=1)
+    # the cost model's own terms (pipes/planning/cost.py); the index's visual tokens stand in
+    # for patches (merge=1: the balance weights below are per visual token)
+    return pack_terms(offsets, ids, total, visual, merge=1)
 
 
 def pack_costs(terms: FloatArray) -> tuple[FloatArray, FloatArray]:
