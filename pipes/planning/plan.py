@@ -40,6 +40,8 @@ from neatpack.pipes.compat.renamed import renamed_keywords
 from neatpack.pipes.planning.binpack import (
     IntArray,
     best_fit_decreasing,
+    best_fit_two_budgets,
+    check_budget,
     check_lengths,
     greedy_knapsack,
     overlong_ids,
@@ -207,6 +209,7 @@ def plan_packs(
     world_size: int = 1,
     seed: int = 0,
     shuffle: bool = True,
+    max_visual: int | None = None,
 ) -> PackPlan:
     """Plan packs of at most ``capacity`` tokens, grouped for ``world_size`` ranks.
 
@@ -217,6 +220,12 @@ def plan_packs(
     are left out and listed in ``dropped_ids``. ``max_packs`` keeps the first ``max_packs``
     packs of epoch 0's order (whole step groups in seeded random order, so a sample that is
     fair across visual loads) and lists the rest's samples in ``truncated_ids``.
+
+    ``max_visual`` is a second budget per pack: at most that many ``visual`` tokens (the vision
+    tower's memory; its patches are these tokens times the merge size squared, 4 for Qwen-VL).
+    Samples that would exceed it go into another pack (``binpack.best_fit_two_budgets``), never
+    dropped; a sample whose visual tokens alone exceed it follows ``overlong`` like a sample
+    longer than the pack. None (the default) leaves the plan as it was.
 
     >>> plan = plan_packs([5, 4, 3, 3, 2], 8)
     >>> len(plan), plan.packs(), plan.totals.tolist()
@@ -236,7 +245,12 @@ def plan_packs(
                 f"visual tokens must lie in [0, length]: sample {i} has visual={vis[i]}, "
                 f"length={total[i]} ({bad.size} such samples). Recompute the length index."
             )
-    params = {
+    over_budget = np.zeros(0, dtype=np.int64)
+    if max_visual is not None:
+        if vis is None:
+            raise ValueError(f"plan_packs: {max_visual=} needs visual= (visual tokens per sample)")
+        over_budget = check_budget(total, vis, max_visual, overlong, "plan_packs", "max_visual")
+    params: dict[str, object] = {
         "capacity": int(capacity),
         "packing_ratio": float(packing_ratio),
         "max_packs": max_packs,
@@ -245,11 +259,21 @@ def plan_packs(
         "seed": int(seed),
         "shuffle": bool(shuffle),
     }
+    if max_visual is not None:  # only when set: plans without it keep their fingerprint
+        params["max_visual"] = int(max_visual)
     fingerprint = _fingerprint(total, vis, params)
     dropped = np.asarray(overlong_ids(total, capacity), dtype=np.int64)
     work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] packs alone
     work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
-    offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
+    if max_visual is None or vis is None:  # (vis is set whenever max_visual is: checked above)
+        offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
+    else:
+        dropped = np.union1d(dropped, over_budget).astype(np.int64)
+        placed = np.ones(total.size, dtype=bool)
+        placed[dropped] = False
+        kept = np.flatnonzero(placed)
+        offsets, sub = best_fit_two_budgets(work[kept], vis[kept], plan_capacity, max_visual)
+        ids = kept[sub]
     vis_arr = vis if vis is not None else np.zeros_like(total)
     starts = offsets[:-1]
     sizes = np.diff(offsets)
