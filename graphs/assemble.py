@@ -143,6 +143,7 @@ def packed_parts(
             world_size=group_size,
             seed=config.seed,
             shuffle=config.shuffle,
+            max_visual=getattr(config, "max_visual_tokens", None),  # the VLM graph's option
         )
 
     collate = Collater(
