@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from neatpack.graphs import NeatVLMConfig
 from neatpack.graphs.config import checkpoint_key
-from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.planning.plan import PackPlan, plan_packs
 
 
 def vlm_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -25,7 +25,9 @@ def vlm_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return total, np.minimum(visual, total).astype(np.int64)
 
 
-def check_plan(plan, total, visual, capacity: int, budget: int) -> None:  # type: ignore[no-untyped-def]
+def check_plan(
+    plan: PackPlan, total: np.ndarray, visual: np.ndarray, capacity: int, budget: int
+) -> None:
     placed = np.concatenate([plan.ids, plan.dropped_ids])
     assert np.array_equal(np.sort(placed), np.arange(total.size)), "every sample exactly once"
     for pack in plan.packs():
