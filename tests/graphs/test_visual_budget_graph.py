@@ -108,3 +108,32 @@ def test_elastic_resume_two_to_three_ranks_with_the_budget(corpus: Path, process
     dropped = [i for x in resumed for i in x.ledgers[0].tail_dropped]
     assert_exactly_once(consumed, range(N), excused=dropped)
     assert torch.is_tensor(seen[0]["input_ids"])
+
+
+def test_neatpack_plan_reports_and_keeps_the_budget(
+    corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from neatpack.graphs.command.cli import main
+
+    base = [str(corpus / "data.jsonl"), "--processor", "qwen2_vl", "--pack-size", "2048",
+            "--media-root", str(corpus / "media"), "--json"]  # fmt: skip
+    reports = []
+    for extra in ([], ["--max-visual-tokens", str(BUDGET)]):
+        assert main(["plan", *base, *extra]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    plain, budgeted = reports
+    assert plain["visual_per_pack"] == {
+        "max_visual_tokens": None,
+        "max": plain["visual_per_pack"]["max"],
+    }
+    assert plain["visual_per_pack"]["max"] > BUDGET
+    assert budgeted["visual_per_pack"]["max_visual_tokens"] == BUDGET
+    assert budgeted["visual_per_pack"]["max"] <= BUDGET
+    assert budgeted["packs"] >= plain["packs"]
+    assert budgeted["overlong"]["count"] == 0
+    assert main(["plan", *base, "--max-visual-tokens", "600"]) == 2  # sample 25 has 684 alone
+    assert "over --max-visual-tokens 600 on their own: samples [25]" in capsys.readouterr().err
+    assert main(["plan", *base, "--max-visual-tokens", "600", "--overlong", "drop"]) == 0
+    assert json.loads(capsys.readouterr().out)["overlong"]["first_ids"] == [25]
