@@ -8,6 +8,14 @@ bound max(ceil(sum / capacity), Martello-Toth L2).
 whose predicted time (10x the next smaller size, +15%) exceeds ``--greedy-timeout`` seconds is
 not run; ``greedy_skipped`` says why.
 
+The vision budget (``plan_packs(max_visual=)``, #27 item 4), under ``metrics["visual_budget"]``:
+on generated VLM lengths (``vlm/<n>``: 35% text-only, the rest 1-4 images of 64..1280 visual
+tokens) and on the generated image/text corpus (``corpus/<n>``: ``write_corpus`` sized by the
+tiny Qwen2-VL processor's exact length index), ``plan_packs`` without a budget and with budgets
+at a fraction of the unbudgeted plan's mean visual tokens per pack: seconds, packs, the lower
+bound ``max(ceil(sum total / capacity), ceil(sum visual / budget))``, token fill, the largest
+pack's visual tokens.
+
     python benchmarks/bench_plan.py            # 1M and 10M samples, capacity 8192
     python benchmarks/bench_plan.py --quick    # 100k samples
 """
@@ -32,6 +40,7 @@ from neatpack.pipes.planning.binpack import (
     greedy_knapsack,
     lower_bound,
 )
+from neatpack.pipes.planning.plan import plan_packs
 
 DISTRIBUTIONS = ("lognormal", "uniform", "uniform_full")
 
@@ -113,6 +122,78 @@ def run(
     return results
 
 
+BUDGET_FRACTIONS = (None, 1.25, 1.1, 1.0, 0.8)  # x the unbudgeted plan's mean visual per pack
+
+
+def vlm_lengths(n: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(total, visual) tokens: 35% text-only (median ~400 tokens), the rest 1-4 images of
+    64..1280 visual tokens each plus ~150 text tokens; clipped to the capacity."""
+    rng = np.random.default_rng([seed, 99])
+    text_only = rng.random(n) < 0.35
+    n_images = np.where(text_only, 0, rng.choice([1, 2, 3, 4], size=n, p=[0.5, 0.25, 0.15, 0.1]))
+    visual = (rng.integers(64, 1281, size=(n, 4)) * (np.arange(4) < n_images[:, None])).sum(1)
+    text = np.where(text_only, rng.lognormal(6.0, 0.9, n), rng.lognormal(5.0, 0.8, n))
+    total = np.minimum(np.rint(text).astype(np.int64) + 1 + visual, capacity)
+    return total, np.minimum(visual, total).astype(np.int64)
+
+
+def corpus_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(total, visual) of ``write_corpus(num_samples=n)`` from the tiny Qwen2-VL processor's
+    exact length index (the lengths ``neat_vlm_graph`` plans with)."""
+    import tempfile
+
+    from neatpack.graphs import NeatVLMConfig
+    from neatpack.graphs.families import plan_family
+    from neatpack.graphs.open_data import MISSING_MEDIA_FIX, open_source
+    from neatpack.pipes import load_tiny_processor, write_corpus
+    from neatpack.pipes.indexing.lengths import build_length_index
+
+    with tempfile.TemporaryDirectory() as d:
+        data = write_corpus(d, num_samples=n, seed=seed)
+        processor = load_tiny_processor()
+        cfg = NeatVLMConfig(media_root=f"{d}/media")
+        source = open_source(data, cfg.media_root)
+        family = plan_family(processor, cfg)
+        est = family.estimator(
+            processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
+        )
+        index = build_length_index(source, est, progress=False)
+    return np.asarray(index.total), np.asarray(index.visual)
+
+
+def budget_rows(
+    total: np.ndarray, visual: np.ndarray, capacity: int, repeats: int, world_size: int
+) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    mean_visual = 0.0
+    for frac in BUDGET_FRACTIONS:
+        budget = None if frac is None else int(mean_visual * frac)
+        t, plan, cpu = best_time(
+            partial(plan_packs, total, capacity, visual=visual, max_visual=budget,
+                    overlong="drop", world_size=world_size),
+            repeats,
+        )  # fmt: skip
+        if frac is None:
+            mean_visual = float(plan.visual.mean())
+        kept = np.setdiff1d(np.arange(total.size), plan.dropped_ids)
+        bound = -(-int(total[kept].sum()) // capacity)
+        if budget is not None:
+            bound = max(bound, -(-int(visual[kept].sum()) // budget))
+        rows["none" if frac is None else f"x{frac}"] = {
+            "max_visual": budget,
+            "plan_s": round(t, 4),
+            "plan_cpu_s": round(cpu, 4),
+            "packs": len(plan),
+            "lower_bound": bound,
+            "gap_pp": round((len(plan) - bound) / max(bound, 1) * 100, 3),
+            "utilization": round(plan.utilization(), 5),
+            "max_pack_visual": int(plan.visual.max()) if len(plan) else 0,
+            "mean_pack_visual": round(float(plan.visual.mean()), 1) if len(plan) else 0.0,
+            "dropped": int(plan.dropped_ids.size),
+        }
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100k samples only")
@@ -120,9 +201,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--greedy-timeout", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corpus", type=int, default=None, help="write_corpus samples (1944)")
+    ap.add_argument("--world-size", type=int, default=8)
     args = ap.parse_args(argv)
     sizes = [100_000] if args.quick else [1_000_000, 10_000_000]
+    corpus_n = args.corpus or (100 if args.quick else 1944)
     metrics = run(sizes, args.capacity, args.repeats, args.greedy_timeout, args.seed)
+    budget: dict[str, Any] = {}
+    for n in sizes[:1]:
+        total, visual = vlm_lengths(n, args.capacity, args.seed)
+        budget[f"vlm/{n}"] = budget_rows(
+            total, visual, args.capacity, args.repeats, args.world_size
+        )
+    total, visual = corpus_lengths(corpus_n, args.seed)
+    budget[f"corpus/{corpus_n}"] = budget_rows(
+        total, visual, args.capacity, args.repeats, args.world_size
+    )
+    metrics["visual_budget"] = budget
     out = {
         "benchmark": "plan",
         "params": {
@@ -133,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
             "seed": args.seed,
             "distributions": list(DISTRIBUTIONS),
             "quick": args.quick,
+            "corpus_samples": corpus_n,
+            "world_size": args.world_size,
+            "budget_fractions": list(BUDGET_FRACTIONS),
         },
         "metrics": metrics,
         "env": {

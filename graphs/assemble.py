@@ -145,6 +145,7 @@ def packed_parts(
             seed=config.seed,
             shuffle=config.shuffle,
             balance=config.balance,
+            max_visual=getattr(config, "max_visual_tokens", None),  # the VLM graph's option
         )
 
     warn_dense_mask_on_cuda(

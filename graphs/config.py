@@ -394,6 +394,14 @@ class NeatVLMConfig(
     packing_ratio: float = option(
         1.0, doc="plan to this fraction of pack_size: headroom for estimate error", key=True
     )
+    max_visual_tokens: int | None = option(
+        None,
+        doc="a second budget per pack: at most this many image and video tokens (the vision "
+        "tower's memory; its patches are these tokens times the merge size squared, 4 for "
+        "Qwen-VL); samples over it go into another pack, a sample over it alone follows "
+        "overlong (None: no such budget)",
+        key=KEY_WHEN_SET,
+    )
     # materializing
     overflow: OverflowPolicy = option(
         "truncate",
@@ -431,6 +439,15 @@ class NeatVLMConfig(
     def _check(self) -> None:
         if not 0.0 < self.packing_ratio <= 1.0:
             raise ValueError(f"{self.packing_ratio=} must be in (0, 1]")
+        if self.max_visual_tokens is not None and (
+            isinstance(self.max_visual_tokens, bool)
+            or not isinstance(self.max_visual_tokens, int)
+            or self.max_visual_tokens < 1
+        ):
+            raise ValueError(
+                f"{self.max_visual_tokens=} must be a positive int (visual tokens per pack), "
+                "or None for no visual budget"
+            )
         if self.pp_microbatches is not None and not 1 <= self.pp_microbatches <= self.batch_size:
             raise ValueError(
                 f"{self.pp_microbatches=} must be between 1 and {self.batch_size=} (one "

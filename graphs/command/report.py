@@ -302,16 +302,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--world-size {args.world_size} must be >= 1")
     if not 0.0 < args.packing_ratio <= 1.0:
         raise UsageError(f"--packing-ratio {args.packing_ratio} must be in (0, 1]")
+    budget = getattr(args, "max_visual_tokens", None)
+    if budget is not None and budget < 1:
+        raise UsageError(f"--max-visual-tokens {budget} must be >= 1 (visual tokens per pack)")
     with _output(args.png) as png:
         processor = load_processor(args.processor)
         index, reused = _length_index(args, processor, args.missing_media)
         overlong = _check_overlong(index, args.pack_size, args.overlong, args)
+        over = np.flatnonzero(np.asarray(index.visual) > (budget or np.inf))
+        if over.size and args.overlong == "raise":
+            raise UsageError(
+                f"{over.size} sample(s) over --max-visual-tokens {budget} on their own: samples "
+                f"{over[:FIRST_IDS].tolist()}; raise it, or pass --overlong drop to leave them out"
+            )
         plan = plan_packs(
             index.total, args.pack_size, visual=index.visual, packing_ratio=args.packing_ratio,
             overlong=args.overlong, world_size=args.world_size, seed=args.seed,
             balance=args.balance,
+            max_visual=budget,
         )  # fmt: skip
         report = {"data": str(args.data), **plan_report(index, plan, world_size=args.world_size)}
+        report["visual_per_pack"] = {  # the second budget (#27): its limit and the largest pack
+            "max_visual_tokens": budget,
+            "max": int(plan.visual.max()) if len(plan) else 0,
+        }
         report["length_index_reused"] = reused
         report["overlong"].update(overlong.as_dict())
         if overlong.count:
@@ -376,6 +390,8 @@ def _plan_text(r: dict[str, Any]) -> str:
             if r["steps"] > TEXT_STEPS
             else ()
         ),
+        f"  visual per pack     max {r['visual_per_pack']['max']}"
+        f" (budget {r['visual_per_pack']['max_visual_tokens'] or 'none'})",
         f"  length index        {'reused from cache' if r['length_index_reused'] else 'built'}",
     ]
     if "png" in r:
@@ -496,6 +512,12 @@ def add_report_commands(sub: Any) -> None:
         type=float,
         default=1.0,
         help="plan to this share of the pack size (headroom for estimate error)",
+    )
+    plan.add_argument(
+        "--max-visual-tokens",
+        type=int,
+        default=None,
+        help="a second budget per pack: at most this many image and video tokens",
     )
     plan.add_argument(
         "--missing-media",

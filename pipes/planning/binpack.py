@@ -31,10 +31,13 @@ __all__ = [
     "OVERLONG_POLICIES",
     "OverlongPolicy",
     "best_fit_decreasing",
+    "best_fit_two_budgets",
     "bfd_bin_ids",
+    "check_budget",
     "greedy_knapsack",
     "lower_bound",
     "overlong_ids",
+    "within_budget",
 ]
 
 #: A sample longer than a pack: raise naming it, or drop it (counted).
@@ -413,3 +416,149 @@ def best_fit_decreasing(
     for c0, local, slots in _slot_chunks(arr, capacity, cnt):
         ids[slot_pos[slots]] = local + c0
     return offsets, ids[:n_kept]
+
+
+def check_budget(
+    lengths: IntArray, values: npt.ArrayLike, budget: int, overlong: str, who: str, kw: str
+) -> IntArray:
+    """Validate a second per-sample load (``values``, e.g. visual tokens) against its per-pack
+    ``budget``: ids of the samples whose load alone exceeds it, or a ``ValueError`` naming them
+    under ``overlong="raise"``."""
+    if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 1:
+        raise ValueError(f"{who}: {kw} must be a positive int or None, got {budget=!r}")
+    arr = np.asarray(values).astype(np.int64, copy=False)
+    if arr.shape != lengths.shape:
+        raise ValueError(f"{who}: {kw} needs one value per sample: {arr.shape} vs {lengths.shape}")
+    bad = np.flatnonzero(arr > budget)
+    if overlong == "raise" and bad.size:
+        shown = ", ".join(f"sample {i} ({arr[i]})" for i in bad[:5].tolist())
+        raise ValueError(
+            f"{who}: {bad.size} sample(s) over the per-pack budget {kw}={budget} on their own: "
+            f"{shown}{' ...' if bad.size > 5 else ''}. Fix: raise {kw}, shrink their media "
+            f"(the image processor's max_pixels), or pass overlong='drop' to leave them out."
+        )
+    return bad.astype(np.int64)
+
+
+def within_budget(
+    offsets: IntArray,
+    ids: IntArray,
+    lengths: IntArray,
+    values: IntArray,
+    capacity: int,
+    budget: int,
+) -> tuple[IntArray, IntArray]:
+    """Packs (CSR from ``best_fit_decreasing``) whose ``values`` (a second load: visual tokens)
+    sum to at most ``budget`` each, with every sample kept exactly once.
+
+    In a pack over the budget, samples with no load stay, and loaded ones stay while the running
+    load (pack order, longest first) is within the budget; the rest move out. Moved samples are
+    packed again by ``best_fit_decreasing`` among themselves, and so on until none move: each
+    round every pack over the budget keeps at least its first loaded sample (no sample alone
+    exceeds the budget: ``check_budget`` first), so the rounds end. Packs within the budget
+    are untouched, so without a binding budget the plan is ``best_fit_decreasing``'s.
+
+    >>> offsets, ids = best_fit_decreasing([4, 4, 2], 10)
+    >>> offsets, ids = within_budget(offsets, ids, np.array([4, 4, 2]), np.array([3, 3, 0]), 10, 4)
+    >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+    [[0, 2], [1]]
+    """
+    done_sizes: list[IntArray] = []
+    done_ids: list[IntArray] = []
+    while ids.size:
+        starts = offsets[:-1]
+        sizes = np.diff(offsets)
+        load = values[ids]
+        pack_load = np.add.reduceat(load, starts)
+        if not (pack_load > budget).any():
+            done_sizes.append(sizes)
+            done_ids.append(ids)
+            break
+        pack_of = np.repeat(np.arange(sizes.size), sizes)
+        running = np.cumsum(load)
+        running -= np.repeat(running[starts] - load[starts], sizes)  # cumsum within each pack
+        keep = (load == 0) | (running <= budget)
+        kept_sizes = np.bincount(pack_of[keep], minlength=sizes.size)
+        done_sizes.append(kept_sizes[kept_sizes > 0])
+        done_ids.append(ids[keep])
+        moved = ids[~keep]  # longest first within each pack; repacked below
+        sub_offsets, sub = best_fit_decreasing(lengths[moved], capacity, overlong="raise")
+        offsets, ids = sub_offsets, moved[sub]
+    sizes_all = np.concatenate(done_sizes) if done_sizes else np.zeros(0, np.int64)
+    out_offsets = np.zeros(sizes_all.size + 1, dtype=np.int64)
+    np.cumsum(sizes_all, out=out_offsets[1:])
+    out_ids = np.concatenate(done_ids) if done_ids else np.zeros(0, np.int64)
+    return out_offsets, out_ids.astype(np.int64, copy=False)
+
+
+def best_fit_two_budgets(
+    lengths: npt.ArrayLike, values: npt.ArrayLike, capacity: int, budget: int
+) -> tuple[IntArray, IntArray]:
+    """Packs within ``capacity`` tokens and ``budget`` of a second load each (``values``:
+    visual tokens), as CSR like ``best_fit_decreasing``; every sample exactly once. Every
+    sample must fit both alone (``check_lengths``, ``check_budget``).
+
+    When ``best_fit_decreasing``'s packs already keep the budget they are the answer (the plan
+    does not change). Otherwise two phases, both on the fast packer:
+
+    1. the loaded samples, packed by load (``budget`` per pack) and made to fit the tokens
+       (``within_budget`` with the roles swapped): each such pack is close to the budget;
+    2. their packs as units of ``capacity + 1 + tokens``, plus empty units of ``capacity + 1``
+       (fresh packs), plus the samples with no load, packed at ``2 * capacity + 1``: no two
+       units share a pack (each is over half of it), a unit leaves exactly its real room, and
+       best fit puts the load-free samples into the fullest rooms first. Load-free samples
+       that open a pack of their own anyway are packed again at ``capacity``.
+
+    On the generated VLM lengths of ``bench_plan.py`` the token fill stays within a point of
+    the unbudgeted plan while the budget is above the mean load per pack.
+
+    >>> offsets, ids = best_fit_two_budgets([4, 4, 2, 3], [3, 3, 0, 0], 10, 4)
+    >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+    [[0, 3, 2], [1]]
+    """
+    tok = np.asarray(lengths).astype(np.int64, copy=False)
+    load = np.asarray(values).astype(np.int64, copy=False)
+    offsets, ids = best_fit_decreasing(tok, capacity)
+    if ids.size == 0 or np.add.reduceat(load[ids], offsets[:-1]).max() <= budget:
+        return offsets, ids
+    loaded = np.flatnonzero(load > 0)
+    free = np.flatnonzero(load == 0)
+    # 1. loaded samples: by load, then within the tokens
+    v_off, v_sub = best_fit_decreasing(load[loaded], budget)
+    v_off, v_sub = within_budget(v_off, v_sub, load[loaded], tok[loaded], budget, capacity)
+    v_ids = loaded[v_sub]
+    v_fill = np.add.reduceat(tok[v_ids], v_off[:-1])
+    # 2. units (loaded packs, fresh packs) and load-free samples, best fit at 2 * capacity + 1
+    n_fresh = -(-int(tok[free].sum()) // capacity) + 1
+    unit_len = np.concatenate(
+        [tok[free], capacity + 1 + v_fill, np.full(n_fresh, capacity + 1, np.int64)]
+    )
+    unit_count = np.concatenate(
+        [np.ones(free.size, np.int64), np.diff(v_off), np.zeros(n_fresh, np.int64)]
+    )
+    unit_ids = np.concatenate([free, v_ids])
+    unit_start = np.concatenate([np.arange(free.size), free.size + v_off[:-1], np.zeros(n_fresh)])
+    b_off, items = best_fit_decreasing(unit_len, 2 * capacity + 1)
+    b_sizes = np.diff(b_off)
+    headed = unit_len[items[b_off[:-1]]] > capacity  # a unit opens the pack (longest first)
+    counts = unit_count[items]
+    n_out = int(counts.sum())
+    run0 = np.cumsum(counts) - counts
+    take = np.repeat(unit_start[items].astype(np.int64) - run0, counts)
+    take += np.arange(n_out, dtype=np.int64)
+    flat = unit_ids[take]
+    pack_sizes = np.add.reduceat(counts, b_off[:-1])
+    pack_of = np.repeat(np.repeat(np.arange(b_sizes.size), b_sizes), counts)
+    keep_pack = headed & (pack_sizes > 0)
+    in_kept = keep_pack[pack_of]
+    sizes = [pack_sizes[keep_pack]]
+    out = [flat[in_kept]]
+    stray = flat[~in_kept]  # load-free samples that opened a pack of their own
+    if stray.size:
+        s_off, s_sub = best_fit_decreasing(tok[stray], capacity)
+        sizes.append(np.diff(s_off))
+        out.append(stray[s_sub])
+    all_sizes = np.concatenate(sizes)
+    out_offsets = np.zeros(all_sizes.size + 1, dtype=np.int64)
+    np.cumsum(all_sizes, out=out_offsets[1:])
+    return out_offsets, np.concatenate(out).astype(np.int64, copy=False)

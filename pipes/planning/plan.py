@@ -41,6 +41,8 @@ from neatpack.pipes.planning.balance import BalancePolicy, balanced_order, pack_
 from neatpack.pipes.planning.binpack import (
     IntArray,
     best_fit_decreasing,
+    best_fit_two_budgets,
+    check_budget,
     check_lengths,
     greedy_knapsack,
     overlong_ids,
@@ -211,6 +213,7 @@ def plan_packs(
     seed: int = 0,
     shuffle: bool = True,
     balance: BalancePolicy = "tokens",
+    max_visual: int | None = None,
 ) -> PackPlan:
     """Plan packs of at most ``capacity`` tokens, grouped for ``world_size`` ranks.
 
@@ -224,6 +227,12 @@ def plan_packs(
     ``balance`` picks what the ranks of a step are made alike on (``balance.py``): ``"tokens"``
     (visual, then total tokens), or the compute cost of the language model (``"lm"``), the
     vision encoder (``"vision"``) or both (``"cost"``); the packs themselves stay the same.
+
+    ``max_visual`` is a second budget per pack: at most that many ``visual`` tokens (the vision
+    tower's memory; its patches are these tokens times the merge size squared, 4 for Qwen-VL).
+    Samples that would exceed it go into another pack (``binpack.best_fit_two_budgets``), never
+    dropped; a sample whose visual tokens alone exceed it follows ``overlong`` like a sample
+    longer than the pack. None (the default) leaves the plan as it was.
 
     >>> plan = plan_packs([5, 4, 3, 3, 2], 8)
     >>> len(plan), plan.packs(), plan.totals.tolist()
@@ -243,7 +252,12 @@ def plan_packs(
                 f"visual tokens must lie in [0, length]: sample {i} has visual={vis[i]}, "
                 f"length={total[i]} ({bad.size} such samples). Recompute the length index."
             )
-    params = {
+    over_budget = np.zeros(0, dtype=np.int64)
+    if max_visual is not None:
+        if vis is None:
+            raise ValueError(f"plan_packs: {max_visual=} needs visual= (visual tokens per sample)")
+        over_budget = check_budget(total, vis, max_visual, overlong, "plan_packs", "max_visual")
+    params: dict[str, object] = {
         "capacity": int(capacity),
         "packing_ratio": float(packing_ratio),
         "max_packs": max_packs,
@@ -254,17 +268,30 @@ def plan_packs(
     }
     if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
         params["balance"] = balance
+    if max_visual is not None:  # only when set: plans without it keep their fingerprint
+        params["max_visual"] = int(max_visual)
     fingerprint = _fingerprint(total, vis, params)
     dropped = np.asarray(overlong_ids(total, capacity), dtype=np.int64)
     work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] packs alone
     work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
-    offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
+    if max_visual is None or vis is None:  # (vis is set whenever max_visual is: checked above)
+        offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
+    else:
+        dropped = np.union1d(dropped, over_budget).astype(np.int64)
+        placed = np.ones(total.size, dtype=bool)
+        placed[dropped] = False
+        kept = np.flatnonzero(placed)
+        offsets, sub = best_fit_two_budgets(work[kept], vis[kept], plan_capacity, max_visual)
+        ids = kept[sub]
     vis_arr = vis if vis is not None else np.zeros_like(total)
     starts = offsets[:-1]
     sizes = np.diff(offsets)
     tot_p = np.add.reduceat(total[ids], starts) if ids.size else np.zeros(0, np.int64)
     vis_p = np.add.reduceat(vis_arr[ids], starts) if ids.size else np.zeros(0, np.int64)
-    terms = pack_cost_terms(offsets, ids, total, vis_arr)
+    # the cost terms only when a step is balanced on them (the token order needs none)
+    terms = (
+        pack_cost_terms(offsets, ids, total, vis_arr) if balance != "tokens" else np.zeros((0, 4))
+    )
     by_load = balanced_order(balance, terms, vis_p, tot_p, world_size)
     truncated = np.zeros(0, dtype=np.int64)
     if max_packs is not None and max_packs < by_load.size:
