@@ -442,6 +442,7 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
 #: importable from here too; ``dir()`` lists them all.
 __all__ = [
     "Batch",
+    "CostModel",
     "JsonlSource",
     "LengthEstimator",
     "LengthIndex",
