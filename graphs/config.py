@@ -360,7 +360,12 @@ class LegacyMixture(Options):
                 DeprecationWarning,
                 stacklevel=4,
             )
-            check_mixture_config(max_packs=self.max_packs, shuffle=self.shuffle)  # type: ignore[attr-defined]
+            check_mixture_config(
+                max_packs=self.max_packs,  # type: ignore[attr-defined]
+                shuffle=self.shuffle,  # type: ignore[attr-defined]
+                balance=self.balance,  # type: ignore[attr-defined]
+                max_visual_tokens=getattr(self, "max_visual_tokens", None),
+            )
             # kept off the instance otherwise, so Config(**cfg.__dict__) still rebuilds a config
             object.__setattr__(self, "_mixture", mixture)
 

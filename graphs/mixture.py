@@ -89,7 +89,10 @@ def as_mixture(data: Any, config: Any, lengths: Any) -> Mixture | None:
         raise ValueError(
             "a mixture builds one length index per source: pass no lengths= with a Mixture"
         )
-    check_mixture_config(max_packs=config.max_packs, shuffle=config.shuffle)
+    check_mixture_config(
+        max_packs=config.max_packs, shuffle=config.shuffle, balance=config.balance,
+        max_visual_tokens=getattr(config, "max_visual_tokens", None),
+    )  # fmt: skip
     return mixture
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from neatpack.graphs.assemble import Hooks, cp_alignment, loader_of, packed_parts
 from neatpack.graphs.config import NeatVLMConfig
 from neatpack.graphs.families import FamilyPlan, plan_family
-from neatpack.graphs.mixture import as_mixture, mixture_parts
+from neatpack.graphs.mixture import mixture_parts
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.loader import describe_data
@@ -89,11 +89,6 @@ def neat_vlm_parts(
     """
     cfg = config or NeatVLMConfig()
     hooks = Hooks(pack_transform, batch_transform, model, cp_rank)
-    if cfg.max_visual_tokens is not None and as_mixture(data, cfg, lengths) is not None:
-        raise ValueError(
-            f"{cfg.max_visual_tokens=} is not applied to a Mixture's plan yet: leave it None "
-            "with a Mixture, or plan each source apart"
-        )
     mixed = mixture_parts(data, processor, config=cfg, lengths=lengths,
                           build_parts=neat_vlm_parts, rank=rank, world_size=world_size,
                           sample_transform=sample_transform, **hooks._asdict())  # fmt: skip

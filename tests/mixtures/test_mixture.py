@@ -482,3 +482,26 @@ def test_max_record_bytes_reaches_every_source(world: dict[str, Any]) -> None:
                        "bytes=64") as info:  # fmt: skip
         neat_vlm_graph(None, world["processor"], config=cfg)
     assert any("mixture source" in note for note in info.value.__notes__)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [({"balance": "cost"}, r"balance='cost' with a mixture"),
+     ({"max_visual_tokens": 512}, r"max_visual_tokens=512 with a mixture")],
+)  # fmt: skip
+def test_plan_options_a_mixture_does_not_apply_are_refused(
+    tmp_path: Path, option: dict[str, Any], message: str
+) -> None:
+    """The mixture's plan keeps the sources' shares; it applies neither the cost balance nor
+    the vision budget yet, so asking for them with a Mixture is an error naming the option (it
+    was silently ignored for ``balance``), through the graph and the deprecated form alike."""
+    data = write_corpus(tmp_path, num_samples=4, seed=1)
+    mix = Mixture(sources=[MixtureSource(name="a", data=data, weight=1.0,
+                                         media_root=str(tmp_path / "media"))])  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        neat_vlm_graph(mix, load_tiny_processor(), config=NeatVLMConfig(**option))
+    with (
+        pytest.raises(ValueError, match=message),
+        pytest.warns(DeprecationWarning, match="a mixture is data"),
+    ):
+        NeatVLMConfig(mixture=mix, **option)
