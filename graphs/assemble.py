@@ -42,6 +42,7 @@ __all__ = [
     "lengths_fingerprint_of",
     "loader_of",
     "packed_parts",
+    "probe_boundaries",
 ]
 
 P = ParamSpec("P")
@@ -107,6 +108,16 @@ def cp_alignment(config: Any) -> int:
     return 1 if config.cp_size == 1 else 2 * config.cp_size
 
 
+def probe_boundaries(config: Any, hooks: Hooks) -> bool:
+    """Whether the batches carry boundaries for the hooks' ``model`` (hybrid models); a model
+    whose layers leak across documents raises ``PackingLeakError`` here unless
+    ``allow_packing_leak`` (``pipes/collating/leak_probe.py``). A graph asks this first, before
+    it reads a record or builds a length index, so a model it cannot pack fails at once."""
+    return packing_boundaries(
+        hooks.model, boundaries=config.boundaries, allow_leak=config.allow_packing_leak
+    )
+
+
 def packed_parts(
     config: Any,
     *,
@@ -120,17 +131,14 @@ def packed_parts(
     data: dict[str, str] | None,
     visual: Any = None,
     hooks: Hooks,
+    boundaries: bool,
     packing_ratio: float = 1.0,
     extra_steps: Sequence[Step] = (),
 ) -> GraphParts:
     """``assemble`` for a packed graph (VLM, LLM): the plan over ``total`` (padded per document
     for context parallelism), the ``Collater`` from the config's attention group plus
     ``collate_options``, the worker chain with the ``hooks``, and the CP splitter for their
-    ``cp_rank``. Their ``model`` turns on boundaries for hybrid models and refuses one that leaks
-    across documents (``pipes/collating/leak_probe.py``)."""
-    boundaries = packing_boundaries(
-        hooks.model, boundaries=config.boundaries, allow_leak=config.allow_packing_leak
-    )
+    ``cp_rank``. ``boundaries``: ``probe_boundaries``' answer, asked before any record is read."""
     planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
 
     def plan_for(group_size: int) -> PackPlan:

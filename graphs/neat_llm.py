@@ -26,6 +26,7 @@ from neatpack.graphs.assemble import (
     lengths_fingerprint_of,
     loader_of,
     packed_parts,
+    probe_boundaries,
 )
 from neatpack.graphs.config import NeatLLMConfig
 from neatpack.graphs.mixture import mixture_parts
@@ -86,6 +87,7 @@ def neat_llm_parts(
                           rank=rank, world_size=world_size, **hooks._asdict())  # fmt: skip
     if mixed is not None:
         return mixed
+    boundaries = probe_boundaries(cfg, hooks)  # before any record is read
     rank, world_size = resolve_rank(rank, world_size)
     source = TokenSource(data)
     total = token_lengths(source) if lengths is None else np.asarray(lengths, dtype=np.int64)
@@ -105,6 +107,7 @@ def neat_llm_parts(
             "fingerprint": fingerprint,
         },
         hooks=hooks,
+        boundaries=boundaries,
     )
 
 

@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.graphs.assemble import Hooks, cp_alignment, loader_of, packed_parts
+from neatpack.graphs.assemble import (
+    Hooks,
+    cp_alignment,
+    loader_of,
+    packed_parts,
+    probe_boundaries,
+)
 from neatpack.graphs.config import NeatVLMConfig
 from neatpack.graphs.families import FamilyPlan, plan_family
 from neatpack.graphs.mixture import mixture_parts
@@ -94,6 +100,7 @@ def neat_vlm_parts(
                           sample_transform=sample_transform, **hooks._asdict())  # fmt: skip
     if mixed is not None:
         return mixed
+    boundaries = probe_boundaries(cfg, hooks)  # before any record is read
     family: FamilyPlan = plan_family(processor, cfg)  # every family; raises on misfit
     rank, world_size = resolve_rank(rank, world_size)
     source = open_source(
@@ -154,6 +161,7 @@ def neat_vlm_parts(
         world_size=world_size,
         data=describe_data(source),
         hooks=hooks,
+        boundaries=boundaries,
     )
 
 

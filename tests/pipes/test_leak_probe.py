@@ -4,6 +4,8 @@ a leaking model unless told to."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -145,3 +147,17 @@ def test_fused_kernels_do_not_leak_gpu(family: str) -> None:
     else:
         report = probe_packing_leak(model, batch, tolerance=1e-4)
         assert not report.leaks, str(report)
+
+
+def test_a_leaking_model_is_refused_before_any_record_is_read(tmp_path: Path) -> None:
+    """The probe runs first: a model the graph cannot pack fails at once, not after the length
+    index of a large corpus was built (here the data does not even exist)."""
+    from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+    from neatpack.pipes import load_tiny_processor
+
+    model = tiny_hybrid_model("mamba2")
+    missing = tmp_path / "not-there.jsonl"
+    with pytest.raises(PackingLeakError, match="mamba-ssm"):
+        neat_llm_graph(str(missing), config=NeatLLMConfig(pack_size=32), model=model)
+    with pytest.raises(PackingLeakError, match="mamba-ssm"):
+        neat_vlm_graph(missing, load_tiny_processor(), config=NeatVLMConfig(), model=model)
