@@ -151,7 +151,7 @@ def evaluate(
         plan = plans["cost" if method == "cost" else "tokens"]
         terms = pack_cost_terms(plan.offsets, plan.ids, total, visual)
         lm, vision = pack_costs(terms)
-        attention = terms[:, COST_TERMS.index("doc_sq")]
+        attention = terms[:, COST_TERMS.index("attention")]
         slots = np.concatenate(
             [rank_slots(plan, lm + vision, method, e, world, per_rank) for e in range(epochs)]
         )

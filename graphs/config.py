@@ -67,6 +67,7 @@ __all__ = [
     "RecordOptions",
     "WorkerOptions",
     "check_literals",
+    "check_mixture_options",
     "checkpoint_key",
     "field_docs",
     "legacy_mixture",
@@ -360,14 +361,20 @@ class LegacyMixture(Options):
                 DeprecationWarning,
                 stacklevel=4,
             )
-            check_mixture_config(
-                max_packs=self.max_packs,  # type: ignore[attr-defined]
-                shuffle=self.shuffle,  # type: ignore[attr-defined]
-                balance=self.balance,  # type: ignore[attr-defined]
-                max_visual_tokens=getattr(self, "max_visual_tokens", None),
-            )
+            check_mixture_options(self)
             # kept off the instance otherwise, so Config(**cfg.__dict__) still rebuilds a config
             object.__setattr__(self, "_mixture", mixture)
+
+
+def check_mixture_options(config: Any) -> None:
+    """The config's options a mixture's plan contradicts or does not apply (ValueError naming
+    the option and the fix: ``pipes/mixtures/mixture.py`` ``check_mixture_config``)."""
+    check_mixture_config(
+        max_packs=config.max_packs,
+        shuffle=config.shuffle,
+        balance=config.balance,
+        max_visual_tokens=getattr(config, "max_visual_tokens", None),
+    )
 
 
 def legacy_mixture(config: Any) -> Any:

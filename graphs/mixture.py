@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from neatpack.graphs.config import legacy_mixture
+from neatpack.graphs.config import check_mixture_options, legacy_mixture
 from neatpack.graphs.families import plan_family
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
-from neatpack.pipes.mixtures.mixture import Mixture, check_mixture_config
+from neatpack.pipes.mixtures.mixture import Mixture
 from neatpack.pipes.mixtures.mixture_source import (
     MixtureLayout,
     MixturePackSource,
@@ -89,10 +89,7 @@ def as_mixture(data: Any, config: Any, lengths: Any) -> Mixture | None:
         raise ValueError(
             "a mixture builds one length index per source: pass no lengths= with a Mixture"
         )
-    check_mixture_config(
-        max_packs=config.max_packs, shuffle=config.shuffle, balance=config.balance,
-        max_visual_tokens=getattr(config, "max_visual_tokens", None),
-    )  # fmt: skip
+    check_mixture_options(config)
     return mixture
 
 

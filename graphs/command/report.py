@@ -79,7 +79,7 @@ def step_costs(
     vis = np.zeros_like(tot) if visual is None else np.asarray(visual, np.int64)
     terms = pack_cost_terms(np.asarray(plan.offsets), np.asarray(plan.ids), tot, vis)
     lm, vision = pack_costs(terms)
-    per_pack = {"lm": lm, "attention": terms[:, COST_TERMS.index("doc_sq")], "vision": vision}
+    per_pack = {"lm": lm, "attention": terms[:, COST_TERMS.index("attention")], "vision": vision}
     order = np.asarray(plan.epoch_order(epoch))
     take = order[: order.size // world_size * world_size]
     return {k: v[take].reshape(-1, world_size) for k, v in per_pack.items()}

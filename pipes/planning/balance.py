@@ -46,9 +46,10 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.planning.binpack import IntArray
-from neatpack.pipes.planning.cost import pack_terms
+from neatpack.pipes.planning.cost import TERMS, CostModel, pack_terms
 
 __all__ = [
+    "BALANCE_COST",
     "BALANCE_POLICIES",
     "COST_TERMS",
     "LM_LINEAR",
@@ -65,14 +66,18 @@ BALANCE_POLICIES: tuple[str, ...] = get_args(BalancePolicy)
 #: How many strip counts ``balanced_order("cost", ...)`` tries.
 STRIP_CANDIDATES: Final = 12
 
-#: Columns of ``pack_cost_terms``.
-COST_TERMS: Final = ("tokens", "doc_sq", "patches", "patch_sq")
+#: Columns of ``pack_cost_terms``: the cost model's terms (``cost.TERMS``).
+COST_TERMS: Final = TERMS
 
 #: Cost of one token's linear layers in units of one attention pair (veRL's ``24576 * s + s^2``:
 #: about ``6 * hidden`` for a 4k-hidden model; the ratio only weighs the two parts of one term).
 LM_LINEAR: Final = 24576.0
 #: The same for the vision encoder: ``6 * 1280`` (Qwen2-VL's ViT width).
 VISION_LINEAR: Final = 7680.0
+#: The balance's weights as a cost model (one attention pair = 1): ``pack_costs`` prices with it.
+BALANCE_COST: Final = CostModel(
+    per_token=LM_LINEAR, per_pair=1.0, per_patch=VISION_LINEAR, per_patch_pair=1.0, unit="pair"
+)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -93,9 +98,8 @@ def pack_cost_terms(
 
 def pack_costs(terms: FloatArray) -> tuple[FloatArray, FloatArray]:
     """The (language model, vision encoder) cost of each pack from its ``pack_cost_terms``."""
-    lm = LM_LINEAR * terms[:, 0] + terms[:, 1]
-    vision = VISION_LINEAR * terms[:, 2] + terms[:, 3]
-    return lm, vision
+    parts = BALANCE_COST.per_term(terms)  # fixed, tokens, attention, patches, patch attention
+    return parts[:, 1] + parts[:, 2], parts[:, 3] + parts[:, 4]
 
 
 def balanced_order(
@@ -119,7 +123,7 @@ def balanced_order(
         return np.lexsort((index, vision, lm)).astype(np.int64)
     if balance == "vision":
         return np.lexsort((index, lm, vision)).astype(np.int64)
-    attention = terms[:, COST_TERMS.index("doc_sq")]
+    attention = terms[:, COST_TERMS.index("attention")]
     if n == 0:
         return index
     by_attention = np.lexsort((index, vision, attention)).astype(np.int64)
