@@ -33,6 +33,7 @@ from neatpack.pipes.indexing.overlong import OverlongSummary, summarize_overlong
 from neatpack.pipes.planning.balance import (
     BALANCE_POLICIES,
     COST_TERMS,
+    imbalance,
     pack_cost_terms,
     pack_costs,
 )
@@ -83,21 +84,6 @@ def step_costs(
     order = np.asarray(plan.epoch_order(epoch))
     take = order[: order.size // world_size * world_size]
     return {k: v[take].reshape(-1, world_size) for k, v in per_pack.items()}
-
-
-def imbalance(loads: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    """Per step: max / mean load across the ranks (1.0 = even; a step with no load is even).
-
-    >>> imbalance([[10, 30], [0, 0], [5, 5]]).tolist()
-    [1.5, 1.0, 1.0]
-    """
-    a = np.asarray(loads, dtype=np.float64)
-    if a.ndim != 2:
-        raise ValueError(f"loads must be [steps, ranks], got shape {a.shape}")
-    if a.size == 0:
-        return np.ones(a.shape[0])
-    mean, peak = a.mean(axis=1), a.max(axis=1)
-    return np.where(mean > 0, peak / np.where(mean > 0, mean, 1.0), 1.0)
 
 
 def _quantiles(x: npt.NDArray[np.float64]) -> dict[str, float]:

@@ -56,6 +56,7 @@ __all__ = [
     "VISION_LINEAR",
     "BalancePolicy",
     "balanced_order",
+    "imbalance",
     "pack_cost_terms",
     "pack_costs",
 ]
@@ -149,6 +150,20 @@ def _group_p95(cols: FloatArray, group_size: int) -> float:
     if n == 0:
         return 1.0
     x = cols[:n].reshape(-1, group_size, cols.shape[1])
-    mean = x.mean(axis=1)
-    ratio = np.where(mean > 0, x.max(axis=1) / np.where(mean > 0, mean, 1.0), 1.0)
-    return float(np.percentile(ratio.max(axis=1), 95))
+    ratio = np.max([imbalance(x[:, :, j]) for j in range(x.shape[2])], axis=0)
+    return float(np.percentile(ratio, 95))
+
+
+def imbalance(loads: npt.ArrayLike) -> FloatArray:
+    """Per step: max / mean load across the ranks (1.0 = even; a step with no load is even).
+
+    >>> imbalance([[10, 30], [0, 0], [5, 5]]).tolist()
+    [1.5, 1.0, 1.0]
+    """
+    a = np.asarray(loads, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"loads must be [steps, ranks], got shape {a.shape}")
+    if a.size == 0:
+        return np.ones(a.shape[0])
+    mean, peak = a.mean(axis=1), a.max(axis=1)
+    return np.where(mean > 0, peak / np.where(mean > 0, mean, 1.0), 1.0)
