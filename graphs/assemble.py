@@ -28,9 +28,11 @@ import numpy as np
 from neatpack.graphs.config import checkpoint_key
 from neatpack.graphs.runtime.loader import NeatLoader
 from neatpack.graphs.runtime.stages import GraphParts
+from neatpack.graphs.runtime.step_cost import StepCost
 from neatpack.pipes.collating.leak_probe import packing_boundaries
 from neatpack.pipes.collating.mask_format import resolve_mask_format, warn_dense_mask_on_cuda
 from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
+from neatpack.pipes.planning.balance import pack_cost_terms
 from neatpack.pipes.planning.plan import PackPlan, plan_packs
 from neatpack.pipes.planning.source import PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
@@ -73,6 +75,7 @@ def assemble(
     batched: bool = True,
     materialize: PackMaterializer | None = None,
     collate: Collater | None = None,
+    step_cost: StepCost | None = None,
 ) -> GraphParts:
     """The ``GraphParts`` of any graph: this rank's ``PackSource`` over ``plan_for``, the worker
     ``steps``, the config's worker and bookkeeping groups, and the checkpoint key.
@@ -100,6 +103,7 @@ def assemble(
         ledger_epochs=config.ledger_epochs,
         data=data,
         batched=batched,
+        step_cost=step_cost,
     )
 
 
@@ -186,7 +190,14 @@ def packed_parts(
         data=data,
         materialize=materialize,
         collate=collate,
+        step_cost=StepCost(functools.partial(_plan_terms, total=planned, visual=visual)),
     )
+
+
+def _plan_terms(plan: PackPlan, *, total: Any, visual: Any) -> Any:
+    """The plan's per-pack cost columns (``balance.pack_cost_terms``), for ``StepCost``."""
+    vis = np.zeros(len(total), np.int64) if visual is None else np.asarray(visual)
+    return pack_cost_terms(plan.offsets, plan.ids, np.asarray(total), vis)
 
 
 def loader_of(

@@ -14,6 +14,10 @@ figures of the batches handed out since its previous call:
 * ``data/batches``: batches handed out in the window.
 * ``data/fill``: real tokens / (packs x pack size) of the window's packs.
 * ``data/estimate_error_p50``, ``data/estimate_error_p99``: |real / estimated - 1| per pack.
+* ``data/step_imbalance/<column>`` (packed graphs): per cost column (``attention``,
+  ``vision``, ``step``: ``graphs/runtime/step_cost.py``), the window's steps' summed load on
+  their slowest rank over the same on the mean rank, read from the plan for every rank: 1.0
+  when the ranks were even, 1.2 when the steps took a fifth longer than on even ranks.
 * ``data/tokens/<source>``: real tokens of each mixture source (every source seen so far, 0
   when it had none in this window); their sum is the window's real tokens.
 
@@ -57,6 +61,8 @@ class DataWindow:
         self.batches = self.real_tokens = self.pack_tokens = self.estimated_packs = 0
         self.wait_s = 0.0
         self.source_tokens: dict[str, int] = {}
+        self.step_peak: dict[str, float] = {}
+        self.step_mean: dict[str, float] = {}
 
     def take(self, stats: LoaderStats, now: float) -> dict[str, float]:
         """The figures since the last ``take`` (see the module docstring); the next window
@@ -77,6 +83,10 @@ class DataWindow:
             f"{PREFIX}estimate_error_p50": float(np.percentile(err, 50)) if new else 0.0,
             f"{PREFIX}estimate_error_p99": float(np.percentile(err, 99)) if new else 0.0,
         }
+        for name, total_mean in sorted(stats.step_mean.items()):
+            mean = total_mean - self.step_mean.get(name, 0.0)
+            peak = stats.step_peak[name] - self.step_peak.get(name, 0.0)
+            out[f"{PREFIX}step_imbalance/{name}"] = peak / mean if mean > 0 else 1.0
         out.update({
             f"{PREFIX}tokens/{name}": float(n - self.source_tokens.get(name, 0))
             for name, n in sorted(stats.source_tokens.items())
@@ -84,4 +94,5 @@ class DataWindow:
         self.started, self.wait_s, self.batches = now, stats.wait_s, stats.batches
         self.real_tokens, self.pack_tokens = stats.real_tokens, stats.pack_tokens
         self.estimated_packs, self.source_tokens = stats.estimated_packs, dict(stats.source_tokens)
+        self.step_peak, self.step_mean = dict(stats.step_peak), dict(stats.step_mean)
         return out

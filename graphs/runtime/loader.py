@@ -47,6 +47,7 @@ from torchdata.nodes import BaseNode
 
 from neatpack.graphs.runtime.data_metrics import DataWindow
 from neatpack.graphs.runtime.graph_state import graph_signature, source_state, stateful_nodes
+from neatpack.graphs.runtime.step_cost import StepCost
 from neatpack.graphs.runtime.watchdog import (
     STOP_TIMEOUT_S,
     WorkerWatchdog,
@@ -111,6 +112,11 @@ class LoaderStats:
     estimated_packs: int = 0  # packs that had an estimate (all of them, not only the window)
     wait_s: float = 0.0  # seconds the trainer's next() blocked on the graph
     source_tokens: dict[str, int] = field(default_factory=dict)  # mixtures: real tokens by source
+    # per step cost column (step_cost.STEP_COLUMNS): sums over the steps costed so far of the
+    # slowest rank's load and of the mean rank's load (packed graphs; their ratio is the
+    # share of time a step waits for its slowest rank)
+    step_peak: dict[str, float] = field(default_factory=dict)
+    step_mean: dict[str, float] = field(default_factory=dict)
 
     def add_pack(
         self,
@@ -130,6 +136,19 @@ class LoaderStats:
             self.estimated_packs += 1
         for name, tokens in (sources or {}).items():
             self.source_tokens[name] = self.source_tokens.get(name, 0) + int(tokens)
+
+    def add_step(self, loads: dict[str, tuple[float, float]]) -> None:
+        """Count one step's (slowest rank, mean rank) load per cost column."""
+        for name, (peak, mean) in loads.items():
+            self.step_peak[name] = self.step_peak.get(name, 0.0) + peak
+            self.step_mean[name] = self.step_mean.get(name, 0.0) + mean
+
+    def step_imbalance(self) -> dict[str, float]:
+        """Per cost column, the slowest ranks' summed load over the mean ranks' (1.0: even)."""
+        return {
+            name: self.step_peak[name] / mean if mean > 0 else 1.0
+            for name, mean in self.step_mean.items()
+        }
 
     def utilization(self) -> float:
         """Real tokens / (packs x pack size): the fraction of each GPU step that trains."""
@@ -174,6 +193,7 @@ class NeatLoader:
         ledger_epochs: int | None = None,
         initial_epoch: int = 0,
         data: dict[str, str] | None = None,
+        step_cost: StepCost | None = None,
     ) -> None:
         if ledger_epochs is not None and ledger_epochs < 1:
             raise ValueError(f"{ledger_epochs=} must be >= 1 (None keeps every epoch's ledger)")
@@ -196,6 +216,8 @@ class NeatLoader:
         self.ledger_epochs = ledger_epochs
         self.ledgers: dict[int, EpochLedger] = {}
         self.stats = LoaderStats()
+        self.step_cost = step_cost  # each step's cost per rank, from the plan (step_cost.py)
+        self._orders: tuple[Any, int, np.ndarray] | None = None  # (plan, epoch, epoch order)
         self._window = DataWindow()  # data_metrics(): the stats at its last call
         self._lock = threading.Lock()
         # Position of the trainer: epoch, where this epoch (re)started, packs taken since.
@@ -310,11 +332,28 @@ class NeatLoader:
             self._watchdog.stop()
             stop_graph(self.root, 0.0)
 
+    def _cost_step(self, step_cost: StepCost, packs: list[dict[str, Any]]) -> None:
+        """Record the cost of the step this batch is part of, on every rank (from the plan)."""
+        plan = self.source.plan_for(self._group_size)
+        epoch = int(packs[0]["epoch"])
+        if self._orders is None or self._orders[0] is not plan or self._orders[1] != epoch:
+            self._orders = (plan, epoch, np.asarray(plan.epoch_order(epoch), dtype=np.int64))
+        slots = [int(m["slot"]) for m in packs]
+        self.stats.add_step(
+            step_cost.step_loads(
+                plan, self._orders[2], slots=slots, rank=self.source.rank,
+                world_size=self.source.world_size,
+            )
+        )  # fmt: skip
+
     def data_metrics(self) -> dict[str, float]:
         """The data figures since the previous call (or the first ``iter()``), for a trainer's
         logger: ``data/wait_s`` (seconds ``next()`` on this loader's iterator blocked on the
         graph), ``data/wait_fraction``, ``data/batches``, ``data/fill``,
-        ``data/estimate_error_p50`` / ``_p99`` and, for mixtures, ``data/tokens/<source>``.
+        ``data/estimate_error_p50`` / ``_p99``, for the packed graphs
+        ``data/step_imbalance/<column>`` (attention, vision, step: how much longer the window's
+        steps took on their slowest rank than on even ranks, from the plan) and, for mixtures,
+        ``data/tokens/<source>``.
         Plain floats, a flat dict; each call starts a new window
         (``graphs/runtime/data_metrics.py``).
         """
@@ -329,6 +368,8 @@ class NeatLoader:
         else:
             self._account_filtered(at, {int(m["slot"]) for m in packs})
         self.stats.batches += 1
+        if self.step_cost is not None and packs:
+            self._cost_step(self.step_cost, packs)
         ledger = self._ledger() if self.keep_ledger else None
         for meta in packs:
             self.stats.add_pack(

@@ -16,6 +16,7 @@ from torchdata.nodes import BaseNode, Batcher, Mapper, ParallelMapper, PinMemory
 
 from neatpack.graphs.runtime.heap import InMainProcess
 from neatpack.graphs.runtime.loader import NeatLoader
+from neatpack.graphs.runtime.step_cost import StepCost
 from neatpack.graphs.runtime.watchdog import init_worker, quiet_forked_iterator_gc
 from neatpack.pipes.compat.retired_env import check_retired_env
 from neatpack.pipes.materializing.transfer import (
@@ -149,6 +150,8 @@ class GraphParts:
     data: dict[str, str] | None = None  # the data's name and fingerprint (resume messages)
     # False: each plan entry is already a whole batch (the grouped graph): no Batcher
     batched: bool = True
+    # each step's cost on every rank, from the plan (packed graphs: data/step_imbalance/*)
+    step_cost: StepCost | None = None
 
     def build(self, src: BaseNode[Any]) -> BaseNode[Any]:
         """The prebuilt graph: ``Batcher(src) -> map_stage(StepChain(*steps))``."""
@@ -173,4 +176,5 @@ class GraphParts:
             keep_ledger=self.keep_ledger,
             ledger_epochs=self.ledger_epochs,
             data=self.data,
+            step_cost=self.step_cost,
         )

@@ -21,7 +21,8 @@ from neatpack.pipes.testing.tiny_models import tiny_model
 
 GRAPH_S = 0.3  # a slow step in the graph, per batch
 CONSUMER_S = 0.05  # the trainer's step, per batch
-KEYS = ("wait_s", "wait_fraction", "batches", "fill", "estimate_error_p50", "estimate_error_p99")
+KEYS = ("wait_s", "wait_fraction", "batches", "fill", "estimate_error_p50", "estimate_error_p99",
+        "step_imbalance/attention", "step_imbalance/vision", "step_imbalance/step")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

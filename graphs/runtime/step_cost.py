@@ -1,0 +1,78 @@
+"""What a training step waits for: the cost of every rank's packs in it, read from the plan.
+
+A step ends when its slowest rank ends, and the ranks' packs differ in compute even when
+their tokens are equal: attention grows with each document's length squared, the vision
+encoder with each image's patches squared (``pipes/planning/balance.py``). The plan is the
+same on every rank, so one rank knows every rank's packs of a step without asking: rank
+``r``'s ``i``-th pack of the epoch sits at slot ``start + i * world_size + r`` of the
+epoch's order (``PackSource``), so the step of a batch is its slots moved to each rank.
+
+For each step handed to the trainer the loader records, per cost column, the slowest rank's
+load and the mean rank's load; ``data_metrics()`` reports their sums' ratio over its window
+(``data/step_imbalance/<column>``): 1.0 when the ranks were even, 1.25 when the window's steps
+took a quarter longer than they would on even ranks.
+
+>>> terms = np.array([[4.0, 16.0, 0.0, 0.0], [4.0, 4.0, 0.0, 0.0]])  # two packs, no images
+>>> costs = StepCost(lambda plan: terms)
+>>> order = np.array([0, 1])  # slot 0 -> pack 0 (rank 0), slot 1 -> pack 1 (rank 1)
+>>> loads = costs.step_loads(None, order, slots=[1], rank=1, world_size=2)
+>>> loads["attention"]  # (slowest rank, mean rank)
+(16.0, 10.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.planning.balance import BALANCE_COST
+from neatpack.pipes.planning.cost import TERMS
+
+__all__ = ["STEP_COLUMNS", "StepCost"]
+
+FloatArray = npt.NDArray[np.float64]
+
+#: What the loader reports per step: the language model's attention (sum of squared document
+#: lengths), the vision encoder's cost, and the whole step (``BALANCE_COST``'s weights).
+STEP_COLUMNS: Final = ("attention", "vision", "step")
+
+
+class StepCost:
+    """Per-pack cost columns of a plan (``terms_of(plan)``: ``[packs, 4]`` in ``cost.TERMS``
+    order, e.g. ``balance.pack_cost_terms``), and each step's slowest and mean rank load."""
+
+    def __init__(self, terms_of: Callable[[Any], FloatArray]) -> None:
+        self._terms_of = terms_of
+        self._columns: dict[int, tuple[Any, FloatArray]] = {}
+
+    def columns(self, plan: Any) -> FloatArray:
+        """``[packs, len(STEP_COLUMNS)]`` for ``plan`` (computed once per plan)."""
+        key = id(plan)
+        cached = self._columns.get(key)
+        if cached is None or cached[0] is not plan:
+            terms = np.asarray(self._terms_of(plan), dtype=np.float64)
+            parts = BALANCE_COST.per_term(terms)  # fixed, tokens, attention, patches, pairs
+            vision = parts[:, 3] + parts[:, 4]
+            cols = np.stack(
+                [terms[:, TERMS.index("attention")], vision, parts[:, 1:].sum(axis=1)], axis=1
+            )
+            cached = (plan, cols)
+            self._columns = {key: cached}  # one plan at a time (a new world size: a new plan)
+        return cached[1]
+
+    def step_loads(
+        self, plan: Any, order: npt.ArrayLike, *, slots: Sequence[int], rank: int, world_size: int
+    ) -> dict[str, tuple[float, float]]:
+        """``{column: (slowest rank's load, mean rank's load)}`` of the step whose packs on
+        ``rank`` sit at ``slots`` of the epoch's ``order`` (slots past its end wrap, as the
+        padded tail's do)."""
+        order = np.asarray(order, dtype=np.int64)
+        base = np.asarray(slots, dtype=np.int64) - rank  # this step's slots on rank 0
+        every = base[:, None] + np.arange(world_size, dtype=np.int64)[None, :]
+        packs = order[every % order.size]  # [packs per rank, ranks]
+        loads = self.columns(plan)[packs].sum(axis=0)  # [ranks, columns]
+        peak, mean = loads.max(axis=0), loads.mean(axis=0)
+        return {c: (float(peak[j]), float(mean[j])) for j, c in enumerate(STEP_COLUMNS)}
