@@ -367,14 +367,9 @@ class LegacyMixture(Options):
 
 
 def check_mixture_options(config: Any) -> None:
-    """The config's options a mixture's plan contradicts or does not apply (ValueError naming
-    the option and the fix: ``pipes/mixtures/mixture.py`` ``check_mixture_config``)."""
-    check_mixture_config(
-        max_packs=config.max_packs,
-        shuffle=config.shuffle,
-        balance=config.balance,
-        max_visual_tokens=getattr(config, "max_visual_tokens", None),
-    )
+    """The config's options a mixture's plan contradicts (ValueError naming the option and the
+    fix: ``pipes/mixtures/mixture.py`` ``check_mixture_config``)."""
+    check_mixture_config(max_packs=config.max_packs, shuffle=config.shuffle)
 
 
 def legacy_mixture(config: Any) -> Any:

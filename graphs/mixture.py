@@ -166,7 +166,8 @@ def _mixed(
         names=mix.names, sizes=tuple(len(s) for s in records.sources), total=planned,
         visual=lengths.visual, capacity=cfg.pack_size, packing_ratio=packing_ratio,
         overlong=cfg.overlong, seed=cfg.seed, single_source=mix.single_source_packs,
-        lengths_fingerprint=lengths.fingerprint,
+        lengths_fingerprint=lengths.fingerprint, balance=cfg.balance,
+        max_visual=getattr(cfg, "max_visual_tokens", None),  # the VLM graph's option
     )  # fmt: skip
     pack_source = MixturePackSource(
         layout, mix.blend(), on_change=mix.on_change, rank=rank, world_size=world_size,

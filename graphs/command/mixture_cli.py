@@ -28,6 +28,7 @@ import numpy as np
 from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
 from neatpack.pipes.mixtures.mixture_report import realized_shares, target_shares
 from neatpack.pipes.mixtures.mixture_source import MixtureLayout
+from neatpack.pipes.planning.balance import BalancePolicy
 
 __all__ = ["cmd_plan_mixture", "load_mixture", "mixture_plan_report"]
 
@@ -78,8 +79,11 @@ def mixture_plan_report(
     seed: int = 0,
     estimate_mode: str = "exact",
     cache_dir: str | None = None,
+    balance: BalancePolicy = "tokens",
+    max_visual: int | None = None,
 ) -> dict[str, Any]:
-    """The report ``neatpack plan --mixture`` prints, as a dict."""
+    """The report ``neatpack plan --mixture`` prints, as a dict (the plan with the graph's
+    ``balance`` and ``max_visual_tokens`` budget, as ``--balance`` / ``--max-visual-tokens``)."""
     from neatpack.graphs.open_data import open_source
     from neatpack.pipes.indexing.estimate import LengthEstimator
     from neatpack.pipes.indexing.lengths import build_length_index
@@ -94,7 +98,8 @@ def mixture_plan_report(
         total=np.concatenate([i.total for i in indexes]).astype(np.int64),
         visual=np.concatenate([i.visual for i in indexes]).astype(np.int64),
         capacity=pack_size, packing_ratio=1.0, overlong="drop", seed=seed,
-        single_source=mix.single_source_packs, lengths_fingerprint="",
+        single_source=mix.single_source_packs, lengths_fingerprint="", balance=balance,
+        max_visual=max_visual,
     )  # fmt: skip
     blend = mix.blend()
     plan = layout.epoch_plan([(0, blend)], epoch, world_size)
@@ -155,6 +160,8 @@ def cmd_plan_mixture(args: argparse.Namespace) -> int:
         mix, load_processor(args.processor), pack_size=args.pack_size,
         world_size=args.world_size, window_steps=args.window_steps, seed=args.seed,
         estimate_mode=args.estimate_mode, cache_dir=args.cache_dir,
+        balance=getattr(args, "balance", "tokens"),
+        max_visual=getattr(args, "max_visual_tokens", None),
     )  # fmt: skip
     print(json.dumps(report, indent=2) if args.json else _text(args.mixture, report))
     return 0

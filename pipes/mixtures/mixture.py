@@ -254,22 +254,8 @@ def check_mixture_config(
     *,
     max_packs: int | None,
     shuffle: bool,
-    balance: str = "tokens",
-    max_visual_tokens: int | None = None,
 ) -> None:
     """ValueError when a graph config's other fields contradict a mixture (both graphs)."""
-    if balance != "tokens":
-        raise ValueError(
-            f"balance={balance!r} with a mixture: the mixture's serving order keeps every "
-            "source near its share in every stretch of the epoch and does not balance steps on "
-            "cost yet; leave balance='tokens' with a Mixture"
-        )
-    if max_visual_tokens is not None:
-        raise ValueError(
-            f"max_visual_tokens={max_visual_tokens!r} with a mixture: the mixture's plan does "
-            "not apply a vision budget yet; leave it None with a Mixture, or plan each source "
-            "apart"
-        )
     if max_packs is not None:
         raise ValueError(
             f"max_packs={max_packs!r} with a mixture: give sources fixed samples per epoch "

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.mixtures.mixture import IntArray, fill_counts, source_rng
+from neatpack.pipes.planning.balance import BalancePolicy
 from neatpack.pipes.planning.plan import plan_packs
 
 __all__ = ["MixturePlan", "mix_order", "pack_source_tokens", "plan_mixture", "replan_from_cursor"]
@@ -167,10 +168,14 @@ def _plan_entries(
     group_size: int,
     seed: int,
     single_source: bool,
+    balance: BalancePolicy = "tokens",
+    max_visual: int | None = None,
 ) -> tuple[IntArray, IntArray, IntArray]:
     """Packs of ``entries`` (global ids, repeats allowed) as CSR, and the overlong ones left
     out. One ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``, so no pack
-    holds a sample twice), and per source with ``single_source``."""
+    holds a sample twice), and per source with ``single_source``. ``balance`` and
+    ``max_visual`` are ``plan_packs``' own: each part's packs keep the visual budget and come
+    in its balance order, and ``mix_order`` cuts step groups from neighbours in that order."""
     rounds = _use_index(entries)
     src = np.searchsorted(bounds, entries, side="right") - 1
     sources = range(int(bounds.size - 1)) if single_source else [None]
@@ -191,6 +196,8 @@ def _plan_entries(
             overlong=overlong,
             world_size=group_size,
             seed=seed,
+            balance=balance,
+            max_visual=max_visual,
         )
         offs.append(plan.offsets[1:] + offs[-1][-1] if len(offs) else plan.offsets[1:])
         ids.append(part[plan.ids])
@@ -237,6 +244,17 @@ def _finish(
     return all_offsets.astype(np.int64), all_ids.astype(np.int64), full
 
 
+def _set_options(balance: str, max_visual: int | None) -> list[object]:
+    """The plan options set away from their defaults (plans without them keep their
+    fingerprints, so states saved before them still load)."""
+    out: list[object] = []
+    if balance != "tokens":
+        out.append(f"balance={balance}")
+    if max_visual is not None:
+        out.append(f"max_visual={int(max_visual)}")
+    return out
+
+
 def _fingerprint(*parts: object) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -257,6 +275,8 @@ def plan_mixture(
     group_size: int = 1,
     seed: int = 0,
     single_source: bool = False,
+    balance: BalancePolicy = "tokens",
+    max_visual: int | None = None,
 ) -> MixturePlan:
     """Epoch ``epoch``'s plan: ``counts[s][i]`` uses of sample ``i`` of source ``s``
     (``mixture.epoch_counts``); ``total`` / ``visual`` are the concatenated length indexes.
@@ -281,6 +301,7 @@ def plan_mixture(
     offsets, ids, dropped = _plan_entries(
         entries, tot, vis, bounds, capacity=capacity, packing_ratio=packing_ratio,
         overlong=overlong, group_size=group_size, seed=seed, single_source=single_source,
+        balance=balance, max_visual=max_visual,
     )  # fmt: skip
     rng = np.random.default_rng([seed, epoch, 1])
     empty = np.zeros(1, np.int64)
@@ -289,7 +310,7 @@ def plan_mixture(
     )
     fp = _fingerprint(
         "mixture-plan/1", epoch, group_size, capacity, packing_ratio, overlong, seed,
-        single_source, offsets, ids, order,
+        single_source, offsets, ids, order, *_set_options(balance, max_visual),
     )  # fmt: skip
     return MixturePlan(
         offsets=offsets, ids=ids, order=order, bounds=bounds, epoch=epoch,
@@ -311,6 +332,8 @@ def replan_from_cursor(
     overlong: str = "raise",
     seed: int = 0,
     single_source: bool = False,
+    balance: BalancePolicy = "tokens",
+    max_visual: int | None = None,
 ) -> MixturePlan:
     """``plan`` with ``order[:cursor]`` kept (served) and the rest planned for ``targets``
     (uses per source in the whole epoch, e.g. ``source_targets`` of the new blend).
@@ -360,7 +383,7 @@ def replan_from_cursor(
     offsets, ids, overlong_out = _plan_entries(
         np.concatenate(entries), tot, vis, bounds, capacity=capacity,
         packing_ratio=packing_ratio, overlong=overlong, group_size=plan.group_size, seed=seed,
-        single_source=single_source,
+        single_source=single_source, balance=balance, max_visual=max_visual,
     )  # fmt: skip
     rng = np.random.default_rng([seed, plan.epoch, 2, cursor])
     offsets, ids, order = _finish(

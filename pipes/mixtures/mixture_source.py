@@ -31,6 +31,7 @@ from neatpack.pipes.mixtures.mixture import (
     source_targets,
 )
 from neatpack.pipes.mixtures.mixture_plan import MixturePlan, plan_mixture, replan_from_cursor
+from neatpack.pipes.planning.balance import BalancePolicy
 from neatpack.pipes.planning.source import PackRef, PackSource, ResumePoint, StateMismatchError
 
 __all__ = ["MixtureLayout", "MixturePackSource", "MixtureRecords", "SourceTagger"]
@@ -98,6 +99,8 @@ class MixtureLayout:
     seed: int
     single_source: bool
     lengths_fingerprint: str
+    balance: BalancePolicy = "tokens"  # plan_packs' step balance, inside each plan part
+    max_visual: int | None = None  # plan_packs' visual-token budget per pack
 
     @property
     def tokens(self) -> list[int]:
@@ -108,6 +111,8 @@ class MixtureLayout:
     def fingerprint(self) -> str:
         key = [self.names, self.sizes, self.capacity, self.packing_ratio, self.overlong,
                self.seed, self.single_source, self.lengths_fingerprint]  # fmt: skip
+        if self.balance != "tokens" or self.max_visual is not None:  # older keys unchanged
+            key += [self.balance, self.max_visual]
         return hashlib.sha256(("mixture/1" + json.dumps(key)).encode()).hexdigest()
 
     def targets(self, blend: Blend) -> IntArray:
@@ -121,7 +126,8 @@ class MixtureLayout:
         plan = plan_mixture(
             counts, self.total, self.visual, epoch=epoch, group_size=group_size,
             capacity=self.capacity, packing_ratio=self.packing_ratio, overlong=self.overlong,
-            seed=self.seed, single_source=self.single_source,
+            seed=self.seed, single_source=self.single_source, balance=self.balance,
+            max_visual=self.max_visual,
         )  # fmt: skip
         for cursor, blend in segments[1:]:
             if cursor < len(plan):
@@ -129,6 +135,7 @@ class MixtureLayout:
                     plan, cursor, self.targets(blend), self.names, self.total, self.visual,
                     capacity=self.capacity, packing_ratio=self.packing_ratio,
                     overlong=self.overlong, seed=self.seed, single_source=self.single_source,
+                    balance=self.balance, max_visual=self.max_visual,
                 )  # fmt: skip
         return plan
 

@@ -484,24 +484,34 @@ def test_max_record_bytes_reaches_every_source(world: dict[str, Any]) -> None:
     assert any("mixture source" in note for note in info.value.__notes__)
 
 
-@pytest.mark.parametrize(
-    ("option", "message"),
-    [({"balance": "cost"}, r"balance='cost' with a mixture"),
-     ({"max_visual_tokens": 512}, r"max_visual_tokens=512 with a mixture")],
-)  # fmt: skip
-def test_plan_options_a_mixture_does_not_apply_are_refused(
-    tmp_path: Path, option: dict[str, Any], message: str
+def _visual_per_row(loader: Any, image_token: int) -> tuple[list[int], list[int]]:
+    """Image tokens in each pack row the loader serves, and every sample id served."""
+    rows, ids = [], []
+    for batch in loader:
+        rows += (batch["input_ids"] == image_token).sum(dim=1).tolist()
+        ids += [i for m in batch["packs"] for i in m["sample_ids"]]
+    return rows, ids
+
+
+@pytest.mark.parametrize("balance", ["tokens", "cost"])
+def test_a_mixture_keeps_the_visual_budget_and_takes_the_cost_balance(
+    world: dict[str, Any], balance: str
 ) -> None:
-    """The mixture's plan keeps the sources' shares; it applies neither the cost balance nor
-    the vision budget yet, so asking for them with a Mixture is an error naming the option (it
-    was silently ignored for ``balance``), through the graph and the deprecated form alike."""
-    data = write_corpus(tmp_path, num_samples=4, seed=1)
-    mix = Mixture(sources=[MixtureSource(name="a", data=data, weight=1.0,
-                                         media_root=str(tmp_path / "media"))])  # fmt: skip
-    with pytest.raises(ValueError, match=message):
-        neat_vlm_graph(mix, load_tiny_processor(), config=NeatVLMConfig(**option))
-    with (
-        pytest.raises(ValueError, match=message),
-        pytest.warns(DeprecationWarning, match="a mixture is data"),
-    ):
-        NeatVLMConfig(mixture=mix, **option)
+    """A mixture's plan applies ``max_visual_tokens`` (no pack row over it, the same uses of
+    the same samples as without it) and ``balance`` (they were refused for a Mixture before),
+    through the graph and through the deprecated ``config(mixture=...)`` form alike."""
+    image_token = world["processor"].tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    mix = _mixture(world)
+    base = NeatVLMConfig(pack_size=1024, cache_dir=str(world["root"] / "cache"))
+    plain, plain_ids = _visual_per_row(neat_vlm_graph(mix, world["processor"], config=base),
+                                       image_token)  # fmt: skip
+    budget = 530  # the largest sample alone has 525
+    assert max(plain) > budget  # the budget binds: some packs hold more without it
+    cfg = dataclasses.replace(base, max_visual_tokens=budget, balance=balance)
+    rows, ids = _visual_per_row(neat_vlm_graph(mix, world["processor"], config=cfg), image_token)
+    assert max(rows) <= budget
+    assert Counter(ids) == Counter(plain_ids)  # every use served, none dropped or repeated
+    with pytest.warns(DeprecationWarning, match="a mixture is data"):
+        legacy = dataclasses.replace(cfg, mixture=mix)
+    assert _visual_per_row(neat_vlm_graph(None, world["processor"], config=legacy),
+                           image_token) == (rows, ids)  # fmt: skip
