@@ -15,8 +15,8 @@ that names what they are the lengths of:
   what the next, grown, build reuses): about 8 bytes per sample on disk.
 * **any other source** (one JSONL file, a list): the ranks' slices cut every
   ``PIECE_RECORDS`` records, keyed by the whole source's fingerprint and the ids. They serve
-  only a restart of the same build (any change to the file changes every key), so they are
-  removed once the whole index is saved.
+  only a restart of the same build (any change to the file changes every key; another world
+  size cuts other slices), so they are removed once the whole index is saved.
 
 A piece file that is torn, foreign, fails its checksum, or whose media files (those sized
 from their headers, ``media_stamp.py``) differ now is estimated again, never used. Which rank
