@@ -333,15 +333,20 @@ def _rank(rank: int, world: int, port: int, data: str, cache: str, out: str) -> 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_two_gloo_ranks_finish_a_killed_build(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared", [True, False])
+def test_two_gloo_ranks_finish_a_killed_build(tmp_path: Path, shared: bool) -> None:
+    """``shared``: one cache folder for both ranks; else one per rank (a node-local disk),
+    rank 1's empty: rank 0 reads the pieces only it has, the ranks estimate the rest."""
     data, cache = dataset(tmp_path, 8), tmp_path / "cache"
     clean = build_length_index(source(data), estimator(), progress=False)
     assert kill_mid_build(data, cache, die_after=3 * PER + 1) == 3
     assert len(piece_files(cache)) == 3  # shards 0-2: most of what rank 0 would estimate
+    caches = [cache, cache if shared else tmp_path / "cache-rank1"]
     ctx = mp.get_context("spawn")
     port = _free_port()
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(data), str(cache), str(outs[r])))
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(data), str(caches[r]),
+                                             str(outs[r])))
              for r in range(2)]  # fmt: skip
     for p in procs:
         p.start()
@@ -360,7 +365,12 @@ def test_two_gloo_ranks_finish_a_killed_build(tmp_path: Path) -> None:
         assert f"length index [rank {r}/2]" in rep["progress"]  # each rank its own line
     # the 5 missing shards, split by records over the ranks (2 and 3), none twice
     assert sorted([reports[0]["counted"], reports[1]["counted"]]) == [[PER] * 2, [PER] * 3]
-    assert len(piece_files(cache)) == 8
+    if shared:
+        assert len(piece_files(cache)) == 8
+    else:  # each disk: the pieces its rank estimated (rank 0: the killed run's 3 too)
+        assert sorted(len(piece_files(c)) for c in caches) == sorted([3 + 2, 3])
+    for c in caches:
+        assert (c / f"{clean.fingerprint}.npz").is_file()  # the whole index, on each disk
 
 
 def test_piece_is_a_value() -> None:
