@@ -1,7 +1,9 @@
 """The length index: every sample's estimated length, built once (cooperatively across ranks),
 cached on disk under its fingerprint and reloaded in milliseconds (plus one ``stat`` per media
 file it sized from the file: a cached index is reused only while those files are unchanged,
-``pipes/indexing/media_stamp.py``).
+``pipes/indexing/media_stamp.py``). While it is built, its pieces are saved as they finish
+(``pipes/indexing/index_parts.py``): a killed build resumes, a grown sharded dataset
+re-estimates only its new shards.
 
 ``total[i]`` is sample ``i``'s estimated length after the shift (``L - 1``); ``visual[i]`` the
 image + video tokens inside it (``docs/data_contracts.md`` section 2).
