@@ -181,8 +181,9 @@ def save_piece(
             "reasons": [list(r) for _, r in fallbacks], "media_root": root}  # fmt: skip
     body = json.dumps({**meta, "checksum": _checksum(piece.key, arrays, meta)})
     with contextlib.suppress(OSError):
-        write_npz(piece_path(cache_dir, piece), meta=np.frombuffer(body.encode(), np.uint8),
-                  **arrays)  # fmt: skip
+        # no fsync: a piece torn by a machine crash fails its checksum and is estimated again
+        write_npz(piece_path(cache_dir, piece), fsync=False,
+                  meta=np.frombuffer(body.encode(), np.uint8), **arrays)  # fmt: skip
 
 
 def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None) -> Part | None:
