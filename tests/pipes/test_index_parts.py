@@ -7,6 +7,7 @@ counted through the estimator (a file appended to by every process)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -27,6 +28,7 @@ from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
 from neatpack.pipes.planning.plan import plan_packs
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.reading.shards import ParquetSource
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 pq = pytest.importorskip("pyarrow.parquet")
 PER = 25  # rows per shard
@@ -56,9 +58,22 @@ def counted(log: str | Path) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
-def estimator(log: Path | str = "", die_after: int = -1) -> CountingEstimator:
+def estimator(log: Path | str = "", die_after: int = -1, mode: str = "estimate") -> Any:
+    if mode == "exact":  # the default mode: every record rendered and tokenized
+        return CountingEstimator.from_processor(
+            _processor(),
+            mode="exact",
+            log=str(log),
+            die_after=die_after,
+            on_missing_media="fallback",
+        )
     return CountingEstimator(image=ImageTokenConfig(), on_missing_media="fallback",
                              log=str(log), die_after=die_after)  # fmt: skip
+
+
+@functools.cache
+def _processor() -> Any:
+    return load_tiny_processor()
 
 
 def rows(n: int, seed: int) -> list[dict[str, Any]]:
@@ -112,30 +127,36 @@ def piece_files(cache: Path) -> list[Path]:
     return sorted(cache.glob("length-piece-*.npz"))
 
 
-def _killed_build(data: str, cache: str, log: str, die_after: int, workers: int) -> None:
-    build_length_index(source(Path(data)), estimator(log, die_after), cache_dir=cache,
+def _killed_build(data: str, cache: str, log: str, die_after: int, workers: int, mode: str) -> None:
+    build_length_index(source(Path(data)), estimator(log, die_after, mode), cache_dir=cache,
                        progress=False, num_workers=workers)  # fmt: skip
 
 
-def kill_mid_build(data: Path, cache: Path, die_after: int, workers: int = 0) -> int:
+def kill_mid_build(
+    data: Path, cache: Path, die_after: int, workers: int = 0, mode: str = "estimate"
+) -> int:
     """A build in a child process that ends (os._exit, no cleanup) after ``die_after``
     records; returns its exit code."""
     child = mp.get_context("fork").Process(
         target=_killed_build, args=(str(data), str(cache), str(cache.parent / "killed.log"),
-                                    die_after, workers))  # fmt: skip
+                                    die_after, workers, mode))  # fmt: skip
     child.start()
     child.join(120)
     return int(child.exitcode or 0)
 
 
-def test_a_killed_build_resumes_and_estimates_only_the_missing_shards(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["estimate", "exact"])
+def test_a_killed_build_resumes_and_estimates_only_the_missing_shards(
+    tmp_path: Path, mode: str
+) -> None:
     data, cache = dataset(tmp_path, 8), tmp_path / "cache"
-    clean = build_length_index(source(data), estimator(), progress=False)
-    assert kill_mid_build(data, cache, die_after=4 * PER + 10) == 3  # dies in shard 4
+    clean = build_length_index(source(data), estimator(mode=mode), progress=False)
+    assert kill_mid_build(data, cache, die_after=4 * PER + 10, mode=mode) == 3  # in shard 4
     assert len(piece_files(cache)) == 4  # shards 0-3 finished, each saved as it finished
     assert not list(cache.glob("[0-9a-f]*.npz"))  # no whole index
     log = tmp_path / "resume.log"
-    resumed = build_length_index(source(data), estimator(log), cache_dir=cache, progress=False)
+    resumed = build_length_index(source(data), estimator(log, mode=mode), cache_dir=cache,
+                                 progress=False)  # fmt: skip
     assert counted(log) == [PER] * 4  # shards 4-7 only
     same(resumed, clean)
     assert LengthIndex.load(cache / f"{resumed.fingerprint}.npz").total.tolist() == (
