@@ -396,3 +396,26 @@ def test_two_gloo_ranks_finish_a_killed_build(tmp_path: Path, shared: bool) -> N
 
 def test_piece_is_a_value() -> None:
     assert Piece(3, 7, "k").size == 4
+
+
+def test_a_grown_tar_dataset_estimates_only_its_new_shard(tmp_path: Path) -> None:
+    import random
+
+    from support.shard_records import WORDS, png_bytes, write_tars
+
+    from neatpack.pipes.reading.shards import TarShardSource
+
+    rng = random.Random(4)
+    samples = [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))), "a": "ok",
+                "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(11)]  # fmt: skip
+    paths = write_tars(tmp_path, samples, per=3)  # 3, 3, 3, 2 samples
+    cache = tmp_path / "cache"
+    build_length_index(TarShardSource(paths[:3]), estimator(), cache_dir=cache, progress=False)
+    log = tmp_path / "grown.log"
+    grown = build_length_index(TarShardSource(paths), estimator(log), cache_dir=cache,
+                               progress=False)  # fmt: skip
+    assert counted(log) == [2]  # the appended shard only
+    full = build_length_index(TarShardSource(paths), estimator(), progress=False)
+    np.testing.assert_array_equal(grown.total, full.total)
+    np.testing.assert_array_equal(grown.visual, full.visual)
+    assert grown.visual.sum() > 0  # the images' headers were read (from the tar members)
