@@ -1,7 +1,9 @@
 """The length index: every sample's estimated length, built once (cooperatively across ranks),
 cached on disk under its fingerprint and reloaded in milliseconds (plus one ``stat`` per media
 file it sized from the file: a cached index is reused only while those files are unchanged,
-``pipes/indexing/media_stamp.py``).
+``pipes/indexing/media_stamp.py``). While it is built, its pieces are saved as they finish
+(``pipes/indexing/index_parts.py``): a killed build resumes, a grown sharded dataset
+re-estimates only its new shards.
 
 ``total[i]`` is sample ``i``'s estimated length after the shift (``L - 1``); ``visual[i]`` the
 image + video tokens inside it (``docs/data_contracts.md`` section 2).
@@ -17,12 +19,11 @@ image + video tokens inside it (``docs/data_contracts.md`` section 2).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -32,7 +33,18 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.indexing.estimate import LengthEstimator
-from neatpack.pipes.indexing.index_split import initialized_dist, side_group, split_points
+from neatpack.pipes.indexing.index_parts import (
+    Part,
+    Piece,
+    assign_pieces,
+    load_piece,
+    piece_path,
+    plan_pieces,
+    remove_pieces,
+    save_piece,
+    sharded,
+)
+from neatpack.pipes.indexing.index_split import initialized_dist, side_group
 from neatpack.pipes.indexing.index_workers import index_start_method, index_workers
 from neatpack.pipes.indexing.media_stamp import MediaStamp, relative_to, unsized_media_paths
 from neatpack.pipes.reading._record import RecordError, paused_gc
@@ -241,26 +253,33 @@ def build_length_index(
     """Estimate every sample of ``source`` (or load the cached index with the same fingerprint).
 
     With ``world_size > 1`` and ``torch.distributed`` initialized (otherwise this process
-    estimates everything), rank ``r`` estimates the
-    contiguous slice ``[N*r//W, N*(r+1)//W)`` (moved to shard starts for a sharded source:
-    ``pipes/indexing/index_split.py``) and the slices are all-gathered on a CPU gloo side group
-    (never
-    the default group: an NCCL one would route them through GPU memory), so every rank
-    returns the identical index. ``group``: a gloo group to use instead (None: the world's).
-    The cache is used only when every rank has it (decided
-    collectively, so ranks never disagree about entering the collective). Estimation errors on
-    any rank are raised on every rank. ``num_workers > 0`` splits this process's slice over
-    that many worker processes (forked where the platform can, see ``index_workers``; the
-    source and estimator are pickled to them), ``0`` keeps it in this process, and ``None`` (the
-    default) picks the number with ``index_workers(records of this rank)``: one per core this
-    rank may use, once the slice is large enough to pay for a pool (32,768 records); the index
-    is the same for any number. ``start_method`` starts those processes (``fork``, ``spawn``,
-    ``forkserver``; None: fork where the platform has it), see ``index_start_method``.
-    ``on_error``: ``"raise"`` (a bad record stops the build, naming it) or ``"skip"`` (it gets
-    length 0 and is listed under the fallback reason ``record_error``: the loader's
-    ``on_bad_sample`` policy then skips or replaces it, counted). The cached file does not
-    depend on ``on_error``: a ``"raise"`` run that reuses a ``"skip"`` index raises for the bad
-    record when it is materialized instead.
+    estimates everything), the ranks share the work and all-gather the results on a CPU gloo
+    side group (never the default group: an NCCL one would route them through GPU memory), so
+    every rank returns the identical index. ``group``: a gloo group to use instead (None: the
+    world's). The work is cut into pieces (``pipes/indexing/index_parts.py``: whole shards,
+    or ``PIECE_RECORDS`` records at most) that each rank splits by records: rank ``r`` of an
+    unsharded source estimates the contiguous slice ``[N*r//W, N*(r+1)//W)``, a sharded one
+    whole shards. The cache is used only when every rank has it (decided collectively, so
+    ranks never disagree about entering the collective). Estimation errors on any rank are
+    raised on every rank.
+
+    With a ``cache_dir``, each piece is saved there as soon as it is estimated: a build killed
+    mid-way (any rank, any worker) estimates only the missing pieces when started again, and a
+    sharded dataset that grew (or had a shard re-written) estimates only its new (changed)
+    shards; a torn or stale piece is estimated again, never used. ``progress``: one line per
+    rank (``length index [rank r/W]``), counting this rank's reused and estimated records.
+
+    ``num_workers > 0`` splits this rank's pieces over that many worker processes (forked
+    where the platform can, see ``index_workers``; the source and estimator go to each worker
+    once), ``0`` keeps them in this process, and ``None`` (the default) picks the number with
+    ``index_workers(records this rank estimates)``: one per core this rank may use, once they
+    are enough to pay for a pool (32,768 records); the index is the same for any number.
+    ``start_method`` starts those processes (``fork``, ``spawn``, ``forkserver``; None: fork
+    where the platform has it), see ``index_start_method``. ``on_error``: ``"raise"`` (a bad
+    record stops the build, naming it) or ``"skip"`` (it gets length 0 and is listed under the
+    fallback reason ``record_error``: the loader's ``on_bad_sample`` policy then skips or
+    replaces it, counted). The cached file does not depend on ``on_error``: a ``"raise"`` run
+    that reuses a ``"skip"`` index raises for the bad record when it is materialized instead.
     """
     if on_error not in ON_ERROR:
         raise ValueError(f"{on_error=} is not one of {ON_ERROR}")
@@ -274,6 +293,14 @@ def build_length_index(
     root = getattr(source, "media_root", None)
     cached = _try_load(path, fp, root)
     dist = initialized_dist(world_size)
+    if dist is None and cached is not None:
+        return cached
+    ranks = world_size if dist is not None else 1
+    pieces = plan_pieces(source, estimator.config_key(), ranks)
+    have = np.zeros(len(pieces), bool)
+    if cache_dir is not None and cached is None:
+        have = np.asarray([piece_path(cache_dir, p).is_file() for p in pieces], bool)
+    haves = [have]
     if dist is not None:
         group = side_group(group)  # CPU gloo: never the (maybe NCCL) default group
         actual = (dist.get_rank(group), dist.get_world_size(group))
@@ -283,41 +310,62 @@ def build_length_index(
                 f"{rank=}, {world_size=} but the process group says rank {actual[0]} of {actual[1]}"
             )
         flags: list[Any] = [None] * actual[1]
-        dist.all_gather_object(flags, (cached is not None, bad), group=group)  # every rank joins
-        if errors := [b for _, b in flags if b is not None]:
+        # every rank joins, with the pieces it has on its disk
+        dist.all_gather_object(flags, (cached is not None, bad, np.packbits(have)), group=group)
+        if errors := [b for _, b, _ in flags if b is not None]:
             raise ValueError("; ".join(errors) + "; pass the group's rank and world size")
-        if all(f for f, _ in flags) and cached is not None:
+        if all(f for f, _, _ in flags) and cached is not None:
             return cached
-    elif cached is not None:
-        return cached
-    n = len(source)
-    cuts = split_points(n, world_size, getattr(source, "shard_starts", None))
-    lo, hi = (cuts[rank], cuts[rank + 1]) if dist else (0, n)
-    if num_workers is None:
-        num_workers = index_workers(hi - lo, start_method=start_method)
+        haves = [np.unpackbits(h, count=len(pieces)).astype(bool) for _, _, h in flags]
+    me = rank if dist is not None else 0
+    loads, estimates = assign_pieces(pieces, haves)
     error: str | None = None
-    empty = np.zeros(0, np.int64)
-    part: _Part = (empty, empty, [], [])
-    try:
-        part = _estimate_parallel(
-            source, estimator, lo, hi, progress and rank == 0, num_workers, on_error, start_method
-        )
-    except Exception as e:
-        if dist is None:
-            raise
-        error = f"rank {rank}: {type(e).__name__}: {e}"  # raised below on every rank
+    got: dict[int, Part] = {}
+    from tqdm.auto import tqdm
+
+    desc = "length index" if dist is None else f"length index [rank {rank}/{world_size}]"
+    mine = sum(pieces[i].size for i in [*loads[me], *estimates[me]])
+    with tqdm(total=mine, desc=desc, unit="rec", disable=not progress, mininterval=0.5) as bar:
+        try:
+            todo = list(estimates[me])
+            for i in loads[me]:
+                part = None if cache_dir is None else load_piece(cache_dir, pieces[i], root)
+                if part is None:
+                    todo.append(i)  # torn, corrupt or stale: estimated again
+                    continue
+                got[i] = part
+                bar.update(pieces[i].size)
+            bar.set_postfix(reused=len(got), estimate=len(todo))
+            todo.sort()
+            workers = num_workers
+            if workers is None:
+                records = sum(pieces[i].size for i in todo)
+                workers = index_workers(records, start_method=start_method)
+            parts = _estimate_parallel(
+                source, estimator, [pieces[i] for i in todo], workers, on_error=on_error,
+                start_method=start_method, cache_dir=cache_dir, advance=bar.update,
+            )  # fmt: skip
+            got.update(zip(todo, parts, strict=True))
+        except Exception as e:
+            if dist is None:
+                raise
+            error = f"rank {rank}: {type(e).__name__}: {e}"  # raised below on every rank
     if dist is not None:
-        parts: list[Any] = [None] * world_size
-        dist.all_gather_object(parts, (error, part), group=group)
-        errors = [p[0] for p in parts if p[0] is not None]
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, (error, got), group=group)
+        errors = [g[0] for g in gathered if g[0] is not None]
         if errors:
             raise RuntimeError("length index build failed: " + "; ".join(errors))
-        total = np.concatenate([p[1][0] for p in parts])
-        visual = np.concatenate([p[1][1] for p in parts])
-        fallbacks = [f for p in parts for f in p[1][2]]
-        media = [m for p in parts for m in p[1][3]]
-    else:
-        total, visual, fallbacks, media = part
+        got = {i: part for _, share in gathered for i, part in share.items()}
+    if sorted(got) != list(range(len(pieces))):  # a rank's share went missing: never a gap
+        raise RuntimeError(f"length index pieces {sorted(set(range(len(pieces))) - set(got))} "
+                           "were neither loaded nor estimated")  # fmt: skip
+    empty = np.zeros(0, np.int64)
+    ordered = [got[i] for i in range(len(pieces))]
+    total = np.concatenate([empty, *(p[0] for p in ordered)])
+    visual = np.concatenate([empty, *(p[1] for p in ordered)])
+    fallbacks = [f for p in ordered for f in p[2]]
+    media = [m for p in ordered for m in p[3]]
     counts: Counter[str] = Counter(r for _, reasons in fallbacks for r in reasons)
     index = LengthIndex(
         total=total, visual=visual, fingerprint=fp,
@@ -329,48 +377,83 @@ def build_length_index(
         estimator.fallbacks.add(sid, reasons)
     if path is not None:
         index.save(path)
+        if not sharded(source):  # its pieces serve no other build: see index_parts.py
+            remove_pieces(path.parent, [pieces[i] for i in [*loads[me], *estimates[me]]])
     return index
 
 
 def _estimate_parallel(
     source: Any,
     estimator: LengthEstimator,
-    lo: int,
-    hi: int,
-    progress: bool,
+    pieces: list[Piece],
     workers: int,
+    *,
     on_error: str = "raise",
     start_method: str = "fork",
-) -> _Part:
-    """This rank's lengths of ids ``lo..hi-1`` and the media files read for them, relative to
-    the source's media root (so ranks with their own copy of the media agree)."""
-    if workers == 0 or hi - lo < 2 * 8192:
-        return _slice_with_media(source, estimator, lo, hi, progress, on_error)
+    cache_dir: str | os.PathLike[str] | None = None,
+    advance: Callable[[int], object] = lambda n: None,
+) -> list[Part]:
+    """The lengths of ``pieces`` and the media files read for them, relative to the source's
+    media root (so ranks with their own copy of the media agree), each piece saved under
+    ``cache_dir`` as it finishes (``advance(records)`` then). ``workers`` processes take the
+    pieces one at a time (the source and estimator go to each once); a worker's error is
+    raised here, the pieces finished before it stay saved."""
+    records = sum(p.size for p in pieces)
+    if workers == 0 or records < 2 * 8192 or len(pieces) < 2:
+        out = []
+        for piece in pieces:
+            out.append(_piece(source, estimator, piece, on_error, cache_dir))
+            advance(piece.size)
+        return out
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
-    bounds = [b - lo for b in getattr(source, "shard_starts", None) or () if lo <= b <= hi]
-    cuts = [lo + c for c in split_points(hi - lo, workers, bounds)]
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context(start_method)) as pool:
-        futures = [
-            pool.submit(_slice_with_media, source, estimator, a, b, False, on_error)
-            for a, b in itertools.pairwise(cuts)
-        ]
-        parts = [f.result() for f in futures]  # re-raises a worker's error here
-    return (
-        np.concatenate([p[0] for p in parts]),
-        np.concatenate([p[1] for p in parts]),
-        [f for p in parts for f in p[2]],
-        [m for p in parts for m in p[3]],
-    )
+    context = (source, estimator, on_error, cache_dir)
+    with ProcessPoolExecutor(
+        min(workers, len(pieces)), mp_context=mp.get_context(start_method),
+        initializer=_worker_init, initargs=context,
+    ) as pool:  # fmt: skip
+        futures = [pool.submit(_worker_piece, piece) for piece in pieces]
+        sizes = {f: p.size for f, p in zip(futures, pieces, strict=True)}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is None:
+                    advance(sizes[f])
+            failed = [f for f in futures if f.done() and f.exception() is not None]
+            if failed:
+                for f in pending:
+                    f.cancel()
+                raise failed[0].exception()  # type: ignore[misc]  # the lowest failed piece's
+        return [f.result() for f in futures]
 
 
-_Part = tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
+_WORKER: tuple[Any, ...] = ()
+
+
+def _worker_init(*context: Any) -> None:
+    global _WORKER
+    _WORKER = context
+
+
+def _worker_piece(piece: Piece) -> Part:
+    source, estimator, on_error, cache_dir = _WORKER
+    return _piece(source, estimator, piece, on_error, cache_dir)
+
+
+def _piece(
+    source: Any, estimator: LengthEstimator, piece: Piece, on_error: str, cache_dir: Any
+) -> Part:
+    part = _slice_with_media(source, estimator, piece.lo, piece.hi, False, on_error)
+    if cache_dir is not None:
+        save_piece(cache_dir, piece, part, getattr(source, "media_root", None))
+    return part
 
 
 def _slice_with_media(
     source: Any, estimator: LengthEstimator, lo: int, hi: int, progress: bool, on_error: str
-) -> _Part:
+) -> Part:
     media: list[str] = []
     total, visual, fallbacks = estimate_slice(source, estimator, lo, hi, progress, on_error, media)
     return total, visual, fallbacks, relative_to(media, getattr(source, "media_root", None))

@@ -198,6 +198,7 @@ class TarShardSource:
         self._samples = self._index_all(fps, cache_dir, rank, world_size, group)
         counts = [len(s) for s in self._samples]
         self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+        self.shard_fingerprints = fps  # per shard: the length index keeps its pieces by these
         self._fingerprint = _combined(fps, "tar")
         self._prefetched: dict[int, tuple[int, bytes | BaseException]] = {}
         self._json: dict[int, bytes] = {}  # iter_raw's batch of remote .json members
@@ -549,7 +550,9 @@ class ParquetSource:
         self._starts = (
             np.concatenate([[0], np.cumsum([g[-1] for g in self._groups])]).astype(int).tolist()
         )
-        self._fingerprint = _combined([self._store.fingerprint(p) for p in self.paths], "parquet")
+        # per shard: the length index keeps its pieces by these (a grown dataset: new shards only)
+        self.shard_fingerprints = [self._store.fingerprint(p) for p in self.paths]
+        self._fingerprint = _combined(self.shard_fingerprints, "parquet")
         self._cache: dict[tuple[int, int], list[dict[str, Any]]] = {}
 
     def _file(self, shard: int) -> Any:

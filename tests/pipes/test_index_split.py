@@ -72,12 +72,12 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
             groups.append(group)
             real_gather(out, obj, group=group)
 
-        sliced: list[tuple[int, int]] = []
+        sliced: list[list[tuple[int, int]]] = []
         real_parallel = lengths._estimate_parallel
 
-        def spy_parallel(source: Any, est: Any, lo: int, hi: int, *a: Any) -> Any:
-            sliced.append((lo, hi))
-            return real_parallel(source, est, lo, hi, *a)
+        def spy_parallel(source: Any, est: Any, pieces: Any, *a: Any, **kw: Any) -> Any:
+            sliced.append([(p.lo, p.hi) for p in pieces])
+            return real_parallel(source, est, pieces, *a, **kw)
 
         scanned: list[str] = []
         real_scan = shards.index_tar
@@ -137,7 +137,8 @@ def test_index_builds_split_whole_shards_over_gloo_ranks_on_a_side_group(tmp_pat
     for r, rep in enumerate(reports):
         assert rep["total"] == single  # the whole index on each rank
         assert rep["again"] == single
-        assert rep["slices"] == [[[0, 6], [6, 10]][r]] * 2  # whole shards: 5 moved to 6
+        # whole shards, split by records: 5 moved to 6
+        assert rep["slices"] == [[[[0, 3], [3, 6]], [[6, 9], [9, 10]]][r]] * 2
         assert (
             rep["scanned"]
             == [["shard-000.tar", "shard-001.tar"], ["shard-002.tar", "shard-003.tar"]][r]
