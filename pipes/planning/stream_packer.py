@@ -494,7 +494,8 @@ def merge_states(
             K.LAST_KEY: copy.deepcopy(last),
             K.DRY_KEY: False,
             # listed once, on the new rank 0 (the union over ranks names each once)
-            K.OVERLONG_KEY: sorted(int(i) for s in states
-                                   for i in s[K.STREAM_KEY][K.OVERLONG_KEY]) if rank == 0 else [],
+            K.OVERLONG_KEY: sorted(int(i) for s in states for i in s[K.STREAM_KEY][K.OVERLONG_KEY])
+            if rank == 0
+            else [],
         },
     }

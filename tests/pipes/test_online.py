@@ -46,9 +46,11 @@ def test_buffer_bound_and_resume_from_state(
 
 def test_a_full_pack_leaves_at_once_and_overflow_takes_the_fullest() -> None:
     p = OnlinePacker(capacity=10, buffer_size=3)
-    assert p.add(0, 4) == [] and p.add(1, 7) == []  # two packs: rooms 6 and 3
+    assert p.add(0, 4) == []
+    assert p.add(1, 7) == []
     assert p.add(2, 3) == [[1, 2]]  # best fit: the pack with room 3, now full
-    assert p.add(3, 5) == [] and p.add(4, 6) == []  # 3 -> room 1 in pack 0; 6 opens a new one
+    assert p.add(3, 5) == []
+    assert p.add(4, 6) == []
     assert p.add(5, 2) == [[0, 3]]  # 4 samples > 3: the fullest (room 1) leaves
     assert p.flush() == [[4, 5]]
 

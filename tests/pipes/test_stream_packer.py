@@ -79,7 +79,9 @@ def test_ranks_pad_with_their_last_pack_when_dry() -> None:
     node.reset()
     refs = [next(node) for _ in range(12)]
     real = [r for r in refs if not r["padded"]]
-    assert real and refs[-1]["padded"] and refs[-1]["sample_ids"] == real[-1]["sample_ids"]
+    assert real
+    assert refs[-1]["padded"]
+    assert refs[-1]["sample_ids"] == real[-1]["sample_ids"]
 
 
 def test_merged_states_deliver_every_sample_once() -> None:
