@@ -23,6 +23,12 @@ empty remainder; a state saved after the loop continues with the next epoch), so
 reads ``loader.epoch`` never gains or loses an epoch. A new ``iter(loader)`` ends the previous
 iterator (it yields nothing more): one graph serves one epoch iterator at a time.
 
+A stream (``neat_stream_graph``: a ``StreamPacker`` instead of a ``PackSource``) has no plan:
+its position is the packer's state at the last batch handed out (the shards' positions and the
+buffer's addresses, found in the graph's state), a resume on another world size takes every
+rank's state (``load_state_dict([...])``), and its ranks end an epoch together when all of
+them have run dry (one all-reduce of a flag per step).
+
 Leaving a loader: ``break``, an exception, dropping the loader or the iterator, ``Ctrl-C`` and
 interpreter exit all stop the graph's background threads (prefetch, pin memory, mapper
 threads) and worker processes, so a script ends cleanly however it leaves. ``loader.close()``

@@ -167,3 +167,21 @@ def test_what_cannot_resume_is_refused_by_name(corpus: tuple[ListStream, Path, A
     for bad in ({"tail": "drop"}, {"max_packs": 3}, {"on_bad_sample": "replace"}):
         with pytest.raises(ValueError, match="not available for a stream"):
             NeatStreamConfig(**bad)
+
+
+def test_a_bad_record_follows_on_bad_sample_and_is_counted(
+    corpus: tuple[ListStream, Path, Any],
+) -> None:
+    processor = corpus[2]
+    good = {"messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "hello"}]}  # fmt: skip
+    bad = {"messages": []}  # an empty conversation: nothing to train on
+    data = ListStream([[good, bad, good], [good]])
+    with pytest.raises(ValueError, match="empty"):
+        list(neat_stream_graph(data, processor, config=NeatStreamConfig(pack_size=128)))
+    cfg = NeatStreamConfig(pack_size=128, buffer_size=2, on_bad_sample="skip")
+    loader = neat_stream_graph(data, processor, config=cfg)
+    list(loader)
+    ledger = loader.ledgers[0]
+    assert ledger.failed == [sample_id(0, 1)]
+    assert_exactly_once(ledger.consumed + ledger.failed, _all_ids(data))

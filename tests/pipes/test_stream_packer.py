@@ -6,6 +6,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neatpack.pipes.planning.source import StateMismatchError
 from neatpack.pipes.planning.stream_packer import StreamPacker, merge_states
@@ -109,3 +111,37 @@ def _rest(node: StreamPacker) -> list[dict[str, Any]]:
             break
         out.append(ref)
     return out
+
+
+@given(
+    st.lists(st.integers(0, 25), min_size=3, max_size=7).filter(any),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(0, 12),
+    st.integers(1, 6),
+)
+@settings(max_examples=40, deadline=None)
+def test_any_resize_at_any_step_delivers_every_sample_once(
+    sizes: list[int], old_world: int, new_world: int, steps: int, buffer_size: int
+) -> None:
+    rng = random.Random(sum(sizes))
+    stream = ListStream([[{"n": rng.randint(1, 40)} for _ in range(n)] for n in sizes])
+    every = sorted(sample_id(s, p) for s, n in enumerate(sizes) for p in range(n))
+    new_world = min(new_world, len(sizes))  # fewer shards than ranks is refused (own test)
+    seen: list[int] = []
+    nodes = [_node(stream, r, old_world, buffer_size=buffer_size) for r in range(old_world)]
+    for n in nodes:
+        n.reset()
+        for _ in range(steps):
+            try:
+                ref = next(n)
+            except StopIteration:
+                break
+            if not ref["padded"]:
+                seen += ref["sample_ids"]
+    states = [n.get_state() for n in nodes]
+    for r in range(new_world):
+        node = _node(stream, r, new_world, buffer_size=buffer_size)
+        node.reset(merge_states(states, rank=r, world_size=new_world, batch_size=1))
+        seen += [i for ref in _rest(node) for i in ref["sample_ids"]]
+    assert sorted(seen) == every
