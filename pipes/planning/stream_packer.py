@@ -281,9 +281,8 @@ class StreamPacker(BaseNode[PackRef]):
         self._dry = bool(s[self.DRY_KEY])
         self._overlong = [int(i) for i in s[self.OVERLONG_KEY]]
         self._iter = None
-        saved = {int(sid): int(n) for pack in s[self.OPEN_KEY] for sid, n in pack}
-        saved |= {sid: n for pack in self._ready for sid, n in pack}
-        saved |= {sid: n for sid, n in self._carry} | {sid: n for sid, n in self._last or []}
+        held = [*s[self.OPEN_KEY], *self._ready, self._carry, self._last or []]
+        saved = {int(sid): int(n) for pack in held for sid, n in pack}
         self._records = self._read_again(set(saved))
         for sid, n in saved.items():
             if n == 0:  # a record whose estimate failed (on_error="skip") fails again, marked
