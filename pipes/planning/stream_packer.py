@@ -52,6 +52,10 @@ FAILED_KEY = "__neatpack_failed__"
 Pairs = list[list[int]]
 
 
+def _copied(pairs: Pairs) -> Pairs:
+    return [[a, b] for a, b in pairs]
+
+
 def shard_order(num_shards: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
     """The epoch's shard order (rank ``r`` of ``W`` reads ``order[r::W]``).
 
@@ -182,12 +186,12 @@ class StreamPacker(BaseNode[PackRef]):
             self.BATCH_SIZE_KEY: self.batch_size,
             self.TAIL_KEY: self.tail,
             self.STARTED_KEY: started,
-            self.STREAM_KEY: {
-                self.SHARDS_KEY: copy.deepcopy(shards),
-                self.OPEN_KEY: copy.deepcopy(open_packs),
-                self.READY_KEY: copy.deepcopy(ready),
-                self.CARRY_KEY: copy.deepcopy(carry),
-                self.LAST_KEY: copy.deepcopy(last),
+            self.STREAM_KEY: {  # fresh lists (never aliased), without deepcopy's cost
+                self.SHARDS_KEY: _copied(shards),
+                self.OPEN_KEY: open_packs,  # OnlinePacker.state(): fresh lists already
+                self.READY_KEY: [_copied(p) for p in ready],
+                self.CARRY_KEY: _copied(carry),
+                self.LAST_KEY: None if last is None else _copied(last),
                 self.DRY_KEY: dry,
                 self.OVERLONG_KEY: list(overlong),
             },
