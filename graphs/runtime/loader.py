@@ -351,9 +351,10 @@ class NeatLoader:
 
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
-                f"rank {src.rank} of {src.world_size} of a stream ran dry, and only the ranks "
-                "together know when the epoch ends: initialize torch.distributed before "
-                "iterating a streaming loader over several ranks (or use world_size=1)"
+                f"rank {src.rank} of {src.world_size} of a stream: the ranks run dry at "
+                "different steps and only together know when the epoch ends (one all-reduce "
+                "per step): initialize torch.distributed before iterating a streaming loader "
+                "over several ranks (or use world_size=1)"
             )
         if self._side_group is None:
             from neatpack.pipes.indexing.index_split import side_group

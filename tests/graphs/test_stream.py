@@ -185,3 +185,26 @@ def test_a_bad_record_follows_on_bad_sample_and_is_counted(
     ledger = loader.ledgers[0]
     assert ledger.failed == [sample_id(0, 1)]
     assert_exactly_once(ledger.consumed + ledger.failed, _all_ids(data))
+
+
+def test_several_ranks_without_a_process_group_are_refused_by_name(
+    corpus: tuple[ListStream, Path, Any],
+) -> None:
+    processor = corpus[2]
+    good = {"messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "hello"}]}  # fmt: skip
+    data = ListStream([[good], [good, good]])
+    loader = neat_stream_graph(data, processor, config=NeatStreamConfig(pack_size=128),
+                               rank=0, world_size=2)  # fmt: skip
+    with pytest.raises(RuntimeError, match="initialize torch.distributed"):
+        list(loader)
+
+
+def test_the_module_example_runs() -> None:
+    import doctest
+
+    from neatpack.graphs import neat_stream
+
+    result = doctest.testmod(neat_stream)
+    assert result.attempted > 0
+    assert result.failed == 0

@@ -145,3 +145,12 @@ def test_any_resize_at_any_step_delivers_every_sample_once(
         node.reset(merge_states(states, rank=r, world_size=new_world, batch_size=1))
         seen += [i for ref in _rest(node) for i in ref["sample_ids"]]
     assert sorted(seen) == every
+
+
+def test_doctests_pass() -> None:
+    import doctest
+
+    from neatpack.pipes.planning import online, stream_packer
+
+    for module in (online, stream_packer):
+        assert doctest.testmod(module).failed == 0
