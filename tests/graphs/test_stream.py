@@ -196,7 +196,7 @@ def test_several_ranks_without_a_process_group_are_refused_by_name(
     data = ListStream([[good], [good, good]])
     loader = neat_stream_graph(data, processor, config=NeatStreamConfig(pack_size=128),
                                rank=0, world_size=2)  # fmt: skip
-    with pytest.raises(RuntimeError, match="initialize torch.distributed"):
+    with pytest.raises(RuntimeError, match=r"initialize torch\.distributed"):
         list(loader)
 
 
