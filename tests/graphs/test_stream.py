@@ -37,7 +37,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[ListStream, Path, 
 
 def _all_ids(stream: ListStream) -> list[int]:
     return [
-        sample_id(s, p) for s in range(len(stream.shards())) for p in range(len(stream._shards[s]))
+        sample_id(s, p)
+        for s in range(len(stream.shards()))
+        for p in range(len(list(stream.open(s))))
     ]
 
 

@@ -48,7 +48,7 @@ def test_every_sample_once_within_capacity_and_deterministic() -> None:
     assert sorted(ids) == sorted(sample_id(s, p) for s in range(4) for p in range(30 + s))
     assert all(r["estimated_tokens"] <= 64 for r in refs)
     assert all(
-        rec["n"] == stream._shards[address(i)[0]][address(i)[1]]["n"]
+        rec["n"] == next(stream.open(address(i)[0], address(i)[1]))["n"]
         for r in refs
         for i, rec in zip(r["sample_ids"], r["records"], strict=True)
     )
