@@ -115,36 +115,39 @@ def _rest(node: StreamPacker) -> list[dict[str, Any]]:
 
 @given(
     st.lists(st.integers(0, 25), min_size=3, max_size=7).filter(any),
-    st.integers(1, 3),
-    st.integers(1, 4),
-    st.integers(0, 12),
+    st.lists(st.tuples(st.integers(1, 4), st.integers(0, 8)), min_size=1, max_size=3),
     st.integers(1, 6),
 )
 @settings(max_examples=40, deadline=None)
-def test_any_resize_at_any_step_delivers_every_sample_once(
-    sizes: list[int], old_world: int, new_world: int, steps: int, buffer_size: int
+def test_any_resizes_at_any_steps_deliver_every_sample_once(
+    sizes: list[int], runs: list[tuple[int, int]], buffer_size: int
 ) -> None:
+    """Runs of (world size, steps) one after another, each resumed from every rank's state
+    of the one before; the last run finishes the epoch."""
     rng = random.Random(sum(sizes))
     stream = ListStream([[{"n": rng.randint(1, 40)} for _ in range(n)] for n in sizes])
     every = sorted(sample_id(s, p) for s, n in enumerate(sizes) for p in range(n))
-    new_world = min(new_world, len(sizes))  # fewer shards than ranks is refused (own test)
     seen: list[int] = []
-    nodes = [_node(stream, r, old_world, buffer_size=buffer_size) for r in range(old_world)]
-    for n in nodes:
-        n.reset()
-        for _ in range(steps):
-            try:
-                ref = next(n)
-            except StopIteration:
-                break
-            if not ref["padded"]:
-                seen += ref["sample_ids"]
-    states = [n.get_state() for n in nodes]
-    for r in range(new_world):
-        node = _node(stream, r, new_world, buffer_size=buffer_size)
-        node.reset(merge_states(states, rank=r, world_size=new_world, batch_size=1))
-        seen += [i for ref in _rest(node) for i in ref["sample_ids"]]
+    states: list[dict[str, Any]] = []
+    for i, (world, steps) in enumerate([*runs, (2, -1)]):
+        world = min(world, len(sizes))  # fewer shards than ranks is refused (own test)
+        nodes = [_node(stream, r, world, buffer_size=buffer_size) for r in range(world)]
+        for r, node in enumerate(nodes):
+            node.reset(merge_states(states, rank=r, world_size=world, batch_size=1) if i else None)
+            refs = _rest(node) if steps < 0 else _take(node, steps)
+            seen += [sid for ref in refs if not ref["padded"] for sid in ref["sample_ids"]]
+        states = [n.get_state() for n in nodes]
     assert sorted(seen) == every
+
+
+def _take(node: StreamPacker, steps: int) -> list[dict[str, Any]]:
+    out = []
+    for _ in range(steps):
+        try:
+            out.append(next(node))
+        except StopIteration:
+            break
+    return out
 
 
 def test_doctests_pass() -> None:
