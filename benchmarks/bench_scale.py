@@ -31,8 +31,9 @@ save the loader state, build a fresh loader, load the state and pull the next ba
 Reported per rank: ``first_batch_s`` (graph built from the cached index, plan included, first
 batch out), ``resume_s``, ``peak_rss_mb`` (VmHWM), ``pss_mb`` / ``private_mb`` (from
 ``/proc/self/smaps_rollup`` while every rank is alive: PSS counts a page shared by k
-processes as 1/k) and their growth over the rank's baseline (processor loaded, nothing
-planned). Per node: the sums, and ``bytes_per_sample_node``: the summed PSS growth over N.
+processes as 1/k) and their growth over the rank's baseline (taken after a warm-up graph
+over the 4,096 patterns alone: modules imported, nothing of the N samples loaded); the first
+loader is freed before the resumed one is built, as in a restarted job. Per node: the sums, and ``bytes_per_sample_node``: the summed PSS growth over N.
 ``plan_s`` / ``plan_peak_rss_mb``: ``plan_packs`` over the index in a process of its own.
 
     python benchmarks/bench_scale.py            # 10M records, 1,000 shards; 64 videos
@@ -43,6 +44,7 @@ planned). Per node: the sums, and ``bytes_per_sample_node``: the summed PSS grow
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -233,16 +235,25 @@ def _rank_main(
     resume into a fresh loader; memory read while every rank is alive (``barrier``)."""
     try:
         processor = load_tiny_processor()
-        source = IdSource(metadata_patterns(Path(root)), n, root)
-        base = _proc_mb()
+        patterns = metadata_patterns(Path(root))
+        source = IdSource(patterns, n, root)
         cfg = _vlm_config(cache_dir, root, workers)
+        # warm up on the patterns alone (every module imported, every cache filled), so the
+        # growth over the baseline below is what the N samples cost
+        warm = IdSource(patterns, len(patterns), root)
+        next(iter(neat_vlm_graph(warm, processor, config=cfg, rank=rank, world_size=world)))
+        gc.collect()
+        base = _proc_mb()
         t0 = time.perf_counter()
         loader = neat_vlm_graph(source, processor, config=cfg, rank=rank, world_size=world)
         it = iter(loader)
         first = next(it)
         first_s = time.perf_counter() - t0
+        tokens = int((first["doc_ids"] > 0).sum())
         state = loader.state_dict()
         expect = next(it)["input_ids"]
+        del loader, it, first  # a restarted rank holds one loader: free this one first
+        gc.collect()
         t0 = time.perf_counter()
         again = neat_vlm_graph(source, processor, config=cfg, rank=rank, world_size=world)
         again.load_state_dict(state)
@@ -254,7 +265,7 @@ def _rank_main(
         q.put({
             "rank": rank, "first_batch_s": round(first_s, 2), "resume_s": round(resume_s, 2),
             "resume_exact": bool((got == expect).all()),
-            "first_batch_tokens": int((first["doc_ids"] > 0).sum()),
+            "first_batch_tokens": tokens,
             "base": base, "mem": mem,
         })  # fmt: skip
     except BaseException as e:  # the parent reports it
@@ -333,6 +344,8 @@ def scale_figures(n: int, ranks: int, workers: int, workdir: str | None) -> dict
             g["private_growth_mb"] = round(mem["private"] - base["private"], 1)
             per_rank.append(g)
         out["per_rank"] = per_rank
+        plans = list(Path(cache).glob("plan-*.npz"))  # shared plan files (none before #29)
+        out["plan_files_mb"] = round(sum(p.stat().st_size for p in plans) / 2**20, 1)
         growth = sum(g["pss_growth_mb"] for g in per_rank)
         out["node"] = {
             "pss_mb": round(sum(g["pss_mb"] for g in per_rank), 1),

@@ -32,6 +32,7 @@ from neatpack.pipes.collating.leak_probe import packing_boundaries
 from neatpack.pipes.collating.mask_format import resolve_mask_format, warn_dense_mask_on_cuda
 from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.planning.plan import PackPlan, plan_packs
+from neatpack.pipes.planning.plan_file import shared_plan
 from neatpack.pipes.planning.source import PackSource
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
 
@@ -141,8 +142,12 @@ def packed_parts(
     ``cp_rank``. ``boundaries``: ``probe_boundaries``' answer, asked before any record is read."""
     planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
 
+    cache_dir = getattr(config, "cache_dir", None)
+
     def plan_for(group_size: int) -> PackPlan:
-        return plan_packs(
+        # with a cache folder, planned once per node and mapped by every rank (plan_file.py)
+        plan = plan_packs if cache_dir is None else functools.partial(shared_plan, cache_dir)
+        return plan(
             planned,
             config.pack_size,
             visual=visual,

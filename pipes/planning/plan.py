@@ -54,6 +54,7 @@ __all__ = [
     "PLAN_VERSION",
     "PackPlan",
     "greedy_knapsack_vt_balanced",
+    "plan_fingerprint",
     "plan_packs",
     "step_group_order",
 ]
@@ -244,6 +245,53 @@ def _check_visual(vis: npt.NDArray[Any], total: npt.NDArray[Any]) -> None:
             )
 
 
+def _params(
+    capacity: int, packing_ratio: float, max_packs: int | None, overlong: str, world_size: int,
+    seed: int, shuffle: bool, balance: str, max_visual: int | None,
+) -> dict[str, object]:  # fmt: skip
+    params: dict[str, object] = {
+        "capacity": int(capacity),
+        "packing_ratio": float(packing_ratio),
+        "max_packs": max_packs,
+        "overlong": overlong,
+        "group_size": int(world_size),
+        "seed": int(seed),
+        "shuffle": bool(shuffle),
+    }
+    if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
+        params["balance"] = balance
+    if max_visual is not None:  # only when set: plans without it keep their fingerprint
+        params["max_visual"] = int(max_visual)
+    return params
+
+
+def plan_fingerprint(
+    lengths: npt.ArrayLike,
+    capacity: int,
+    *,
+    visual: npt.ArrayLike | None = None,
+    packing_ratio: float = 1.0,
+    max_packs: int | None = None,
+    overlong: str = "raise",
+    world_size: int = 1,
+    seed: int = 0,
+    shuffle: bool = True,
+    balance: BalancePolicy = "tokens",
+    max_visual: int | None = None,
+) -> str:
+    """The ``fingerprint`` ``plan_packs`` gives these arguments, without planning (hashing the
+    lengths only: a plan file is looked up by it, ``plan_file.shared_plan``).
+
+    >>> plan_fingerprint([5, 4, 3], 8, seed=1) == plan_packs([5, 4, 3], 8, seed=1).fingerprint
+    True
+    """
+    total = np.asarray(lengths)
+    vis = None if visual is None else np.asarray(visual)
+    params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
+                     balance, max_visual)  # fmt: skip
+    return _fingerprint(total, vis, params)
+
+
 def _check_params(
     capacity: int, packing_ratio: float, max_packs: int | None, world_size: int, seed: int
 ) -> int:
@@ -313,19 +361,8 @@ def plan_packs(
         if vis is None:
             raise ValueError(f"plan_packs: {max_visual=} needs visual= (visual tokens per sample)")
         over_budget = check_budget(total, vis, max_visual, overlong, "plan_packs", "max_visual")
-    params: dict[str, object] = {
-        "capacity": int(capacity),
-        "packing_ratio": float(packing_ratio),
-        "max_packs": max_packs,
-        "overlong": overlong,
-        "group_size": int(world_size),
-        "seed": int(seed),
-        "shuffle": bool(shuffle),
-    }
-    if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
-        params["balance"] = balance
-    if max_visual is not None:  # only when set: plans without it keep their fingerprint
-        params["max_visual"] = int(max_visual)
+    params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
+                     balance, max_visual)  # fmt: skip
     fingerprint = _fingerprint(total, vis, params)
     dropped = np.flatnonzero(total > capacity).astype(np.int64)
     work = total  # the lengths the packer sees; a copy only where some must change
