@@ -218,6 +218,8 @@ def _proc_mb() -> dict[str, float]:
                 roll[parts[0].rstrip(":")] = int(parts[1])
     out["pss"] = roll.get("Pss", 0) / 1024
     out["private"] = (roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0)) / 1024
+    out["anon"] = roll.get("Anonymous", 0) / 1024  # heap: never shared with another rank
+    out["shared_file"] = (roll.get("Shared_Clean", 0) + roll.get("Shared_Dirty", 0)) / 1024
     return {k: round(v, 1) for k, v in out.items()}
 
 
@@ -342,6 +344,7 @@ def scale_figures(n: int, ranks: int, workers: int, workdir: str | None) -> dict
             g.update({f"{k}_mb": v for k, v in mem.items()})
             g["pss_growth_mb"] = round(mem["pss"] - base["pss"], 1)
             g["private_growth_mb"] = round(mem["private"] - base["private"], 1)
+            g["anon_growth_mb"] = round(mem["anon"] - base["anon"], 1)
             per_rank.append(g)
         out["per_rank"] = per_rank
         plans = list(Path(cache).glob("plan-*.npz"))  # shared plan files (none before #29)
