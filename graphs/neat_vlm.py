@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-
 from neatpack.graphs.assemble import (
     Hooks,
     cp_alignment,

@@ -61,12 +61,12 @@ _INT32_MAX = int(np.iinfo(np.int32).max)
 _CHUNK = 1 << 20  # elements hashed at a time: the int64 view of a chunk, not of the index
 
 
-def _narrow(name: str, values: Any) -> npt.NDArray[np.int32]:
+def _narrow(name: str, values: Any) -> npt.NDArray[Any]:
     """``values`` as int32 (4 bytes a sample, half of int64), unchanged when they are; a length
     over int32 (2,147,483,647 tokens) raises naming the sample."""
     arr = values if isinstance(values, np.ndarray) else np.asarray(values)
     if arr.dtype == np.int32:
-        return arr  # type: ignore[return-value]
+        return arr
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"LengthIndex.{name} must hold ints, got dtype {arr.dtype}")
     if arr.size:
@@ -101,8 +101,8 @@ class LengthIndex:
     per node (docs/scale.md).
     """
 
-    total: npt.NDArray[np.int32]
-    visual: npt.NDArray[np.int32]
+    total: npt.NDArray[Any]  # int32 (any integer input is narrowed in __post_init__)
+    visual: npt.NDArray[Any]
     fingerprint: str
     fallback_ids: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     fallback_counts: dict[str, int] = field(default_factory=dict)

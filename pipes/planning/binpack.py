@@ -30,10 +30,10 @@ from neatpack.pipes.compat.renamed import renamed_keywords
 __all__ = [
     "OVERLONG_POLICIES",
     "OverlongPolicy",
+    "add_arange",
     "best_fit_decreasing",
     "best_fit_two_budgets",
     "bfd_bin_ids",
-    "add_arange",
     "check_budget",
     "greedy_knapsack",
     "id_dtype",

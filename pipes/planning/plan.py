@@ -41,10 +41,10 @@ from neatpack.pipes.compat.renamed import renamed_keywords
 from neatpack.pipes.planning.balance import BalancePolicy, balanced_order, pack_cost_terms
 from neatpack.pipes.planning.binpack import (
     IntArray,
+    add_arange,
     best_fit_decreasing,
     best_fit_two_budgets,
     check_budget,
-    add_arange,
     check_lengths,
     greedy_knapsack,
     id_dtype,

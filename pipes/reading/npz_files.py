@@ -5,7 +5,9 @@ way. ``np.savez`` stores its members uncompressed, so ``map_npz`` maps each memb
 straight from the file (no copy): the ranks and workers of a node that map one cache file
 share one copy in the page cache, counted once by the kernel (PSS), instead of one private
 copy each. A mapped array pickles as its place in the file (``MappedArray``), so a spawned
-worker maps the same pages again instead of receiving the array's bytes. A writer never leaves half a file where a reader looks (a temporary file beside it, synced,
+worker maps the same pages again instead of receiving the array's bytes.
+
+A writer never leaves half a file where a reader looks (a temporary file beside it, synced,
 then renamed over it; removed if anything fails), and a reader gets every field it asks for or
 a ``ValueError`` naming the file (torn, truncated, foreign or missing a field), never numpy's
 open file handle left behind::
@@ -64,7 +66,7 @@ def read_npz(path: str | os.PathLike[str], fields: Sequence[str], what: str) -> 
         raise ValueError(f"{what} {os.fspath(path)} is unreadable: {e!r}") from e
 
 
-class MappedArray(np.ndarray):  # type: ignore[type-arg]  # any dtype and shape
+class MappedArray(np.ndarray):  # any dtype and shape
     """A read-only array whose bytes are mapped from a cache file (``map_npz``).
 
     Pickles as ``(path, offset, dtype, shape, file identity)``: the receiving process (a
@@ -78,9 +80,7 @@ class MappedArray(np.ndarray):  # type: ignore[type-arg]  # any dtype and shape
     def __array_finalize__(self, obj: Any) -> None:
         self._where = None  # only the array map_npz made knows its place in the file
 
-    def __array_wrap__(
-        self, arr: Any, context: Any = None, return_scalar: bool = False
-    ) -> Any:
+    def __array_wrap__(self, arr: Any, context: Any = None, return_scalar: bool = False) -> Any:
         arr = super().__array_wrap__(arr, context, return_scalar)
         if arr is self or type(arr) is not MappedArray:
             return arr
@@ -104,13 +104,13 @@ def _remap(
     path: str, offset: int, dtype: str, shape: tuple[int, ...], order: str,
     ident: tuple[int, int, int],
 ) -> np.ndarray[Any, Any]:  # fmt: skip
-    if _identity(os.stat(path)) != tuple(ident):
+    if _identity(os.stat(path)) != tuple(ident):  # (a list, after some pickle round trips)
         raise ValueError(
             f"cache file {path} was replaced after it was mapped (rebuilt by another process?): "
             "a worker cannot map the same bytes; restart the loader so every process maps the "
             "current file"
         )
-    return _map(path, offset, np.dtype(dtype), shape, order, tuple(ident))
+    return _map(path, offset, np.dtype(dtype), shape, order, ident)
 
 
 def _map(
@@ -121,8 +121,9 @@ def _map(
         empty = np.zeros(shape, dtype)
         empty.flags.writeable = False
         return empty
-    mm = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
-    out = mm.view(MappedArray)
+    mm = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
+                   order="F" if order == "F" else "C")  # fmt: skip
+    out: MappedArray = mm.view(MappedArray)
     out._where = (path, offset, dtype.str, tuple(shape), order, ident)
     return out
 

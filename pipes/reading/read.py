@@ -204,7 +204,7 @@ class JsonlSource:
     @property
     def ends(self) -> npt.NDArray[np.int64]:
         """Each line's end (its newline's offset): ``starts + sizes``, made on each call."""
-        return self.starts + self.sizes
+        return np.asarray(self.starts + self.sizes, dtype=np.int64)
 
     def line_number(self, sample_id: int) -> int:
         """The 1-based line of the file that holds ``sample_id``."""

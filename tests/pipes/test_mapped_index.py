@@ -16,7 +16,7 @@ import pytest
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.indexing.lengths import LengthIndex
 from neatpack.pipes.planning.plan import plan_packs
-from neatpack.pipes.planning.plan_file import load_plan, save_plan, shared_plan
+from neatpack.pipes.planning.plan_file import load_plan, shared_plan
 from neatpack.pipes.reading.npz_files import MappedArray, read_npz, write_npz
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.testing.synth import write_corpus
@@ -47,7 +47,8 @@ def test_mapped_index_and_plan_give_the_in_memory_batches(corpus: Path, tmp_path
     first = neat_vlm_graph(data, processor, config=cached)  # builds and saves the index
     index_file = next(p for p in tmp_path.glob("*.npz") if len(p.stem) == 64)
     mapped = LengthIndex.load(index_file)
-    assert isinstance(mapped.total, MappedArray) and mapped.total.dtype == np.int32
+    assert isinstance(mapped.total, MappedArray)
+    assert mapped.total.dtype == np.int32
     in_memory = LengthIndex(
         total=np.array(mapped.total, np.int64),  # an index built by hand, as before #29
         visual=np.array(mapped.visual, np.int64),
@@ -71,9 +72,12 @@ def test_a_mapped_array_pickles_as_its_place_in_the_file(tmp_path: Path) -> None
     blob = pickle.dumps(mapped)
     assert len(blob) < 1_000  # a path and an offset, not 400 kB of lengths
     back = pickle.loads(blob)
-    assert isinstance(back, MappedArray) and back.tolist() == list(range(100_000))
-    assert len(pickle.dumps(mapped[10:20])) < 1_000 and pickle.loads(pickle.dumps(mapped[5:7]))[1] == 6
-    assert isinstance(mapped + 1, np.ndarray) and not isinstance(mapped + 1, MappedArray)
+    assert isinstance(back, MappedArray)
+    assert back.tolist() == list(range(100_000))
+    assert len(pickle.dumps(mapped[10:20])) < 1_000
+    assert pickle.loads(pickle.dumps(mapped[5:7]))[1] == 6
+    assert isinstance(mapped + 1, np.ndarray)
+    assert not isinstance(mapped + 1, MappedArray)
     (tmp_path / "i.npz").unlink()
     index.save(tmp_path / "i.npz")  # replaced: another inode, so that place is gone
     with pytest.raises(ValueError, match="replaced after it was mapped"):
@@ -102,13 +106,15 @@ def test_an_old_format_index_file_loads_and_is_rewritten_once(tmp_path: Path) ->
     path = tmp_path / "old.npz"
     _legacy_save(path, total, visual, "f" * 64)
     old = LengthIndex.load(path, fingerprint="f" * 64)
-    assert old.total.tolist() == total.tolist() and old.visual.tolist() == visual.tolist()
+    assert old.total.tolist() == total.tolist()
+    assert old.visual.tolist() == visual.tolist()
     meta = json.loads(bytes(read_npz(path, ("meta",), what="t")["meta"]))
     assert meta["layout"] == 2  # rewritten: int32, mapped from now on
     assert read_npz(path, ("total",), what="t")["total"].dtype == np.int32
     stamp = path.stat().st_mtime_ns
     new = LengthIndex.load(path, fingerprint="f" * 64)
-    assert isinstance(new.total, MappedArray) and new.total.tolist() == total.tolist()
+    assert isinstance(new.total, MappedArray)
+    assert new.total.tolist() == total.tolist()
     assert path.stat().st_mtime_ns == stamp  # once only
 
 
@@ -127,7 +133,8 @@ def test_a_corrupt_plan_file_is_detected_and_planned_again(tmp_path: Path) -> No
     got = shared_plan(tmp_path, total, 2048, visual=visual, world_size=4, seed=2)
     for name in ("offsets", "ids", "totals", "visual", "dropped_ids", "truncated_ids"):
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
-    assert got.fingerprint == want.fingerprint and isinstance(got.ids, MappedArray)
+    assert got.fingerprint == want.fingerprint
+    assert isinstance(got.ids, MappedArray)
     assert got.epoch_order(3).tolist() == want.epoch_order(3).tolist()
     path = tmp_path / f"plan-{want.fingerprint}.npz"
     data = bytearray(path.read_bytes())
@@ -171,7 +178,8 @@ def test_jsonl_line_index_is_mapped_and_an_old_cache_rebuilt(tmp_path: Path) -> 
     cache = tmp_path / "cache"
     first = JsonlSource(path, cache_dir=cache)
     (cache_file,) = cache.glob("jsonl-index-*.npz")
-    assert isinstance(first.starts, MappedArray) and first.sizes.dtype == np.uint32
+    assert isinstance(first.starts, MappedArray)
+    assert first.sizes.dtype == np.uint32
     assert [first.raw(i) for i in range(40)] == [plain.raw(i) for i in range(40)]
     assert first.line_number(20) == 22 == plain.line_number(20)  # after the blank line
     assert list(first.iter_raw(0, 40)) == [json.loads(x) for x in lines]
