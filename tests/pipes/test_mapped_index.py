@@ -66,7 +66,9 @@ def test_mapped_index_and_plan_give_the_in_memory_batches(corpus: Path, tmp_path
 
 
 def test_a_mapped_array_pickles_as_its_place_in_the_file(tmp_path: Path) -> None:
-    index = LengthIndex(total=np.arange(100_000), visual=np.zeros(100_000), fingerprint="f")
+    index = LengthIndex(
+        total=np.arange(100_000), visual=np.zeros(100_000, np.int32), fingerprint="f"
+    )
     index.save(tmp_path / "i.npz")
     mapped = LengthIndex.load(tmp_path / "i.npz").total
     blob = pickle.dumps(mapped)
@@ -120,7 +122,7 @@ def test_an_old_format_index_file_loads_and_is_rewritten_once(tmp_path: Path) ->
 
 def test_a_length_over_int32_is_refused_naming_the_sample() -> None:
     with pytest.raises(ValueError, match=r"total: sample 2 has 2147483648 tokens.*int32"):
-        LengthIndex(total=np.array([1, 2, 2**31]), visual=np.zeros(3), fingerprint="f")
+        LengthIndex(total=np.array([1, 2, 2**31]), visual=np.zeros(3, int), fingerprint="f")
     with pytest.raises(ValueError, match="visual: sample 0"):
         LengthIndex(total=np.array([1]), visual=np.array([-(2**40)]), fingerprint="f")
 
