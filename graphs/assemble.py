@@ -143,10 +143,14 @@ def packed_parts(
     planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
 
     cache_dir = getattr(config, "cache_dir", None)
+    # with a cache folder, planned once per node and mapped by every rank (plan_file.py),
+    # found by the lengths' fingerprint (the CP padding is a function of it and cp_size)
+    key = f"{lengths_fingerprint}|cp_size={config.cp_size}|visual={visual is not None}"
 
     def plan_for(group_size: int) -> PackPlan:
-        # with a cache folder, planned once per node and mapped by every rank (plan_file.py)
-        plan = plan_packs if cache_dir is None else functools.partial(shared_plan, cache_dir)
+        plan: Callable[..., PackPlan] = (
+            plan_packs if cache_dir is None else functools.partial(shared_plan, cache_dir, key=key)
+        )
         return plan(
             planned,
             config.pack_size,

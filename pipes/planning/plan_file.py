@@ -51,17 +51,30 @@ def _checksum(arrays: dict[str, Any], meta: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def save_plan(plan: PackPlan, path: str | os.PathLike[str]) -> None:
+def _lengths_stamp(lengths: npt.ArrayLike, options: dict[str, Any]) -> list[int]:
+    """Count and sums of the lengths a plan was made from: a plan file found by a ``key`` must
+    match them too (a hand-made index reusing a fingerprint gets its own plan, not this one)."""
+    total = np.asarray(lengths)
+    visual = options.get("visual")
+    vis_sum = -1 if visual is None else int(np.asarray(visual).sum())
+    return [int(total.shape[0]), int(total.sum()), vis_sum]
+
+
+def save_plan(plan: PackPlan, path: str | os.PathLike[str], stamp: list[int] | None = None) -> None:
     """Write ``plan`` to ``path`` atomically (``write_npz``), with a checksum over it."""
     arrays = {name: np.asarray(getattr(plan, name)) for name in _ARRAYS}
     meta = {"layout": _LAYOUT, **{name: getattr(plan, name) for name in _SCALARS}}
+    meta["lengths"] = stamp
     meta["checksum"] = _checksum(arrays, meta)
     write_npz(path, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
 
 
-def load_plan(path: str | os.PathLike[str], fingerprint: str | None = None) -> PackPlan:
+def load_plan(
+    path: str | os.PathLike[str], fingerprint: str | None = None, stamp: list[int] | None = None
+) -> PackPlan:
     """The plan in ``path``, its arrays mapped read-only; ``ValueError`` for a file that is
-    absent, torn, corrupt (checksum) or of another plan (``fingerprint``)."""
+    absent, torn, corrupt (checksum) or of another plan (``fingerprint``, or ``stamp``: the
+    lengths' count and sums)."""
     z = map_npz(path, ("meta", *_ARRAYS), what="plan file")
     try:
         meta = json.loads(bytes(z["meta"]))
@@ -73,6 +86,8 @@ def load_plan(path: str | os.PathLike[str], fingerprint: str | None = None) -> P
         raise ValueError(f"plan file {os.fspath(path)} is unreadable: {e!r}") from e
     if fingerprint is not None and scalars["fingerprint"] != fingerprint:
         raise ValueError(f"{path}: plan {scalars['fingerprint']}, not {fingerprint}")
+    if stamp is not None and meta.get("lengths") != stamp:
+        raise ValueError(f"{path}: planned from lengths {meta.get('lengths')}, not {stamp}")
     arrays = {name: z[name] for name in _ARRAYS}
     if _checksum(arrays, meta) != checksum:
         raise ValueError(f"{path}: checksum mismatch (corrupt plan file)")
@@ -87,15 +102,33 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def shared_plan(
-    cache_dir: str | os.PathLike[str], lengths: npt.ArrayLike, capacity: int, **options: Any
+    cache_dir: str | os.PathLike[str],
+    lengths: npt.ArrayLike,
+    capacity: int,
+    *,
+    key: str | None = None,
+    **options: Any,
 ) -> PackPlan:
     """``plan_packs(lengths, capacity, **options)``, planned once per node through
     ``cache_dir`` and mapped from there (module docstring). The same plan, array for array,
-    as ``plan_packs`` gives."""
-    fp = plan_fingerprint(lengths, capacity, **options)
-    path = Path(cache_dir) / f"plan-{fp}.npz"
+    as ``plan_packs`` gives.
+
+    ``key``: a string that already identifies ``lengths`` and ``visual`` (a length index's
+    fingerprint): the file is then found by it and the options, without hashing the lengths
+    (1.6 GB of int64 at 100M samples, about a second on every rank at every start). None:
+    found by the plan's own fingerprint."""
+    stamp = _lengths_stamp(lengths, options)
+    if key is None:
+        fp = plan_fingerprint(lengths, capacity, **options)
+    else:
+        fp = None
+        named = {k: v for k, v in options.items() if k != "visual"}  # the key covers them
+        named["visual"] = options.get("visual") is not None
+        name = json.dumps({"key": key, "capacity": capacity, **named}, sort_keys=True)
+        key = hashlib.sha256(name.encode()).hexdigest()
+    path = Path(cache_dir) / f"plan-{fp or key}.npz"
     with contextlib.suppress(ValueError):
-        return load_plan(path, fp)
+        return load_plan(path, fp, stamp)
     with contextlib.ExitStack() as stack:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,11 +136,11 @@ def shared_plan(
         except OSError:
             return plan_packs(lengths, capacity, **options)  # a folder we cannot write
         with contextlib.suppress(ValueError):
-            return load_plan(path, fp)  # planned by another process while we waited
+            return load_plan(path, fp, stamp)  # planned by another process while we waited
         plan = plan_packs(lengths, capacity, **options)
         try:
-            save_plan(plan, path)
+            save_plan(plan, path, stamp)
         except OSError:
             return plan
-        return load_plan(path, fp)
+        return load_plan(path, fp, stamp)
     raise AssertionError("unreachable")  # pragma: no cover  # (mypy: ExitStack may swallow)

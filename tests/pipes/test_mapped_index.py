@@ -191,3 +191,16 @@ def test_jsonl_line_index_is_mapped_and_an_old_cache_rebuilt(tmp_path: Path) -> 
     again = JsonlSource(path, cache_dir=cache)
     assert [again.raw(i) for i in range(40)] == [plain.raw(i) for i in range(40)]
     assert "sizes" in np.load(cache_file).files
+
+
+def test_a_plan_file_found_by_key_must_match_the_lengths(tmp_path: Path) -> None:
+    total = np.arange(1, 3_000, dtype=np.int32) % 700 + 1
+    a = shared_plan(tmp_path, total, 2048, key="index-fp", world_size=2)
+    assert a.fingerprint == plan_packs(total, 2048, world_size=2).fingerprint
+    assert shared_plan(tmp_path, total, 2048, key="index-fp", world_size=2).ids.tolist() == (
+        a.ids.tolist()
+    )
+    other = total.copy()
+    other[5] += 1  # another index that (wrongly) reuses the fingerprint: planned anew
+    b = shared_plan(tmp_path, other, 2048, key="index-fp", world_size=2)
+    assert b.fingerprint == plan_packs(other, 2048, world_size=2).fingerprint != a.fingerprint
