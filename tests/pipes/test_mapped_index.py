@@ -204,3 +204,17 @@ def test_a_plan_file_found_by_key_must_match_the_lengths(tmp_path: Path) -> None
     other[5] += 1  # another index that (wrongly) reuses the fingerprint: planned anew
     b = shared_plan(tmp_path, other, 2048, key="index-fp", world_size=2)
     assert b.fingerprint == plan_packs(other, 2048, world_size=2).fingerprint != a.fingerprint
+
+
+def test_spawned_workers_map_the_index_and_give_the_same_batches(
+    corpus: Path, tmp_path: Path
+) -> None:
+    processor = load_tiny_processor()
+    kw: dict[str, Any] = {"pack_size": 1024, "batch_size": 2, "media_root": str(corpus / "media")}
+    here = NeatVLMConfig(**kw, cache_dir=str(tmp_path))
+    want = _batches(neat_vlm_graph(corpus / "data.jsonl", processor, config=here), 4)
+    spawned = NeatVLMConfig(
+        **kw, cache_dir=str(tmp_path), num_workers=1, multiprocessing_context="spawn"
+    )
+    # the mapped index reaches the worker (PackMaterializer) as its place in the file
+    assert _batches(neat_vlm_graph(corpus / "data.jsonl", processor, config=spawned), 4) == want
