@@ -19,13 +19,33 @@ here) and a question. ``loader_tokens_per_s`` with 0 and 2 workers (real tokens 
 batches / the iteration's wall time; the length index built beforehand), and ``decode_share``:
 the share of the 0-worker iteration spent in ``pipes/video.decode_video``.
 
+**Simulated scale** (``--samples N --ranks R``, issue #29): no corpus on disk. Records are
+generated from their ids (record ``i`` is the ``i % 4096``-th of a fixed set of metadata
+conversations, read through ``SequenceSource`` like any list), so every step past the reader
+is the real one. The length index of the 4,096 distinct records is built by
+``build_length_index`` (``index_records_per_s_per_process``: one process, estimate mode), tiled
+to ``N`` and saved where the graph finds it (``cache_dir``) in the real cache format. Then
+``R`` rank processes (spawned, on this machine, all alive together) each build
+``neat_vlm_graph(..., rank=r, world_size=R)`` from the cached index, pull the first batch,
+save the loader state, build a fresh loader, load the state and pull the next batch.
+Reported per rank: ``first_batch_s`` (graph built from the cached index, plan included, first
+batch out), ``resume_s``, ``peak_rss_mb`` (VmHWM), ``pss_mb`` / ``private_mb`` (from
+``/proc/self/smaps_rollup`` while every rank is alive: PSS counts a page shared by k
+processes as 1/k) and their growth over the rank's baseline (taken after a warm-up graph
+over the 4,096 patterns alone: modules imported, nothing of the N samples loaded); the first
+loader is freed before the resumed one is built, as in a restarted job. Per node: the sums,
+and ``bytes_per_sample_node``: the summed PSS growth over N.
+``plan_s`` / ``plan_peak_rss_mb``: ``plan_packs`` over the index in a process of its own.
+
     python benchmarks/bench_scale.py            # 10M records, 1,000 shards; 64 videos
     python benchmarks/bench_scale.py --quick    # 20k records, 20 shards; 8 videos
+    python benchmarks/bench_scale.py --samples 10000000 --ranks 8
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -33,13 +53,15 @@ import random
 import resource
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.indexing.estimate import LengthEstimator
-from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.reading.read import SequenceSource
 from neatpack.pipes.reading.shards import ParquetSource
 from neatpack.pipes.testing.tiny import load_tiny_processor
 
@@ -138,6 +160,211 @@ def metadata_figures(n: int, shards: int, processor: Any, mode: str) -> dict[str
     return out
 
 
+PATTERNS = 4096
+
+
+class IdSource(SequenceSource):
+    """``n`` records, record ``i`` being ``patterns[i % len(patterns)]``: a corpus of any size
+    read through the real ``SequenceSource`` (its fingerprint: the patterns and ``n``)."""
+
+    def __init__(self, patterns: list[dict[str, Any]], n: int, media_root: str) -> None:
+        super().__init__(_Tiled(patterns, n), media_root=media_root)
+        self._fingerprint = f"id-source-{n}-" + SequenceSource(patterns).content_fingerprint()
+
+
+class _Tiled(Sequence[dict[str, Any]]):
+    def __init__(self, patterns: list[dict[str, Any]], n: int) -> None:
+        self.patterns, self.n = patterns, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        return self.patterns[i % len(self.patterns)]
+
+
+def metadata_patterns(root: Path, k: int = PATTERNS) -> list[dict[str, Any]]:
+    from PIL import Image
+
+    (root / "imgs").mkdir(exist_ok=True)
+    for j, size in enumerate(SIZES):
+        Image.new("RGB", size, (40 * j % 255, 90, 160)).save(root / "imgs" / f"{j}.png")
+    rnd = random.Random(0)
+    out = []
+    for _ in range(k):
+        j = rnd.randrange(len(SIZES))
+        q = " ".join(rnd.choices(WORDS, k=rnd.randint(3, 30)))
+        a = " ".join(rnd.choices(WORDS, k=rnd.randint(5, 120)))
+        content = [{"type": "image", "image": f"imgs/{j}.png"}, {"type": "text", "text": q}]
+        out.append({"messages": [{"role": "user", "content": content},
+                                 {"role": "assistant", "content": a}],
+                    "images_meta": [list(SIZES[j][::-1])]})  # fmt: skip
+    return out
+
+
+def _proc_mb() -> dict[str, float]:
+    """Peak RSS (VmHWM), RSS, PSS and private memory of this process, in MB."""
+    out: dict[str, float] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                out["peak_rss" if "HWM" in line else "rss"] = int(line.split()[1]) / 1024
+    roll: dict[str, int] = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                roll[parts[0].rstrip(":")] = int(parts[1])
+    out["pss"] = roll.get("Pss", 0) / 1024
+    out["private"] = (roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0)) / 1024
+    out["anon"] = roll.get("Anonymous", 0) / 1024  # heap: never shared with another rank
+    out["shared_file"] = (roll.get("Shared_Clean", 0) + roll.get("Shared_Dirty", 0)) / 1024
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def _vlm_config(cache_dir: str, root: str, workers: int) -> Any:
+    return NeatVLMConfig(
+        pack_size=PACK, batch_size=1, media_root=root, cache_dir=cache_dir,
+        estimate_mode="estimate", num_workers=workers, progress=False,
+    )  # fmt: skip
+
+
+def _rank_main(
+    rank: int, world: int, n: int, root: str, cache_dir: str, workers: int, barrier: Any, q: Any
+) -> None:
+    """One simulated rank: baseline memory, graph from the cached index, first batch, state,
+    resume into a fresh loader; memory read while every rank is alive (``barrier``)."""
+    try:
+        processor = load_tiny_processor()
+        patterns = metadata_patterns(Path(root))
+        source = IdSource(patterns, n, root)
+        cfg = _vlm_config(cache_dir, root, workers)
+        # warm up on the patterns alone (every module imported, every cache filled), so the
+        # growth over the baseline below is what the N samples cost
+        warm = IdSource(patterns, len(patterns), root)
+        next(iter(neat_vlm_graph(warm, processor, config=cfg, rank=rank, world_size=world)))
+        gc.collect()
+        base = _proc_mb()
+        t0 = time.perf_counter()
+        loader = neat_vlm_graph(source, processor, config=cfg, rank=rank, world_size=world)
+        it = iter(loader)
+        first = next(it)
+        first_s = time.perf_counter() - t0
+        tokens = int((first["doc_ids"] > 0).sum())
+        state = loader.state_dict()
+        expect = next(it)["input_ids"]
+        del loader, it, first  # a restarted rank holds one loader: free this one first
+        gc.collect()
+        t0 = time.perf_counter()
+        again = neat_vlm_graph(source, processor, config=cfg, rank=rank, world_size=world)
+        again.load_state_dict(state)
+        got = next(iter(again))["input_ids"]
+        resume_s = time.perf_counter() - t0
+        barrier.wait()  # every rank holds its graphs now: PSS splits shared pages among them
+        mem = _proc_mb()
+        barrier.wait()
+        q.put({
+            "rank": rank, "first_batch_s": round(first_s, 2), "resume_s": round(resume_s, 2),
+            "resume_exact": bool((got == expect).all()),
+            "first_batch_tokens": tokens,
+            "base": base, "mem": mem,
+        })  # fmt: skip
+    except BaseException as e:  # the parent reports it
+        barrier.abort()
+        q.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
+
+
+def _plan_main(path: str, world: int, q: Any) -> None:
+    index = LengthIndex.load(path)
+    t0 = time.perf_counter()
+    plan = plan_packs(index.total, PACK, visual=index.visual, world_size=world, seed=0)
+    took = time.perf_counter() - t0
+    q.put({"plan_s": round(took, 2), "packs": len(plan), "plan_peak_rss_mb": _proc_mb()})
+
+
+def scale_figures(n: int, ranks: int, workers: int, workdir: str | None) -> dict[str, Any]:
+    import multiprocessing as mp
+
+    import numpy as np
+
+    from neatpack.graphs.families import plan_family
+    from neatpack.graphs.open_data import MISSING_MEDIA_FIX
+    from neatpack.pipes.indexing.lengths import length_index_fingerprint
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        root, cache = Path(tmp), str(Path(tmp) / "cache")
+        processor = load_tiny_processor()
+        cfg = _vlm_config(cache, tmp, workers)
+        patterns = metadata_patterns(root)
+        family = plan_family(processor, cfg)
+        sub = IdSource(patterns, len(patterns) * 4, tmp)
+        est = family.estimator(processor, "estimate", sub, missing_media_fix=MISSING_MEDIA_FIX)
+        small, took = _timed(lambda: build_length_index(sub, est, progress=False, num_workers=0))
+        out["index_records_per_s_per_process"] = round(len(sub) / took)
+        source = IdSource(patterns, n, tmp)
+        est = family.estimator(processor, "estimate", source, missing_media_fix=MISSING_MEDIA_FIX)
+        fp = length_index_fingerprint(source, est)
+        k = len(patterns)
+        fb = small.fallback_ids[small.fallback_ids < k]
+        fallback = (fb[None, :] + np.arange(0, n, k)[:, None]).reshape(-1)
+        index = LengthIndex(
+            total=np.resize(small.total[:k].astype(np.int32), n),
+            visual=np.resize(small.visual[:k].astype(np.int32), n),
+            fingerprint=fp, fallback_ids=fallback[fallback < n].astype(np.int64),
+            fallback_counts=small.fallback_counts,
+        )  # fmt: skip
+        path = Path(cache) / f"{fp}.npz"
+        t0 = time.perf_counter()
+        index.save(path)
+        out["index_save_s"] = round(time.perf_counter() - t0, 2)
+        out["index_file_mb"] = round(path.stat().st_size / 2**20, 1)
+        del index, small
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        p = ctx.Process(target=_plan_main, args=(str(path), ranks, q))
+        p.start()
+        out.update(q.get())
+        p.join()
+        barrier = ctx.Barrier(ranks)
+        procs = [ctx.Process(target=_rank_main,
+                             args=(r, ranks, n, tmp, cache, workers, barrier, q))
+                 for r in range(ranks)]  # fmt: skip
+        for p in procs:
+            p.start()
+        got = sorted((q.get() for _ in procs), key=lambda d: d["rank"])
+        for p in procs:
+            p.join()
+        errors = [g["error"] for g in got if "error" in g]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        per_rank = []
+        for g in got:
+            base, mem = g.pop("base"), g.pop("mem")
+            g.update({f"{k}_mb": v for k, v in mem.items()})
+            g["pss_growth_mb"] = round(mem["pss"] - base["pss"], 1)
+            g["private_growth_mb"] = round(mem["private"] - base["private"], 1)
+            g["anon_growth_mb"] = round(mem["anon"] - base["anon"], 1)
+            per_rank.append(g)
+        out["per_rank"] = per_rank
+        plans = list(Path(cache).glob("plan-*.npz"))  # shared plan files (none before #29)
+        out["plan_files_mb"] = round(sum(p.stat().st_size for p in plans) / 2**20, 1)
+        growth = sum(g["pss_growth_mb"] for g in per_rank)
+        out["node"] = {
+            "pss_mb": round(sum(g["pss_mb"] for g in per_rank), 1),
+            "pss_growth_mb": round(growth, 1),
+            "bytes_per_sample_node": round(growth * 2**20 / n, 2),
+            "max_private_mb": max(g["private_mb"] for g in per_rank),
+            "max_peak_rss_mb": max(g["peak_rss_mb"] for g in per_rank),
+            "max_first_batch_s": max(g["first_batch_s"] for g in per_rank),
+            "max_resume_s": max(g["resume_s"] for g in per_rank),
+            "resume_exact": all(g["resume_exact"] for g in per_rank),
+        }
+    return out
+
+
 def encode(path: Path, n: int = 48, w: int = 160, h: int = 128, fps: int = 8) -> None:
     import av
     import numpy as np
@@ -210,7 +437,18 @@ def main() -> None:
     ap.add_argument("--mode", default="estimate", help="the metadata corpus's estimate mode")
     ap.add_argument("--skip-metadata", action="store_true")
     ap.add_argument("--skip-video", action="store_true")
+    ap.add_argument("--samples", type=int, default=0, help="simulated scale: samples")
+    ap.add_argument("--ranks", type=int, default=8, help="simulated scale: rank processes")
+    ap.add_argument("--workers", type=int, default=0, help="simulated scale: workers per rank")
+    ap.add_argument("--workdir", default=None, help="simulated scale: where the cache goes")
     args = ap.parse_args()
+    env = {"python": platform.python_version(), "cpus": os.cpu_count(), "host": platform.node()}
+    if args.samples:
+        metrics = scale_figures(args.samples, args.ranks, args.workers, args.workdir)
+        params = {"samples": args.samples, "ranks": args.ranks, "workers": args.workers,
+                  "pack_size": PACK, "mode": "estimate"}  # fmt: skip
+        print(json.dumps({"benchmark": "scale", "params": params, "metrics": metrics, "env": env}))
+        return
     if args.quick:
         args.records, args.shards, args.videos = 20_000, 20, 8
     processor = load_tiny_processor()
@@ -221,7 +459,6 @@ def main() -> None:
         metrics["video"] = video_figures(args.videos, processor)
     params = {"records": args.records, "shards": args.shards, "videos": args.videos,
               "pack_size": PACK, "metadata_estimate_mode": args.mode}  # fmt: skip
-    env = {"python": platform.python_version(), "cpus": os.cpu_count(), "host": platform.node()}
     print(json.dumps({"benchmark": "scale", "params": params, "metrics": metrics, "env": env}))
 
 

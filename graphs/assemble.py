@@ -34,6 +34,7 @@ from neatpack.pipes.collating.mask_format import resolve_mask_format, warn_dense
 from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.planning.balance import pack_cost_terms
 from neatpack.pipes.planning.plan import PackPlan, plan_packs
+from neatpack.pipes.planning.plan_file import shared_plan
 from neatpack.pipes.planning.source import PackSource
 from neatpack.pipes.planning.stream_packer import StreamPacker
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
@@ -158,8 +159,18 @@ def packed_parts(
     if stream is None:
         planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
 
+        cache_dir = getattr(config, "cache_dir", None)
+        # with a cache folder, planned once per node and mapped by every rank (plan_file.py),
+        # found by the lengths' fingerprint (the CP padding is a function of it and cp_size)
+        key = f"{lengths_fingerprint}|cp_size={config.cp_size}|visual={visual is not None}"
+
         def plan_for(group_size: int) -> PackPlan:
-            return plan_packs(
+            plan: Callable[..., PackPlan] = (
+                plan_packs
+                if cache_dir is None
+                else functools.partial(shared_plan, cache_dir, key=key)
+            )
+            return plan(
                 planned,
                 config.pack_size,
                 visual=visual,

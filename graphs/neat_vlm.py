@@ -31,8 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from neatpack.graphs.assemble import (
     Hooks,
     cp_alignment,
@@ -153,7 +151,7 @@ def neat_vlm_parts(
         visual=index.visual,
         packing_ratio=cfg.packing_ratio,
         lengths_fingerprint=index.fingerprint,
-        materialize=PackMaterializer(materializer, np.asarray(index.total)),
+        materialize=PackMaterializer(materializer, index.total),
         collate_options={"padding_idx": padding_idx, **family.collate_options},
         extra_steps=[PPMediaSplitter(cfg.pp_microbatches, handler=family.handler.name)]
         if cfg.pp_microbatches

@@ -51,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "planning.binpack": ("best_fit_decreasing", "greedy_knapsack", "lower_bound", "overlong_ids"),
     "planning.cost": ("CostModel",),
     "planning.plan": ("PackPlan", "greedy_knapsack_vt_balanced", "plan_packs"),
+    "planning.plan_file": ("shared_plan",),
     "planning.sampler": ("LengthGroupedSampler",),
     "planning.source": ("PackSource", "StateMismatchError"),
     "planning.online": ("OnlinePacker",),
@@ -391,6 +392,7 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
         greedy_knapsack_vt_balanced as greedy_knapsack_vt_balanced,
     )
     from neatpack.pipes.planning.plan import plan_packs as plan_packs
+    from neatpack.pipes.planning.plan_file import shared_plan as shared_plan
     from neatpack.pipes.planning.sampler import LengthGroupedSampler as LengthGroupedSampler
     from neatpack.pipes.planning.source import PackSource as PackSource
     from neatpack.pipes.planning.source import StateMismatchError as StateMismatchError

@@ -48,10 +48,11 @@ from neatpack.pipes.indexing.index_split import initialized_dist, side_group
 from neatpack.pipes.indexing.index_workers import index_start_method, index_workers
 from neatpack.pipes.indexing.media_stamp import MediaStamp, relative_to, unsized_media_paths
 from neatpack.pipes.reading._record import RecordError, paused_gc
-from neatpack.pipes.reading.npz_files import read_npz, write_npz
+from neatpack.pipes.reading.npz_files import map_npz, write_npz
 
 __all__ = [
     "FORMAT_VERSION",
+    "LAYOUT",
     "ON_ERROR",
     "LengthIndex",
     "build_length_index",
@@ -63,12 +64,57 @@ ON_ERROR = ("raise", "skip")
 IntArray = npt.NDArray[np.int64]
 
 
+#: How the arrays lie in the cache file. 1 (the first files): int64, checksum over int64;
+#: 2: int32 lengths, checksum over the stored bytes, mapped on load. Not in the fingerprint:
+#: a layout-1 file keeps its fingerprint (saved loader states still match) and is rewritten
+#: once as layout 2 when loaded.
+LAYOUT = 2
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_CHUNK = 1 << 20  # elements hashed at a time: the int64 view of a chunk, not of the index
+
+
+def _narrow(name: str, values: Any) -> npt.NDArray[Any]:
+    """``values`` as int32 (4 bytes a sample, half of int64), unchanged when they are; a length
+    over int32 (2,147,483,647 tokens) raises naming the sample."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(values)
+    if arr.dtype == np.int32:
+        return arr
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"LengthIndex.{name} must hold ints, got dtype {arr.dtype}")
+    if arr.size:
+        hi, lo = int(arr.max()), int(arr.min())
+        if hi > _INT32_MAX or lo < -_INT32_MAX - 1:
+            i = int(np.argmax(arr) if hi > _INT32_MAX else np.argmin(arr))
+            raise ValueError(
+                f"LengthIndex.{name}: sample {i} has {int(arr[i])} tokens, outside int32 "
+                f"(|value| <= {_INT32_MAX}), the index's dtype: no pack holds it; fix that "
+                "record's length (or its estimate) or drop it from the data"
+            )
+    return arr.astype(np.int32)
+
+
+def _hash_arrays(h: Any, arrays: Any, as_int64: bool) -> None:
+    for a in arrays:
+        if not as_int64:  # layout 2: the bytes as stored (little-endian), no conversion
+            h.update(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).data)
+            continue
+        for i in range(0, len(a), _CHUNK):
+            h.update(np.ascontiguousarray(a[i : i + _CHUNK], dtype="<i8").tobytes())
+
+
 @dataclass(frozen=True)
 class LengthIndex:
-    """Per-sample lengths of one source under one estimator config."""
+    """Per-sample lengths of one source under one estimator config.
 
-    total: IntArray
-    visual: IntArray
+    ``total`` and ``visual`` are int32 (any other integer input is narrowed, and a value over
+    int32 raises naming its sample). A loaded index maps them read-only from its cache file
+    (``map_npz``): every process of a node that loads one file shares its pages, and a worker
+    that receives the index by pickle maps it again. Bytes per sample: 8 (two int32), once
+    per node (docs/scale.md).
+    """
+
+    total: npt.NDArray[Any]  # int32 (any integer input is narrowed in __post_init__)
+    visual: npt.NDArray[Any]
     fingerprint: str
     fallback_ids: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     fallback_counts: dict[str, int] = field(default_factory=dict)
@@ -76,6 +122,8 @@ class LengthIndex:
     media: MediaStamp = field(default_factory=MediaStamp.empty)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "total", _narrow("total", self.total))
+        object.__setattr__(self, "visual", _narrow("visual", self.visual))
         if self.total.shape != self.visual.shape or self.total.ndim != 1:
             raise ValueError(
                 f"total {self.total.shape} and visual {self.visual.shape} must be equal 1-D"
@@ -84,18 +132,19 @@ class LengthIndex:
     def __len__(self) -> int:
         return int(self.total.shape[0])
 
-    def _checksum(self) -> str:
+    def _checksum(self, layout: int = LAYOUT) -> str:
         h = hashlib.sha256(self.fingerprint.encode())
         media = self.media.arrays()
-        for a in (self.total, self.visual, self.fallback_ids, *media.values()):
-            h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+        _hash_arrays(h, (self.total, self.visual), as_int64=layout < 2)
+        _hash_arrays(h, (self.fallback_ids, *media.values()), as_int64=True)
         h.update(json.dumps(self.fallback_counts, sort_keys=True).encode())
         return h.hexdigest()
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Atomic write (``write_npz``)."""
+        """Atomic write (``write_npz``), uncompressed so ``load`` maps it."""
         meta = {
             "format_version": FORMAT_VERSION,
+            "layout": LAYOUT,
             "fingerprint": self.fingerprint,
             "fallback_counts": self.fallback_counts,
             "checksum": self._checksum(),
@@ -108,31 +157,43 @@ class LengthIndex:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], fingerprint: str | None = None) -> LengthIndex:
-        """Load and verify (format version, fingerprint, checksum over the arrays); a torn or
+        """Map and verify (format version, fingerprint, checksum over the arrays); a torn or
         corrupt file raises ``ValueError`` instead of returning wrong lengths. A file written
         before the media stamp existed lacks its fields: unreadable too, so it is rebuilt once
-        (same fingerprint)."""
+        (same fingerprint). A file of layout 1 (int64, written before the index was mapped) is
+        read, verified, and rewritten once as layout 2 (where the folder is writable), so the
+        next load maps it."""
         fields = ("meta", "total", "visual", "fallback_ids", "media_paths", "media_sizes",
                   "media_mtimes")  # fmt: skip
-        z = read_npz(path, fields, what="length index file")
+        z = map_npz(path, fields, what="length index file")
         try:
-            meta = json.loads(z["meta"].tobytes())
+            meta = json.loads(bytes(z["meta"]))
+            layout = int(meta.get("layout", 1))
             index = cls(
-                total=z["total"].astype(np.int64, copy=False),
-                visual=z["visual"].astype(np.int64, copy=False),
+                total=z["total"],
+                visual=z["visual"],
                 fingerprint=str(meta["fingerprint"]),
-                fallback_ids=z["fallback_ids"].astype(np.int64, copy=False),
+                fallback_ids=np.array(z["fallback_ids"], np.int64),
                 fallback_counts={str(k): int(v) for k, v in meta["fallback_counts"].items()},
                 media=MediaStamp.from_arrays(meta.get("media_root"), z),
             )
         except (ValueError, KeyError) as e:
             raise ValueError(f"length index file {path} is unreadable: {e!r}") from e
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: format {meta.get('format_version')}, not {FORMAT_VERSION}")
+        if meta.get("format_version") != FORMAT_VERSION or layout not in (1, LAYOUT):
+            raise ValueError(
+                f"{path}: format {meta.get('format_version')} layout {layout}, not "
+                f"{FORMAT_VERSION} / {LAYOUT}"
+            )
         if fingerprint is not None and index.fingerprint != fingerprint:
             raise ValueError(f"{path}: fingerprint {index.fingerprint} is not {fingerprint}")
-        if index._checksum() != meta["checksum"]:
+        if index._checksum(layout) != meta["checksum"]:
             raise ValueError(f"{path}: checksum mismatch (corrupt file)")
+        if layout < LAYOUT:
+            try:
+                index.save(path)
+            except OSError:
+                return index  # a read-only cache: used from memory, rewritten by no one
+            return cls.load(path, fingerprint)
         return index
 
 

@@ -143,8 +143,8 @@ def overlong_summary(
 ) -> OverlongSummary:
     """Group the samples with ``total > pack_size``; ``modality`` maps each such id to its
     kind (ids it lacks count as ``text``). Pure: no I/O."""
-    t = np.asarray(total, np.int64)
-    v = np.asarray(visual, np.int64)
+    t = np.asarray(total)  # no int64 copy of a 100M-sample index: only the overlong are read
+    v = np.asarray(visual)
     ids = np.flatnonzero(t > pack_size)
     kinds = np.asarray([modality.get(int(i), "text") for i in ids.tolist()], dtype=object)
     groups: dict[str, OverlongGroup] = {}

@@ -30,11 +30,13 @@ from neatpack.pipes.compat.renamed import renamed_keywords
 __all__ = [
     "OVERLONG_POLICIES",
     "OverlongPolicy",
+    "add_arange",
     "best_fit_decreasing",
     "best_fit_two_budgets",
     "bfd_bin_ids",
     "check_budget",
     "greedy_knapsack",
+    "id_dtype",
     "lower_bound",
     "overlong_ids",
     "within_budget",
@@ -48,7 +50,7 @@ IntArray = npt.NDArray[np.int64]
 
 def overlong_ids(lengths: Sequence[int] | npt.ArrayLike, max_length: int) -> list[int]:
     """Ids of the samples longer than ``max_length`` (those a packer cannot place)."""
-    return np.flatnonzero(np.asarray(lengths, dtype=np.int64) > max_length).tolist()
+    return np.flatnonzero(np.asarray(lengths) > max_length).tolist()
 
 
 def check_lengths(
@@ -64,7 +66,8 @@ def check_lengths(
         raise ValueError(
             f"{who}: lengths must be 1-D ints, got dtype {arr.dtype} shape {arr.shape}"
         )
-    arr = arr.astype(np.int64, copy=False)
+    if arr.dtype not in (np.int32, np.int64):  # int32 (a LengthIndex's) is kept: no copy
+        arr = arr.astype(np.int64)
     if arr.size and arr.min() < 0:
         bad = np.flatnonzero(arr < 0)[:5].tolist()
         raise ValueError(f"{who}: negative lengths at sample ids {bad}: {arr[bad].tolist()}")
@@ -403,19 +406,37 @@ def best_fit_decreasing(
     cnt = _counts(arr, capacity, overlong == "drop") if n else np.zeros(capacity + 1, np.int64)
     n_kept = int(cnt.sum())
     if n_kept == 0:
-        return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=id_dtype(n))
     pair_bin, pair_k, pair_prior, bin_size, _ = _layout(cnt, capacity)
     offsets = np.zeros(bin_size.size + 1, dtype=np.int64)
     np.cumsum(bin_size, out=offsets[1:])
     run_start = np.cumsum(pair_k) - pair_k
-    slot_pos = np.repeat(offsets[pair_bin] + pair_prior - run_start, pair_k)  # CSR position
-    slot_pos += np.arange(n_kept, dtype=np.int64)
+    small = id_dtype(n)  # ids and CSR positions: 4 bytes a sample below 2**31 samples
+    slot_pos = np.repeat((offsets[pair_bin] + pair_prior - run_start).astype(small), pair_k)
+    del pair_bin, pair_prior, run_start
+    add_arange(slot_pos)  # the CSR position of each slot
     if n_kept < n:  # overlong samples: positions past the kept ids, cut off below
-        slot_pos = np.concatenate((slot_pos, np.arange(n_kept, n, dtype=np.int64)))
-    ids = np.empty(n, dtype=np.int64)
+        slot_pos = np.concatenate((slot_pos, np.arange(n_kept, n, dtype=small)))
+    ids = np.empty(n, dtype=small)
     for c0, local, slots in _slot_chunks(arr, capacity, cnt):
         ids[slot_pos[slots]] = local + c0
     return offsets, ids[:n_kept]
+
+
+def id_dtype(n: int) -> type[np.signedinteger[Any]]:
+    """The dtype of sample ids and positions among ``n`` samples: int32 while it holds them."""
+    return np.int32 if n < 2**31 else np.int64
+
+
+def add_arange(a: npt.NDArray[Any], first: int = 0) -> None:
+    """``a += arange(first, first + len(a))`` in place, a cache-sized block at a time (a whole
+    ``arange`` would be one more array of ``len(a)``: 400 MB at 100M int32 samples)."""
+    step = 1 << _CHUNK_BITS
+    block = np.arange(min(step, a.shape[0]), dtype=a.dtype)
+    for c0 in range(0, a.shape[0], step):
+        seg = a[c0 : c0 + step]
+        seg += block[: seg.shape[0]]
+        seg += first + c0
 
 
 def check_budget(
@@ -561,4 +582,4 @@ def best_fit_two_budgets(
     all_sizes = np.concatenate(sizes)
     out_offsets = np.zeros(all_sizes.size + 1, dtype=np.int64)
     np.cumsum(all_sizes, out=out_offsets[1:])
-    return out_offsets, np.concatenate(out).astype(np.int64, copy=False)
+    return out_offsets, np.concatenate(out)

@@ -32,6 +32,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,18 +41,20 @@ from neatpack.pipes.compat.renamed import renamed_keywords
 from neatpack.pipes.planning.balance import BalancePolicy, balanced_order, pack_cost_terms
 from neatpack.pipes.planning.binpack import (
     IntArray,
+    add_arange,
     best_fit_decreasing,
     best_fit_two_budgets,
     check_budget,
     check_lengths,
     greedy_knapsack,
-    overlong_ids,
+    id_dtype,
 )
 
 __all__ = [
     "PLAN_VERSION",
     "PackPlan",
     "greedy_knapsack_vt_balanced",
+    "plan_fingerprint",
     "plan_packs",
     "step_group_order",
 ]
@@ -176,12 +179,117 @@ class PackPlan:
         return float(self.totals.sum()) / max(len(self) * self.capacity, 1)
 
 
-def _fingerprint(total: IntArray, visual: IntArray | None, params: Mapping[str, object]) -> str:
+_BLOCK = 1 << 22  # samples per block where a whole-array temporary would cost O(samples)
+
+
+def _hash_int64(h: Any, a: npt.NDArray[Any]) -> None:
+    """``h.update(a.astype("<i8").tobytes())`` a block at a time: the same digest, without an
+    int64 copy of the whole array (800 MB at 100M samples)."""
+    for i in range(0, a.shape[0], _BLOCK):
+        h.update(np.ascontiguousarray(a[i : i + _BLOCK], dtype="<i8").data)
+
+
+def _fingerprint(
+    total: npt.NDArray[Any], visual: npt.NDArray[Any] | None, params: Mapping[str, object]
+) -> str:
     h = hashlib.sha256(PLAN_VERSION.encode())
-    h.update(total.astype("<i8").tobytes())
-    h.update(b"|" if visual is None else visual.astype("<i8").tobytes())
+    _hash_int64(h, total)
+    if visual is None:
+        h.update(b"|")
+    else:
+        _hash_int64(h, visual)
     h.update(json.dumps(params, sort_keys=True).encode())
     return h.hexdigest()
+
+
+def _pack_sums(values: npt.NDArray[Any], offsets: IntArray, ids: npt.NDArray[Any]) -> IntArray:
+    """``values`` summed per pack (CSR), a block of packs at a time (no gather of all ids)."""
+    n = offsets.size - 1
+    out = np.zeros(n, dtype=np.int64)
+    step = max(1, _BLOCK // 64)  # packs per block (tens of samples each)
+    for p0 in range(0, n, step):
+        p1 = min(p0 + step, n)
+        a, b = int(offsets[p0]), int(offsets[p1])
+        if b > a:
+            out[p0:p1] = np.add.reduceat(values[ids[a:b]], offsets[p0:p1] - a, dtype=np.int64)
+    return out
+
+
+def _reorder(offsets: IntArray, ids: npt.NDArray[Any], order: IntArray) -> tuple[IntArray, Any]:
+    """The CSR with its packs in ``order`` (a subset of them, in that order), a block of packs
+    at a time: the only O(samples) array made is the new ids (the old are freed by the caller)."""
+    sizes = np.diff(offsets)[order]
+    new_offsets = np.zeros(order.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=new_offsets[1:])
+    out = np.empty(int(new_offsets[-1]), dtype=ids.dtype)
+    starts = offsets[order]
+    step = max(1, _BLOCK // 64)
+    for p0 in range(0, order.size, step):
+        p1 = min(p0 + step, order.size)
+        a, b = int(new_offsets[p0]), int(new_offsets[p1])
+        take = np.repeat((starts[p0:p1] - new_offsets[p0:p1]).astype(ids.dtype), sizes[p0:p1])
+        add_arange(take, a)
+        out[a:b] = ids[take]
+    return new_offsets, out
+
+
+def _check_visual(vis: npt.NDArray[Any], total: npt.NDArray[Any]) -> None:
+    for i0 in range(0, total.shape[0], _BLOCK):
+        v, t = vis[i0 : i0 + _BLOCK], total[i0 : i0 + _BLOCK]
+        bad = np.flatnonzero((v < 0) | (v > t))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"visual tokens must lie in [0, length]: sample {i0 + i} has visual={v[i]}, "
+                f"length={t[i]}. Recompute the length index."
+            )
+
+
+def _params(
+    capacity: int, packing_ratio: float, max_packs: int | None, overlong: str, world_size: int,
+    seed: int, shuffle: bool, balance: str, max_visual: int | None,
+) -> dict[str, object]:  # fmt: skip
+    params: dict[str, object] = {
+        "capacity": int(capacity),
+        "packing_ratio": float(packing_ratio),
+        "max_packs": max_packs,
+        "overlong": overlong,
+        "group_size": int(world_size),
+        "seed": int(seed),
+        "shuffle": bool(shuffle),
+    }
+    if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
+        params["balance"] = balance
+    if max_visual is not None:  # only when set: plans without it keep their fingerprint
+        params["max_visual"] = int(max_visual)
+    return params
+
+
+def plan_fingerprint(
+    lengths: npt.ArrayLike,
+    capacity: int,
+    *,
+    visual: npt.ArrayLike | None = None,
+    packing_ratio: float = 1.0,
+    max_packs: int | None = None,
+    overlong: str = "raise",
+    world_size: int = 1,
+    seed: int = 0,
+    shuffle: bool = True,
+    balance: BalancePolicy = "tokens",
+    max_visual: int | None = None,
+) -> str:
+    """The ``fingerprint`` ``plan_packs`` gives these arguments, without planning (hashing the
+    lengths only: a plan file is looked up by it, ``plan_file.shared_plan``).
+
+    >>> plan_fingerprint([5, 4, 3], 8, seed=1) == plan_packs([5, 4, 3], 8, seed=1).fingerprint
+    True
+    """
+    total = np.asarray(lengths)
+    vis = None if visual is None else np.asarray(visual)
+    params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
+                     balance, max_visual)  # fmt: skip
+    return _fingerprint(total, vis, params)
 
 
 def _check_params(
@@ -240,57 +348,44 @@ def plan_packs(
     """
     plan_capacity = _check_params(capacity, packing_ratio, max_packs, world_size, seed)
     total = check_lengths(lengths, capacity, overlong, "plan_packs", "overlong")
-    vis: IntArray | None = None
+    vis: npt.NDArray[Any] | None = None
     if visual is not None:
-        vis = np.asarray(visual).astype(np.int64)
+        vis = np.asarray(visual)
+        if vis.dtype not in (np.int32, np.int64):  # a LengthIndex's int32 is used as it is
+            vis = vis.astype(np.int64)
         if vis.shape != total.shape:
             raise ValueError(f"visual has shape {vis.shape}, lengths {total.shape}: one per sample")
-        bad = np.flatnonzero((vis < 0) | (vis > total))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(
-                f"visual tokens must lie in [0, length]: sample {i} has visual={vis[i]}, "
-                f"length={total[i]} ({bad.size} such samples). Recompute the length index."
-            )
+        _check_visual(vis, total)
     over_budget = np.zeros(0, dtype=np.int64)
     if max_visual is not None:
         if vis is None:
             raise ValueError(f"plan_packs: {max_visual=} needs visual= (visual tokens per sample)")
         over_budget = check_budget(total, vis, max_visual, overlong, "plan_packs", "max_visual")
-    params: dict[str, object] = {
-        "capacity": int(capacity),
-        "packing_ratio": float(packing_ratio),
-        "max_packs": max_packs,
-        "overlong": overlong,
-        "group_size": int(world_size),
-        "seed": int(seed),
-        "shuffle": bool(shuffle),
-    }
-    if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
-        params["balance"] = balance
-    if max_visual is not None:  # only when set: plans without it keep their fingerprint
-        params["max_visual"] = int(max_visual)
+    params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
+                     balance, max_visual)  # fmt: skip
     fingerprint = _fingerprint(total, vis, params)
-    dropped = np.asarray(overlong_ids(total, capacity), dtype=np.int64)
-    work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] packs alone
-    work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
+    dropped = np.flatnonzero(total > capacity).astype(np.int64)
+    work = total  # the lengths the packer sees; a copy only where some must change
+    if dropped.size or (total.size and int(total.max()) > plan_capacity):
+        work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] alone
+        work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
     if max_visual is None or vis is None:  # (vis is set whenever max_visual is: checked above)
         offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
     else:
         dropped = np.union1d(dropped, over_budget).astype(np.int64)
         placed = np.ones(total.size, dtype=bool)
         placed[dropped] = False
-        kept = np.flatnonzero(placed)
+        kept = np.flatnonzero(placed).astype(id_dtype(total.size))
         offsets, sub = best_fit_two_budgets(work[kept], vis[kept], plan_capacity, max_visual)
         ids = kept[sub]
-    vis_arr = vis if vis is not None else np.zeros_like(total)
-    starts = offsets[:-1]
-    sizes = np.diff(offsets)
-    tot_p = np.add.reduceat(total[ids], starts) if ids.size else np.zeros(0, np.int64)
-    vis_p = np.add.reduceat(vis_arr[ids], starts) if ids.size else np.zeros(0, np.int64)
+    del work
+    tot_p = _pack_sums(total, offsets, ids)
+    vis_p = _pack_sums(vis, offsets, ids) if vis is not None else np.zeros_like(tot_p)
     # the cost terms only when a step is balanced on them (the token order needs none)
     terms = (
-        pack_cost_terms(offsets, ids, total, vis_arr) if balance != "tokens" else np.zeros((0, 4))
+        pack_cost_terms(offsets, ids, total, vis if vis is not None else np.zeros_like(total))
+        if balance != "tokens"
+        else np.zeros((0, 4))
     )
     by_load = balanced_order(balance, terms, vis_p, tot_p, world_size)
     truncated = np.zeros(0, dtype=np.int64)
@@ -300,13 +395,11 @@ def plan_packs(
         keep[first[:max_packs]] = True
         cut = by_load[~keep]
         truncated = np.sort(np.concatenate([ids[offsets[g] : offsets[g + 1]] for g in cut]))
+        truncated = truncated.astype(np.int64)
         by_load = by_load[keep]
-    new_sizes = sizes[by_load]
-    new_offsets = np.zeros(by_load.size + 1, dtype=np.int64)
-    np.cumsum(new_sizes, out=new_offsets[1:])
-    take = np.repeat(starts[by_load] - new_offsets[:-1], new_sizes)
-    take += np.arange(int(new_offsets[-1]), dtype=np.int64)
-    arrays = [new_offsets, ids[take], tot_p[by_load], vis_p[by_load], dropped, truncated]
+    new_offsets, new_ids = _reorder(offsets, ids, by_load)
+    del ids
+    arrays = [new_offsets, new_ids, tot_p[by_load], vis_p[by_load], dropped, truncated]
     for a in arrays:
         a.flags.writeable = False
     return PackPlan(

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from neatpack.pipes.contracts import Record
 from neatpack.pipes.reading._record import RecordError, paused_gc, to_record
-from neatpack.pipes.reading.npz_files import read_npz, write_npz
+from neatpack.pipes.reading.npz_files import map_npz, read_npz, write_npz
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -181,9 +181,9 @@ class JsonlSource:
         self.media_root = real_media_root(media_root)
         self._fd: int | None = None
         self._pid = -1
-        starts, ends, lines, blanks, digest = _index_jsonl_cached(self.path, cache_dir)
+        starts, sizes, lines, blanks, digest = _index_jsonl_cached(self.path, cache_dir)
         self.starts: npt.NDArray[np.int64] = starts
-        self.ends: npt.NDArray[np.int64] = ends
+        self.sizes: npt.NDArray[Any] = sizes  # uint32 (int64 only for a line over 4 GiB)
         self._lines = lines  # 1-based file line numbers, or None when there were no blank lines
         self.blank_lines = blanks
         self.max_record_bytes = max_record_bytes
@@ -191,7 +191,7 @@ class JsonlSource:
         self.too_large: npt.NDArray[np.int64] = (
             np.zeros(0, np.int64)
             if max_record_bytes is None
-            else np.flatnonzero(ends - starts > max_record_bytes).astype(np.int64)
+            else np.flatnonzero(sizes > max_record_bytes).astype(np.int64)
         )
         # The limit changes lengths only where it refuses a line: only then is it in the key.
         self._fingerprint = (
@@ -201,6 +201,11 @@ class JsonlSource:
     def __len__(self) -> int:
         return int(self.starts.shape[0])
 
+    @property
+    def ends(self) -> npt.NDArray[np.int64]:
+        """Each line's end (its newline's offset): ``starts + sizes``, made on each call."""
+        return np.asarray(self.starts + self.sizes, dtype=np.int64)
+
     def line_number(self, sample_id: int) -> int:
         """The 1-based line of the file that holds ``sample_id``."""
         sid = _check_id(sample_id, len(self))
@@ -208,7 +213,7 @@ class JsonlSource:
 
     def read_bytes(self, sample_id: int) -> bytes:
         sid = _check_id(sample_id, len(self))
-        size = int(self.ends[sid] - self.starts[sid])
+        size = int(self.sizes[sid])
         if self.max_record_bytes is not None and size > self.max_record_bytes:
             raise RecordError(
                 f"{self.path} line {self.line_number(sid)} (sample_id={sid}) is {size} bytes, "
@@ -219,8 +224,7 @@ class JsonlSource:
         if self._fd is None or self._pid != os.getpid():
             self._fd = os.open(self.path, os.O_RDONLY)
             self._pid = os.getpid()
-        start = int(self.starts[sid])
-        return os.pread(self._fd, int(self.ends[sid]) - start, start)
+        return os.pread(self._fd, size, int(self.starts[sid]))
 
     def raw(self, sample_id: int) -> dict[str, Any]:
         """The parsed JSON object of ``sample_id`` (no conversion)."""
@@ -273,7 +277,7 @@ class JsonlSource:
                 if k < big.size:
                     j = min(j, int(big[k]))  # the block ends before the next line over the limit
                 f.seek(base)
-                block = f.read(int(self.ends[j - 1]) - base)
+                block = f.read(int(self.starts[j - 1]) + int(self.sizes[j - 1]) - base)
                 yield self._parse_block(block, i, j, base)
                 i = j
 
@@ -281,7 +285,8 @@ class JsonlSource:
         """Parse lines ``i..j-1`` of ``block`` (read from file offset ``base``), as
         ``loads_exact`` would line by line, with the garbage collector paused."""
         starts = self.starts[i:j] - base
-        lo, hi = starts.tolist(), (self.ends[i:j] - base).tolist()
+        lo = starts.tolist()
+        hi = (starts + self.sizes[i:j]).tolist()
         slow = [_fast_loads is None] * (j - i)
         if _fast_loads is not None:  # lines holding long digit runs go to json
             hits = _long_digit_runs(block)
@@ -329,9 +334,7 @@ class JsonlSource:
                 os.close(fd)
 
 
-_JsonlIndex = tuple[
-    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None, int, str
-]
+_JsonlIndex = tuple[npt.NDArray[np.int64], npt.NDArray[Any], npt.NDArray[np.int64] | None, int, str]
 
 
 def _file_identity(path: Path) -> str:
@@ -342,32 +345,55 @@ def _file_identity(path: Path) -> str:
     )
 
 
+def _line_sizes(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+    """Line sizes as uint32 (4 bytes a line instead of the 8 of an end offset) unless a line is
+    over 4 GiB."""
+    sizes = ends - starts
+    return sizes.astype(np.uint32) if not sizes.size or sizes.max() < 2**32 else sizes
+
+
 def _index_jsonl_cached(path: Path, cache_dir: str | os.PathLike[str] | None) -> _JsonlIndex:
-    """``_index_jsonl``, kept in ``cache_dir`` under the file's identity (see ``JsonlSource``).
-    A torn or foreign cache file is rebuilt; a cache that cannot be written is skipped."""
+    """``_index_jsonl``, kept in ``cache_dir`` under the file's identity (see ``JsonlSource``)
+    and mapped from there (``map_npz``: the ranks and workers of a node share its pages: 12
+    bytes a line, starts int64 + sizes uint32). A torn or foreign cache file, or one of the
+    earlier layout (``ends``, no ``sizes``), is rebuilt once; a cache that cannot be written is
+    skipped."""
     if cache_dir is None:
-        return _index_jsonl(path)
+        starts, ends, lines, blanks, digest = _index_jsonl(path)
+        return starts, _line_sizes(starts, ends), lines, blanks, digest
     ident = _file_identity(path)
     cache = Path(cache_dir) / f"jsonl-index-{hashlib.sha256(ident.encode()).hexdigest()}.npz"
-    fields = ("starts", "ends", "lines", "blanks", "digest", "identity")
-    try:
-        z = read_npz(cache, fields, what="JSONL line index cache")
-    except ValueError:
-        z = None  # absent, torn or foreign: build it again
-    if z is not None and str(z["identity"]) == ident:
-        starts, ends, lines, blanks = z["starts"], z["ends"], z["lines"], int(z["blanks"])
-        if len(starts) == len(ends) and len(lines) in (0, len(starts)):
-            return starts, ends, (lines if blanks else None), blanks, str(z["digest"])
-    starts, ends, lines, blanks, digest = built = _index_jsonl(path)
-    if _file_identity(path) != ident:
-        return built  # written to while it was read: this result is for no file state; no cache
+    got = _load_jsonl_index(cache, ident)
+    if got is not None:
+        return got
+    starts, ends, lines, blanks, digest = _index_jsonl(path)
+    sizes = _line_sizes(starts, ends)
+    del ends
+    if _file_identity(path) != ident:  # written to while it was read: no cache of it
+        return starts, sizes, lines, blanks, digest
     kept = np.zeros(0, np.int64) if lines is None else lines
-    with contextlib.suppress(OSError):  # a read-only cache: the next start reads the file again
+    try:
         write_npz(
-            cache, starts=starts, ends=ends, lines=kept, blanks=np.asarray(blanks),
+            cache, starts=starts, sizes=sizes, lines=kept, blanks=np.asarray(blanks),
             digest=np.asarray(digest), identity=np.asarray(ident),
         )  # fmt: skip
-    return built
+    except OSError:  # a read-only cache: the next start reads the file again
+        return starts, sizes, lines, blanks, digest
+    return _load_jsonl_index(cache, ident) or (starts, sizes, lines, blanks, digest)
+
+
+def _load_jsonl_index(cache: Path, ident: str) -> _JsonlIndex | None:
+    try:
+        small = read_npz(cache, ("blanks", "digest", "identity"), what="JSONL line index cache")
+        z = map_npz(cache, ("starts", "sizes", "lines"), what="JSONL line index cache")
+    except ValueError:
+        return None  # absent, torn, foreign or the earlier layout: build it again
+    if str(small["identity"]) != ident:
+        return None
+    starts, sizes, lines, blanks = z["starts"], z["sizes"], z["lines"], int(small["blanks"])
+    if len(starts) != len(sizes) or len(lines) not in (0, len(starts)):
+        return None
+    return starts, sizes, (lines if blanks else None), blanks, str(small["digest"])
 
 
 def _index_jsonl(

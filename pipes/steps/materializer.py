@@ -30,7 +30,8 @@ class PackMaterializer:
         self, materializer: Materializer | Callable[[Any], Any], estimated: Any = None
     ) -> None:
         self.materializer = materializer
-        self.estimated = None if estimated is None else np.asarray(estimated)
+        # asanyarray: a mapped index stays mapped, so a spawned worker maps it (npz_files.py)
+        self.estimated = None if estimated is None else np.asanyarray(estimated)
 
     def __call__(self, ref: Mapping[str, Any]) -> dict[str, Any]:
         pack = dict(self.materializer(ref))

@@ -14,3 +14,12 @@ def test_bench_scale_quick() -> None:
     assert meta["first_batch_tokens"] > 0
     assert set(video["loader_tokens_per_s"]) == {"0_workers", "2_workers"}
     assert 0 < video["decode_share"] < 1
+
+
+def test_bench_scale_simulated_ranks() -> None:
+    out = run_bench("bench_scale.py", "--samples", "20000", "--ranks", "2", timeout=400)
+    metrics = out["metrics"]
+    assert [r["rank"] for r in metrics["per_rank"]] == [0, 1]
+    assert metrics["node"]["resume_exact"] is True  # the resumed loader's batch is the next one
+    assert metrics["plan_files_mb"] > 0  # planned once, into the shared cache
+    assert all(r["first_batch_tokens"] > 0 for r in metrics["per_rank"])

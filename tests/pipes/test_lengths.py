@@ -61,7 +61,7 @@ def test_index_equals_per_record_estimates_and_counts_fallbacks(tmp_path: Path) 
     total, visual = expected(src, EST)
     np.testing.assert_array_equal(index.total, total)
     np.testing.assert_array_equal(index.visual, visual)
-    assert index.total.dtype == np.int64
+    assert index.total.dtype == np.int32  # 4 bytes a sample (docs/scale.md)
     assert len(index) == 300
     no_meta = [i for i in range(300) if i % 3 and not i % 7]
     assert index.fallback_ids.tolist() == no_meta
@@ -113,7 +113,7 @@ def test_corrupt_cache_is_detected_and_rebuilt(tmp_path: Path, damage: str) -> N
     if damage == "truncate":
         data = data[: len(data) // 2]
     elif damage == "flip":
-        at = data.index(good.total.astype("<i8").tobytes()[:16])  # inside the total array
+        at = data.index(good.total.astype("<i4").tobytes()[:16])  # inside the total array
         data[at] ^= 0xFF
     elif damage == "garbage":
         data = bytearray(b"not a zip file" * 10)

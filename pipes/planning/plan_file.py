@@ -1,0 +1,146 @@
+"""A plan in a file, mapped by every process of a node: one copy of the plan per node.
+
+``plan_packs`` gives every rank the same plan, and its sample ids are one int32 per planned
+sample (400 MB at 100M samples): eight ranks each holding their own copy would hold 3.2 GB of
+the same bytes. ``shared_plan(cache_dir, ...)`` plans once per node instead: the first process
+to ask takes an exclusive lock on ``plan-<fingerprint>.lock``, plans, and writes
+``plan-<fingerprint>.npz`` atomically; it and every later process map that file read-only
+(``npz_files.map_npz``), so the page cache holds one copy for the node. A torn or corrupt
+file (checksum) is planned and written again; a folder that cannot be written falls back to
+planning in memory.
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> plan = shared_plan(folder, [5, 4, 3, 3, 2], 8)
+    >>> type(plan.ids).__name__, plan.packs()
+    ('MappedArray', [[4], [1, 3], [0, 2]])
+    >>> shared_plan(folder, [5, 4, 3, 3, 2], 8).fingerprint == plan.fingerprint
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_packs
+from neatpack.pipes.reading.npz_files import map_npz, write_npz
+
+__all__ = ["load_plan", "save_plan", "shared_plan"]
+
+_ARRAYS = ("offsets", "ids", "totals", "visual", "dropped_ids", "truncated_ids")
+_SCALARS = ("capacity", "packing_ratio", "group_size", "seed", "shuffle", "fingerprint", "balance")
+_LAYOUT = 1
+
+
+def _checksum(arrays: dict[str, Any], meta: dict[str, Any]) -> str:
+    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    for name in _ARRAYS:
+        a = arrays[name]
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).data)
+    return h.hexdigest()
+
+
+def _lengths_stamp(lengths: npt.ArrayLike, options: dict[str, Any]) -> list[int]:
+    """Count and sums of the lengths a plan was made from: a plan file found by a ``key`` must
+    match them too (a hand-made index reusing a fingerprint gets its own plan, not this one)."""
+    total = np.asarray(lengths)
+    visual = options.get("visual")
+    vis_sum = -1 if visual is None else int(np.asarray(visual).sum())
+    return [int(total.shape[0]), int(total.sum()), vis_sum]
+
+
+def save_plan(plan: PackPlan, path: str | os.PathLike[str], stamp: list[int] | None = None) -> None:
+    """Write ``plan`` to ``path`` atomically (``write_npz``), with a checksum over it."""
+    arrays: dict[str, Any] = {name: np.asarray(getattr(plan, name)) for name in _ARRAYS}
+    meta = {"layout": _LAYOUT, **{name: getattr(plan, name) for name in _SCALARS}}
+    meta["lengths"] = stamp
+    meta["checksum"] = _checksum(arrays, meta)
+    write_npz(path, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+
+
+def load_plan(
+    path: str | os.PathLike[str], fingerprint: str | None = None, stamp: list[int] | None = None
+) -> PackPlan:
+    """The plan in ``path``, its arrays mapped read-only; ``ValueError`` for a file that is
+    absent, torn, corrupt (checksum) or of another plan (``fingerprint``, or ``stamp``: the
+    lengths' count and sums)."""
+    z = map_npz(path, ("meta", *_ARRAYS), what="plan file")
+    try:
+        meta = json.loads(bytes(z["meta"]))
+        checksum = meta.pop("checksum")
+        if meta.get("layout") != _LAYOUT:
+            raise ValueError(f"layout {meta.get('layout')}, not {_LAYOUT}")
+        scalars = {name: meta[name] for name in _SCALARS}
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"plan file {os.fspath(path)} is unreadable: {e!r}") from e
+    if fingerprint is not None and scalars["fingerprint"] != fingerprint:
+        raise ValueError(f"{path}: plan {scalars['fingerprint']}, not {fingerprint}")
+    if stamp is not None and meta.get("lengths") != stamp:
+        raise ValueError(f"{path}: planned from lengths {meta.get('lengths')}, not {stamp}")
+    arrays = {name: z[name] for name in _ARRAYS}
+    if _checksum(arrays, meta) != checksum:
+        raise ValueError(f"{path}: checksum mismatch (corrupt plan file)")
+    return PackPlan(**arrays, **scalars)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def shared_plan(
+    cache_dir: str | os.PathLike[str],
+    lengths: npt.ArrayLike,
+    capacity: int,
+    *,
+    key: str | None = None,
+    **options: Any,
+) -> PackPlan:
+    """``plan_packs(lengths, capacity, **options)``, planned once per node through
+    ``cache_dir`` and mapped from there (module docstring). The same plan, array for array,
+    as ``plan_packs`` gives.
+
+    ``key``: a string that already identifies ``lengths`` and ``visual`` (a length index's
+    fingerprint): the file is then found by it and the options, without hashing the lengths
+    (1.6 GB of int64 at 100M samples, about a second on every rank at every start). None:
+    found by the plan's own fingerprint."""
+    stamp = _lengths_stamp(lengths, options)
+    if key is None:
+        fp = plan_fingerprint(lengths, capacity, **options)
+    else:
+        fp = None
+        named = {k: v for k, v in options.items() if k != "visual"}  # the key covers them
+        named["visual"] = options.get("visual") is not None
+        name = json.dumps({"key": key, "capacity": capacity, **named}, sort_keys=True)
+        key = hashlib.sha256(name.encode()).hexdigest()
+    path = Path(cache_dir) / f"plan-{fp or key}.npz"
+    with contextlib.suppress(ValueError):
+        return load_plan(path, fp, stamp)
+    with contextlib.ExitStack() as stack:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(_locked(path.with_suffix(".lock")))
+        except OSError:
+            return plan_packs(lengths, capacity, **options)  # a folder we cannot write
+        with contextlib.suppress(ValueError):
+            return load_plan(path, fp, stamp)  # planned by another process while we waited
+        plan = plan_packs(lengths, capacity, **options)
+        try:
+            save_plan(plan, path, stamp)
+        except OSError:
+            return plan
+        return load_plan(path, fp, stamp)
+    raise AssertionError("unreachable")  # pragma: no cover  # (mypy: ExitStack may swallow)

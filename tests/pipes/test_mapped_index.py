@@ -1,0 +1,220 @@
+"""Issue #29, memory per node: the length index, the plan and the JSONL line index are mapped
+from their cache files, and give exactly what the in-memory arrays gave."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
+from neatpack.pipes.indexing.lengths import LengthIndex
+from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.planning.plan_file import load_plan, shared_plan
+from neatpack.pipes.reading.npz_files import MappedArray, read_npz, write_npz
+from neatpack.pipes.reading.read import JsonlSource
+from neatpack.pipes.testing.synth import write_corpus
+from neatpack.pipes.testing.tiny import load_tiny_processor
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mapped")
+    write_corpus(root, num_samples=24, seed=11)
+    return root
+
+
+def _batches(loader: Any, n: int) -> list[tuple[list[list[int]], list[int]]]:
+    out = []
+    for _, batch in zip(range(n), loader, strict=False):
+        ids = [list(p["sample_ids"]) for p in batch["packs"]]
+        out.append((ids, batch["input_ids"].reshape(-1).tolist()))
+    return out
+
+
+def test_mapped_index_and_plan_give_the_in_memory_batches(corpus: Path, tmp_path: Path) -> None:
+    processor = load_tiny_processor()
+    media = str(corpus / "media")
+    data = corpus / "data.jsonl"
+    cached = NeatVLMConfig(pack_size=1024, batch_size=2, media_root=media, cache_dir=str(tmp_path))
+    plain = NeatVLMConfig(pack_size=1024, batch_size=2, media_root=media)
+    first = neat_vlm_graph(data, processor, config=cached)  # builds and saves the index
+    index_file = next(p for p in tmp_path.glob("*.npz") if len(p.stem) == 64)
+    mapped = LengthIndex.load(index_file)
+    assert isinstance(mapped.total, MappedArray)
+    assert mapped.total.dtype == np.int32
+    in_memory = LengthIndex(
+        total=np.array(mapped.total, np.int64),  # an index built by hand, as before #29
+        visual=np.array(mapped.visual, np.int64),
+        fingerprint=mapped.fingerprint,
+        fallback_ids=mapped.fallback_ids,
+        fallback_counts=mapped.fallback_counts,
+    )
+    want = _batches(neat_vlm_graph(data, processor, config=plain, lengths=in_memory), 4)
+    assert len(want) == 4
+    assert _batches(first, 4) == want  # mapped index, plan written to the cache and mapped
+    again = neat_vlm_graph(data, processor, config=cached, lengths=mapped)
+    assert _batches(again, 4) == want  # the mapped plan file, loaded a second time
+    (plan_file,) = tmp_path.glob("plan-*.npz")  # planned once, by the first loader
+    assert isinstance(load_plan(plan_file).ids, MappedArray)
+
+
+def test_a_mapped_array_pickles_as_its_place_in_the_file(tmp_path: Path) -> None:
+    index = LengthIndex(
+        total=np.arange(100_000), visual=np.zeros(100_000, np.int32), fingerprint="f"
+    )
+    index.save(tmp_path / "i.npz")
+    mapped = LengthIndex.load(tmp_path / "i.npz").total
+    blob = pickle.dumps(mapped)
+    assert len(blob) < 1_000  # a path and an offset, not 400 kB of lengths
+    back = pickle.loads(blob)
+    assert isinstance(back, MappedArray)
+    assert back.tolist() == list(range(100_000))
+    assert len(pickle.dumps(mapped[10:20])) < 1_000
+    assert pickle.loads(pickle.dumps(mapped[5:7]))[1] == 6
+    assert isinstance(mapped + 1, np.ndarray)
+    assert not isinstance(mapped + 1, MappedArray)
+    (tmp_path / "i.npz").unlink()
+    index.save(tmp_path / "i.npz")  # replaced: another inode, so that place is gone
+    with pytest.raises(ValueError, match="replaced after it was mapped"):
+        pickle.loads(blob)
+
+
+def _legacy_save(path: Path, total: np.ndarray, visual: np.ndarray, fp: str) -> None:
+    """The length index file as neatpack wrote it before #29 (int64, checksum over int64)."""
+    h = hashlib.sha256(fp.encode())
+    empty = np.zeros(0, np.int64)
+    for a in (total, visual, empty, np.zeros(0, np.uint8), empty, empty):
+        h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+    h.update(json.dumps({}, sort_keys=True).encode())
+    meta = {"format_version": 1, "fingerprint": fp, "fallback_counts": {},
+            "checksum": h.hexdigest(), "media_root": None}  # fmt: skip
+    write_npz(
+        path, total=total, visual=visual, fallback_ids=empty,
+        meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+        media_paths=np.zeros(0, np.uint8), media_sizes=empty, media_mtimes=empty,
+    )  # fmt: skip
+
+
+def test_an_old_format_index_file_loads_and_is_rewritten_once(tmp_path: Path) -> None:
+    total = np.array([5, 700, 12, 3000], np.int64)
+    visual = np.array([0, 256, 0, 1024], np.int64)
+    path = tmp_path / "old.npz"
+    _legacy_save(path, total, visual, "f" * 64)
+    old = LengthIndex.load(path, fingerprint="f" * 64)
+    assert old.total.tolist() == total.tolist()
+    assert old.visual.tolist() == visual.tolist()
+    meta = json.loads(bytes(read_npz(path, ("meta",), what="t")["meta"]))
+    assert meta["layout"] == 2  # rewritten: int32, mapped from now on
+    assert read_npz(path, ("total",), what="t")["total"].dtype == np.int32
+    stamp = path.stat().st_mtime_ns
+    new = LengthIndex.load(path, fingerprint="f" * 64)
+    assert isinstance(new.total, MappedArray)
+    assert new.total.tolist() == total.tolist()
+    assert path.stat().st_mtime_ns == stamp  # once only
+
+
+def test_a_length_over_int32_is_refused_naming_the_sample() -> None:
+    with pytest.raises(ValueError, match=r"total: sample 2 has 2147483648 tokens.*int32"):
+        LengthIndex(total=np.array([1, 2, 2**31]), visual=np.zeros(3, int), fingerprint="f")
+    with pytest.raises(ValueError, match="visual: sample 0"):
+        LengthIndex(total=np.array([1]), visual=np.array([-(2**40)]), fingerprint="f")
+
+
+def test_a_corrupt_plan_file_is_detected_and_planned_again(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    total = rng.integers(1, 900, 5_000).astype(np.int32)
+    visual = (total // 3).astype(np.int32)
+    want = plan_packs(total, 2048, visual=visual, world_size=4, seed=2)
+    got = shared_plan(tmp_path, total, 2048, visual=visual, world_size=4, seed=2)
+    for name in ("offsets", "ids", "totals", "visual", "dropped_ids", "truncated_ids"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    assert got.fingerprint == want.fingerprint
+    assert isinstance(got.ids, MappedArray)
+    assert got.epoch_order(3).tolist() == want.epoch_order(3).tolist()
+    path = tmp_path / f"plan-{want.fingerprint}.npz"
+    data = bytearray(path.read_bytes())
+    at = data.index(np.asarray(want.ids[100:104]).tobytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="checksum"):
+        load_plan(path, want.fingerprint)
+    again = shared_plan(tmp_path, total, 2048, visual=visual, world_size=4, seed=2)
+    assert np.array_equal(again.ids, want.ids)
+    assert load_plan(path, want.fingerprint).ids.tolist() == want.ids.tolist()
+
+
+def _plan_in_process(folder: str, q: Any) -> None:
+    total = np.random.default_rng(1).integers(1, 900, 20_000).astype(np.int32)
+    plan = shared_plan(folder, total, 2048, world_size=2)
+    q.put((plan.fingerprint, hashlib.sha256(np.asarray(plan.ids).tobytes()).hexdigest()))
+
+
+def test_processes_of_a_node_share_one_plan_file(tmp_path: Path) -> None:
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_plan_in_process, args=(str(tmp_path), q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = {q.get(timeout=60) for _ in procs}
+    for p in procs:
+        p.join(timeout=60)
+    assert len(got) == 1  # the same plan in every process
+    assert len(list(tmp_path.glob("plan-*.npz"))) == 1
+    total = np.random.default_rng(1).integers(1, 900, 20_000).astype(np.int32)
+    plan = plan_packs(total, 2048, world_size=2)
+    assert got == {(plan.fingerprint, hashlib.sha256(plan.ids.tobytes()).hexdigest())}
+
+
+def test_jsonl_line_index_is_mapped_and_an_old_cache_rebuilt(tmp_path: Path) -> None:
+    lines = [json.dumps({"messages": [{"role": "user", "content": "x" * i}]}) for i in range(40)]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]) + "\n")
+    plain = JsonlSource(path)
+    cache = tmp_path / "cache"
+    first = JsonlSource(path, cache_dir=cache)
+    (cache_file,) = cache.glob("jsonl-index-*.npz")
+    assert isinstance(first.starts, MappedArray)
+    assert first.sizes.dtype == np.uint32
+    assert [first.raw(i) for i in range(40)] == [plain.raw(i) for i in range(40)]
+    assert first.line_number(20) == 22 == plain.line_number(20)  # after the blank line
+    assert list(first.iter_raw(0, 40)) == [json.loads(x) for x in lines]
+    # a cache file of the earlier layout (starts, ends): rebuilt, not misread
+    z = read_npz(cache_file, ("starts", "lines", "blanks", "digest", "identity"), what="t")
+    write_npz(cache_file, ends=np.asarray(first.ends), **z)
+    again = JsonlSource(path, cache_dir=cache)
+    assert [again.raw(i) for i in range(40)] == [plain.raw(i) for i in range(40)]
+    assert "sizes" in np.load(cache_file).files
+
+
+def test_a_plan_file_found_by_key_must_match_the_lengths(tmp_path: Path) -> None:
+    total = np.arange(1, 3_000, dtype=np.int32) % 700 + 1
+    a = shared_plan(tmp_path, total, 2048, key="index-fp", world_size=2)
+    assert a.fingerprint == plan_packs(total, 2048, world_size=2).fingerprint
+    assert shared_plan(tmp_path, total, 2048, key="index-fp", world_size=2).ids.tolist() == (
+        a.ids.tolist()
+    )
+    other = total.copy()
+    other[5] += 1  # another index that (wrongly) reuses the fingerprint: planned anew
+    b = shared_plan(tmp_path, other, 2048, key="index-fp", world_size=2)
+    assert b.fingerprint == plan_packs(other, 2048, world_size=2).fingerprint != a.fingerprint
+
+
+def test_spawned_workers_map_the_index_and_give_the_same_batches(
+    corpus: Path, tmp_path: Path
+) -> None:
+    processor = load_tiny_processor()
+    kw: dict[str, Any] = {"pack_size": 1024, "batch_size": 2, "media_root": str(corpus / "media")}
+    here = NeatVLMConfig(**kw, cache_dir=str(tmp_path))
+    want = _batches(neat_vlm_graph(corpus / "data.jsonl", processor, config=here), 4)
+    spawned = NeatVLMConfig(
+        **kw, cache_dir=str(tmp_path), num_workers=1, multiprocessing_context="spawn"
+    )
+    # the mapped index reaches the worker (PackMaterializer) as its place in the file
+    assert _batches(neat_vlm_graph(corpus / "data.jsonl", processor, config=spawned), 4) == want
