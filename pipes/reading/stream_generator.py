@@ -124,4 +124,3 @@ class GeneratorStream:
 
 def _key_text(k: Any) -> str:
     return k if isinstance(k, str) else repr(k)
-

@@ -105,8 +105,12 @@ class HFStream:
         """The data files of shard ``shard`` (empty for a dataset built without files)."""
         leaf = _leaf(self.shard_dataset(shard)._ex_iterable)
         kwargs = getattr(leaf, "kwargs", None) or {}
-        found = kwargs.get("original_files") or kwargs.get("base_files") or []
-        return [str(f) for f in found]
+        found = kwargs.get("original_files") or kwargs.get("base_files") or kwargs.get("files")
+        out: list[str] = []
+        for f in found or []:  # a path, or an iterable of paths (datasets' FilesIterable)
+            out += [f] if isinstance(f, str) else [str(p) for p in f]
+        groups = [g for g in kwargs.get("row_groups_list") or [] if g is not None]
+        return [*out, *(f"row groups {g}" for g in groups)]
 
     def open(self, shard: int, start: int = 0) -> Iterator[Any]:
         check_start(shard, start, self.n_shards, "HFStream")
@@ -131,7 +135,9 @@ class HFStream:
         if self._given_fingerprint is not None:
             parts = [f"given:{self._given_fingerprint}"]
         else:
-            files = [f for k in range(self.n_shards) for f in self.files(k)]
+            files = [
+                f for k in range(self.n_shards) for f in self.files(k) if not f.startswith("row ")
+            ]
             if not files:
                 raise ValueError(
                     "HFStream: this IterableDataset has no data files to fingerprint; pass "
