@@ -12,11 +12,13 @@ from neatpack.graphs.config import (
     EpochOptions,
     PackingOptions,
     RecordOptions,
+    StreamOptions,
     WorkerOptions,
     checkpoint_key,
 )
 from neatpack.graphs.grouped import GroupedConfig, grouped_vlm_graph, grouped_vlm_parts
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph, neat_llm_parts
+from neatpack.graphs.neat_stream import NeatStreamConfig, neat_stream_graph, neat_stream_parts
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, neat_vlm_parts
 from neatpack.graphs.open_data import open_source
 from neatpack.graphs.runtime.loader import (
@@ -40,10 +42,12 @@ __all__ = [
     "LoaderStats",
     "NeatLLMConfig",
     "NeatLoader",
+    "NeatStreamConfig",
     "NeatVLMConfig",
     "PackingOptions",
     "RecordOptions",
     "StateMismatchError",
+    "StreamOptions",
     "WorkerOptions",
     "checkpoint_key",
     "grouped_vlm_graph",
@@ -52,6 +56,8 @@ __all__ = [
     "model_inputs",
     "neat_llm_graph",
     "neat_llm_parts",
+    "neat_stream_graph",
+    "neat_stream_parts",
     "neat_vlm_graph",
     "neat_vlm_parts",
     "open_source",

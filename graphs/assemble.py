@@ -33,6 +33,7 @@ from neatpack.pipes.collating.mask_format import resolve_mask_format, warn_dense
 from neatpack.pipes.parallel.context_parallel import ContextParallelSplitter, cp_padded_lengths
 from neatpack.pipes.planning.plan import PackPlan, plan_packs
 from neatpack.pipes.planning.source import PackSource
+from neatpack.pipes.planning.stream_packer import StreamPacker
 from neatpack.pipes.steps import Collater, PackMaterializer, PerPack
 
 __all__ = [
@@ -63,7 +64,7 @@ def assemble(
     config: Any,
     *,
     graph: str,
-    plan_for: Callable[[int], PackPlan],
+    plan_for: Callable[[int], PackPlan] | None,
     lengths_fingerprint: str,
     steps: Sequence[Step],
     rank: int,
@@ -73,15 +74,23 @@ def assemble(
     batched: bool = True,
     materialize: PackMaterializer | None = None,
     collate: Collater | None = None,
+    stream: StreamPacker | None = None,
 ) -> GraphParts:
-    """The ``GraphParts`` of any graph: this rank's ``PackSource`` over ``plan_for``, the worker
+    """The ``GraphParts`` of any graph: this rank's ``PackSource`` over ``plan_for`` (or, for
+    a stream, the ``StreamPacker`` given as ``stream``, with ``plan_for=None``), the worker
     ``steps``, the config's worker and bookkeeping groups, and the checkpoint key.
     ``batched=False``: each plan entry is a whole batch (one entry per step and rank, no
     ``Batcher``), else ``config.batch_size`` entries make a batch."""
     per_batch = config.batch_size if batched else 1
-    source = PackSource(
-        plan_for, rank=rank, world_size=world_size, batch_size=per_batch, tail=config.tail
-    )
+    source: PackSource | StreamPacker
+    if stream is not None:
+        source = stream
+    elif plan_for is not None:
+        source = PackSource(
+            plan_for, rank=rank, world_size=world_size, batch_size=per_batch, tail=config.tail
+        )
+    else:
+        raise ValueError("assemble needs plan_for (a planned graph) or stream (a stream)")
     return GraphParts(
         source=source,
         materialize=materialize,
@@ -134,31 +143,35 @@ def packed_parts(
     boundaries: bool,
     packing_ratio: float = 1.0,
     extra_steps: Sequence[Step] = (),
+    stream: StreamPacker | None = None,
 ) -> GraphParts:
-    """``assemble`` for a packed graph (VLM, LLM): the plan over ``total`` (padded per document
-    for context parallelism), the ``Collater`` from the config's attention group plus
+    """``assemble`` for a packed graph (VLM, LLM, stream): the plan over ``total`` (padded per
+    document for context parallelism; a stream gives its ``StreamPacker`` as ``stream`` and
+    ``total=None`` instead), the ``Collater`` from the config's attention group plus
     ``collate_options``, the worker chain with the ``hooks``, and the CP splitter for their
     ``cp_rank``. ``boundaries``: ``probe_boundaries``' answer, asked before any record is read."""
-    planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
+    plan_for: Callable[[int], PackPlan] | None = None
+    if stream is None:
+        planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
 
-    def plan_for(group_size: int) -> PackPlan:
-        return plan_packs(
-            planned,
-            config.pack_size,
-            visual=visual,
-            packing_ratio=packing_ratio,
-            max_packs=config.max_packs,
-            overlong=config.overlong,
-            world_size=group_size,
-            seed=config.seed,
-            shuffle=config.shuffle,
-            balance=config.balance,
-            max_visual=getattr(config, "max_visual_tokens", None),  # the VLM graph's option
-        )
+        def plan_for(group_size: int) -> PackPlan:
+            return plan_packs(
+                planned,
+                config.pack_size,
+                visual=visual,
+                packing_ratio=packing_ratio,
+                max_packs=config.max_packs,
+                overlong=config.overlong,
+                world_size=group_size,
+                seed=config.seed,
+                shuffle=config.shuffle,
+                balance=config.balance,
+                max_visual=getattr(config, "max_visual_tokens", None),  # the VLM graph's option
+            )
 
-    warn_dense_mask_on_cuda(
-        resolve_mask_format(config.attn_implementation), total, config.pack_size
-    )  # a dense mask costs the whole row's square on a GPU: say how much
+        warn_dense_mask_on_cuda(
+            resolve_mask_format(config.attn_implementation), total, config.pack_size
+        )  # a dense mask costs the whole row's square on a GPU: say how much
     collate = Collater(
         attn_implementation=config.attn_implementation,
         pad_to_multiple_of=config.pad_to_multiple_of,
@@ -186,6 +199,7 @@ def packed_parts(
         data=data,
         materialize=materialize,
         collate=collate,
+        stream=stream,
     )
 
 

@@ -13,6 +13,7 @@ every graph's config is made of the groups it uses (``NeatVLMConfig``, ``NeatLLM
     WorkerOptions      num_workers worker_method multiprocessing_context   every graph
                        prefetch pin_memory worker_transfer
     BookkeepingOptions keep_ledger ledger_epochs                           every graph
+    StreamOptions      buffer_size                                         stream
 
 A graph's own options (the VLM graph's length estimate, family and media choices) are declared in
 its config class the same way. Every field is declared with :func:`option`: its description and
@@ -61,10 +62,12 @@ __all__ = [
     "IndexOptions",
     "LegacyMixture",
     "NeatLLMConfig",
+    "NeatStreamConfig",
     "NeatVLMConfig",
     "Options",
     "PackingOptions",
     "RecordOptions",
+    "StreamOptions",
     "WorkerOptions",
     "check_literals",
     "check_mixture_options",
@@ -292,6 +295,23 @@ class BookkeepingOptions(Options):
             raise ValueError(f"{self.ledger_epochs=} must be >= 1, or None for every epoch")
 
 
+@dataclass(frozen=True, kw_only=True)
+class StreamOptions(Options):
+    """How a stream is packed online (``neat_stream_graph``): no length index, a buffer."""
+
+    buffer_size: int = option(
+        1000,
+        doc="samples held in open packs while the stream is read; a pack leaves when full or, "
+        "the buffer over this size, the fullest one (more: fuller packs, more records in "
+        "memory and re-read on resume; benchmarks/bench_stream.py has the fill per size)",
+        key=True,
+    )
+
+    def _check(self) -> None:
+        if self.buffer_size < 1:
+            raise ValueError(f"{self.buffer_size=} must be >= 1 sample")
+
+
 def _fields(config: Any) -> Iterator[dataclasses.Field[Any]]:
     for f in dataclasses.fields(config):
         if "key" not in f.metadata or not f.metadata.get("doc"):
@@ -507,6 +527,45 @@ class GroupedConfig(EpochOptions, RecordOptions, IndexOptions, WorkerOptions, Bo
             raise ValueError(f"{self.batch_size=} must be >= 1")
 
 
+@dataclass(frozen=True, kw_only=True)
+class NeatStreamConfig(NeatVLMConfig, StreamOptions):
+    """Static choices of the streaming graph (``neat_stream_graph``): the VLM graph's options
+    (its own ones too: the same estimate, materialize and family choices) plus
+    ``StreamOptions``. What needs a length index of the whole epoch is refused by name:
+    ``max_packs``, a ``balance`` other than tokens, ``max_visual_tokens``,
+    ``estimate_mode="calibrated"``, ``on_bad_sample="replace"`` and ``tail="drop"``.
+    ``shuffle`` shuffles the shards' order each epoch; the index options do nothing here."""
+
+    def _check(self) -> None:
+        refused = {
+            "max_packs": (self.max_packs is not None, "every pack of the stream is used"),
+            "balance": (self.balance != "tokens", "a stream has no plan to balance steps in"),
+            "max_visual_tokens": (
+                self.max_visual_tokens is not None,
+                "the online packer keeps one budget (pack_size)",
+            ),
+            "estimate_mode": (
+                self.estimate_mode == "calibrated",
+                "calibrated fits on the whole data; use exact or estimate",
+            ),
+            "on_bad_sample": (
+                self.on_bad_sample == "replace",
+                "a replacement is drawn from the whole data; use raise or skip",
+            ),
+            "tail": (
+                self.tail == "drop",
+                "what a dry rank's partners still hold cannot be listed without reading it; "
+                "dry ranks repeat their last pack (pad) until every rank is dry",
+            ),
+        }
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise ValueError(
+                    f"NeatStreamConfig({name}={getattr(self, name)!r}) is not available for a "
+                    f"stream: {why}"
+                )
+
+
 GROUPS: tuple[type[Options], ...] = (
     EpochOptions,
     PackingOptions,
@@ -515,8 +574,9 @@ GROUPS: tuple[type[Options], ...] = (
     AttentionOptions,
     WorkerOptions,
     BookkeepingOptions,
+    StreamOptions,
 )
-CONFIGS: tuple[type[Options], ...] = (NeatVLMConfig, NeatLLMConfig, GroupedConfig)
+CONFIGS: tuple[type[Options], ...] = (NeatVLMConfig, NeatLLMConfig, GroupedConfig, NeatStreamConfig)
 
 
 def options_markdown() -> str:
@@ -551,11 +611,15 @@ def options_markdown() -> str:
         groups = [g.__name__ for g in GROUPS if issubclass(config, g) and g is not EpochOptions]
         if not issubclass(config, PackingOptions):
             groups.insert(0, EpochOptions.__name__)
+        groups += [f"{c.__name__}'s own" for c in CONFIGS if c is not config
+                   and issubclass(config, c)]  # fmt: skip
         lines.append(f"| `{config.__name__}` | {', '.join(f'`{g}`' for g in groups)} |")
     for group in GROUPS:
         lines += ["", f"## `{group.__name__}`", "", inspect.getdoc(group) or "", ""]
         lines += rows(group, own(group))
     for config in CONFIGS:
+        if not own(config):
+            continue
         lines += ["", f"## `{config.__name__}`: its own options", ""]
         lines += rows(config, own(config))
     return "\n".join(lines) + "\n"

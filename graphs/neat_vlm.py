@@ -60,6 +60,7 @@ __all__ = [
     "neat_vlm_graph",
     "neat_vlm_parts",
     "open_source",
+    "pad_id_of",
 ]
 
 PackStep = PackMaterializer  # the earlier name of the materialize step
@@ -129,7 +130,7 @@ def neat_vlm_parts(
     check_overlong(index.total, index.visual, cfg.pack_size, source, cfg.overlong)
     if estimator is not None and index.fallback_ids.size:
         source = EstimateChecked(source, estimator, index.fallback_ids.tolist())
-    padding_idx = _pad_id(processor)
+    padding_idx = pad_id_of(processor)
     materializer = Materializer(
         source,
         processor,
@@ -181,7 +182,8 @@ def neat_vlm_graph() -> None:
     """
 
 
-def _pad_id(processor: Any) -> int:
+def pad_id_of(processor: Any) -> int:
+    """The processor's pad token id (0 when it has none): what rows are padded with."""
     tok = getattr(processor, "tokenizer", processor)
     pad = getattr(tok, "pad_token_id", None)
     return int(pad) if pad is not None else 0

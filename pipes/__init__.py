@@ -56,6 +56,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "planning.plan": ("PackPlan", "greedy_knapsack_vt_balanced", "plan_packs"),
     "planning.sampler": ("LengthGroupedSampler",),
     "planning.source": ("PackSource", "StateMismatchError"),
+    "planning.online": ("OnlinePacker",),
+    "planning.stream_packer": ("StreamPacker", "merge_states"),
     "reading.media": ("load_image", "to_rgb"),
     "reading.audio": ("load_audio", "split_audio_blocks"),
     "materializing.tokenize": ("tokenize_conversation", "tokenize_conversations"),
@@ -386,6 +388,7 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.planning.binpack import lower_bound as lower_bound
     from neatpack.pipes.planning.binpack import overlong_ids as overlong_ids
     from neatpack.pipes.planning.cost import CostModel as CostModel
+    from neatpack.pipes.planning.online import OnlinePacker as OnlinePacker
     from neatpack.pipes.planning.plan import PackPlan as PackPlan
     from neatpack.pipes.planning.plan import (
         greedy_knapsack_vt_balanced as greedy_knapsack_vt_balanced,
@@ -394,6 +397,8 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.planning.sampler import LengthGroupedSampler as LengthGroupedSampler
     from neatpack.pipes.planning.source import PackSource as PackSource
     from neatpack.pipes.planning.source import StateMismatchError as StateMismatchError
+    from neatpack.pipes.planning.stream_packer import StreamPacker as StreamPacker
+    from neatpack.pipes.planning.stream_packer import merge_states as merge_states
     from neatpack.pipes.reading.audio import load_audio as load_audio
     from neatpack.pipes.reading.audio import split_audio_blocks as split_audio_blocks
     from neatpack.pipes.reading.formats import FORMATS as FORMATS

@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,7 @@ from neatpack.pipes.planning.source import (
     StateMismatchError,
     epoch_slots,
 )
+from neatpack.pipes.planning.stream_packer import StreamPacker
 
 __all__ = [
     "BookkeepingError",
@@ -165,7 +166,7 @@ class NeatLoader:
 
     def __init__(
         self,
-        source: PackSource,
+        source: PackSource | StreamPacker,
         build: Callable[[BaseNode[PackRef]], BaseNode[Batch]],
         *,
         pack_size: int,
@@ -201,6 +202,10 @@ class NeatLoader:
         # Position of the trainer: epoch, where this epoch (re)started, packs taken since.
         self._position: dict[str, Any] = {"epoch": initial_epoch, "start": 0, "local": 0}
         self._group_size = source.world_size
+        # a stream's position is its packer's state at the last batch handed out (found in
+        # the graph's state), not a function of the pack count
+        self._stream_at: dict[str, Any] | None = None
+        self._side_group: Any = None
         self._continue = True  # next iter() continues _position instead of a new epoch
         # The whole graph's state at the last batch handed out ("finished": the epoch ended)
         # and the state a load_state_dict asked the next iter() to start from.
@@ -235,6 +240,11 @@ class NeatLoader:
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank (the same on every rank; for progress bars)."""
         src = self.source
+        if isinstance(src, StreamPacker):
+            raise TypeError(
+                "a streaming loader has no length: its epoch ends when its shards run out "
+                "(count steps in the trainer, or use a planned graph to know the epoch's length)"
+            )
         unit: int = src.world_size * src.batch_size
         slots: int = epoch_slots(len(src.plan_for(src.world_size)), 0, unit, src.tail)
         return slots // unit
@@ -291,12 +301,17 @@ class NeatLoader:
                         graph = self.root.state_dict()
                         self._account_filtered(source_state(graph), set())
                         self._graph = {"state": graph, "finished": True}
-                        self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
-                        self._group_size = self.source.world_size
-                        self._continue = True
-                        self._filtered_packs = 0
+                        self._end_epoch()
                     return
                 waited = time.perf_counter() - asked
+                if not self._any_rank_has_data(batch):  # a stream's epoch ends on every rank
+                    with self._lock:
+                        self.stats.wait_s += waited
+                        graph = self.root.state_dict()
+                        self._account_filtered(source_state(graph), set())
+                        self._graph = {"state": graph, "finished": True}
+                        self._end_epoch()
+                    return
                 with self._lock:
                     self.stats.wait_s += waited
                     graph = self.root.state_dict()
@@ -309,6 +324,38 @@ class NeatLoader:
             # the next iter() wait for them).
             self._watchdog.stop()
             stop_graph(self.root, 0.0)
+
+    def _end_epoch(self) -> None:
+        self._position = {"epoch": self.epoch + 1, "start": 0, "local": 0}
+        self._group_size = self.source.world_size
+        self._continue = True
+        self._filtered_packs = 0
+
+    def _any_rank_has_data(self, batch: Batch) -> bool:
+        """A stream over several ranks: whether any rank's batch holds a real pack (one
+        all-reduce of a flag per step on a gloo side group). Ranks read different shards and
+        run dry at different steps; a dry rank repeats its last pack (``padded``) until every
+        rank is dry, and then the epoch ends on all of them at the same step."""
+        src = self.source
+        if not isinstance(src, StreamPacker) or src.world_size == 1:
+            return True
+        real = any(not m.get("padded") for m in _bookkeeping(batch))
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                f"rank {src.rank} of {src.world_size} of a stream ran dry, and only the ranks "
+                "together know when the epoch ends: initialize torch.distributed before "
+                "iterating a streaming loader over several ranks (or use world_size=1)"
+            )
+        if self._side_group is None:
+            from neatpack.pipes.indexing.index_split import side_group
+
+            self._side_group = side_group()
+        flag = torch.tensor([1 if real else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._side_group)
+        return bool(flag.item())
 
     def data_metrics(self) -> dict[str, float]:
         """The data figures since the previous call (or the first ``iter()``), for a trainer's
@@ -359,6 +406,13 @@ class NeatLoader:
         batch that no batch carries were dropped by a node: their ids go to ``filtered``."""
         if at is None or int(at[PackSource.EPOCH_KEY]) != self.epoch:
             return
+        if isinstance(self.source, StreamPacker):
+            self._stream_at = copy.deepcopy(at)
+            self._position["local"] = int(at[PackSource.LOCAL_KEY])
+            if self.keep_ledger:  # the overlong samples dropped so far in this epoch
+                stream = at[StreamPacker.STREAM_KEY]
+                self._ledger().overlong = [int(i) for i in stream[StreamPacker.OVERLONG_KEY]]
+            return
         start, before = int(self._position["start"]), int(self._position["local"])
         after = int(at[PackSource.LOCAL_KEY])
         self._position["local"] = max(before, after)
@@ -385,8 +439,8 @@ class NeatLoader:
         return ledger
 
     def _record_tail(self) -> None:
-        if not self.keep_ledger:
-            return
+        if not self.keep_ledger or isinstance(self.source, StreamPacker):
+            return  # a stream lists its overlong samples as it reads them (_account_filtered)
         plan = self.source.plan_for(self._group_size)
         ledger = self._ledger()
         if self.source.rank == 0:
@@ -403,6 +457,8 @@ class NeatLoader:
             int(self._position["start"]),
             int(self._position["local"]),
         )
+        if isinstance(self.source, StreamPacker):
+            return self.source.state_at(point, started=started, at=self._stream_at)
         state: dict[str, Any] = self.source.state_at(point, started=started)
         return state
 
@@ -428,10 +484,50 @@ class NeatLoader:
                 }
             return out
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next ``iter()``; refuse other data, config or rank."""
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Continue from ``state`` at the next ``iter()``; refuse other data, config or rank.
+
+        ``state``: this rank's ``state_dict()``, or the list of every rank's (any order). A
+        planned graph needs only one (every rank's holds the global cursor); a stream resumed
+        on another world size needs every rank's, since each rank buffered its own samples."""
+        states = [state] if isinstance(state, dict) else list(state)
+        if not states:
+            raise StateMismatchError("load_state_dict got an empty list of states")
+        for one in states:
+            self._check_loadable(one)
+        states = copy.deepcopy(states)
+        src = self.source
+        own = next(
+            (s for s in states
+             if int(s["source"][PackSource.RANK_KEY]) == src.rank
+             and int(s["source"][PackSource.WORLD_SIZE_KEY]) == src.world_size),
+            states[0],
+        )  # fmt: skip
+        stream_at: dict[str, Any] | None = None
+        if isinstance(src, StreamPacker):
+            stream_at = src.resume_state([s["source"] for s in states])
+            point = ResumePoint(
+                int(stream_at[PackSource.EPOCH_KEY]), src.world_size, 0,
+                int(stream_at[PackSource.LOCAL_KEY]),
+            )  # fmt: skip
+        else:
+            # The source checks version, plan and rank now (not at the next iter()) and
+            # resolves an elastic resume to the global cursor.
+            point = src.resume_point(own["source"])
+        graph = self._graph_to_resume(own)
+        with self._lock:
+            self._position = {"epoch": point.epoch, "start": point.start, "local": point.local}
+            self._group_size = point.group_size
+            self._continue = True
+            self._resume_graph = graph
+            self._stream_at = stream_at
+            self._filtered_packs = (
+                0 if graph is None else int(own["graph"].get("filtered_packs", 0))
+            )
+
+    def _check_loadable(self, state: Any) -> None:
+        """Refuse a damaged state, another version, another config or other data by name."""
         _check_state(state)
-        state = copy.deepcopy(state)
         version = state.get("neatpack_loader_version")
         if version != self.VERSION:
             raise StateMismatchError(
@@ -445,18 +541,6 @@ class NeatLoader:
                 if state["config"].get(k) != _plain(self.config.get(k))
             )
             raise StateMismatchError(_mismatch_message(state, self.config, self.data, changed))
-        # The source checks version, plan and rank now (not at the next iter()) and resolves
-        # an elastic resume to the global cursor.
-        point = self.source.resume_point(state["source"])
-        graph = self._graph_to_resume(state)
-        with self._lock:
-            self._position = {"epoch": point.epoch, "start": point.start, "local": point.local}
-            self._group_size = point.group_size
-            self._continue = True
-            self._resume_graph = graph
-            self._filtered_packs = (
-                0 if graph is None else int(state["graph"].get("filtered_packs", 0))
-            )
 
     def _graph_to_resume(self, state: dict[str, Any]) -> dict[str, Any] | None:
         """The saved graph state when this graph can take it; else None (the position alone),

@@ -25,6 +25,7 @@ from neatpack.pipes.materializing.transfer import (
     to_transfer,
 )
 from neatpack.pipes.planning.source import PackSource
+from neatpack.pipes.planning.stream_packer import StreamPacker
 from neatpack.pipes.steps import Collater, PackMaterializer, StepChain, pack_meta
 
 __all__ = ["GraphParts", "WorkerMethod", "check_start_method", "map_stage", "pack_meta"]
@@ -131,7 +132,7 @@ class GraphParts:
     checkpoint key, so it resumes (and refuses foreign states) like the prebuilt one.
     """
 
-    source: PackSource
+    source: PackSource | StreamPacker  # a stream's: graphs/neat_stream.py
     materialize: PackMaterializer | None  # None: a graph without a materialize step (grouped)
     collate: Collater | None  # None: a graph without a Collater (grouped)
     steps: tuple[Callable[[Any], Any], ...]

@@ -37,8 +37,8 @@ class PackMaterializer:
         ids = ref["sample_ids"]
         seq_lens = pack.get("seq_lens", [])
         real = int(sum(seq_lens))
-        if self.estimated is None:
-            estimated = real
+        if self.estimated is None:  # a stream's reference carries its estimate
+            estimated = int(ref.get("estimated_tokens", real))
         else:
             estimated = int(self.estimated[list(ids)].sum()) if len(ids) else 0
         pack[META_KEY] = pack_meta(

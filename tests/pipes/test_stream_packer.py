@@ -1,0 +1,111 @@
+"""``StreamPacker``: online packs of a stream, resumable from its state at every position."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from neatpack.pipes.planning.source import StateMismatchError
+from neatpack.pipes.planning.stream_packer import StreamPacker, merge_states
+from neatpack.pipes.reading.stream import ListStream, address, sample_id
+from neatpack.pipes.testing.resume import assert_resumable
+
+
+def _stream(num_shards: int = 4, per_shard: int = 30, seed: int = 0) -> ListStream:
+    rng = random.Random(seed)
+    return ListStream(
+        [[{"n": rng.randint(1, 40)} for _ in range(per_shard + s)] for s in range(num_shards)]
+    )
+
+
+def _node(stream: ListStream, rank: int = 0, world: int = 1, **kw: Any) -> StreamPacker:
+    opts: dict[str, Any] = {"capacity": 64, "buffer_size": 8, "batch_size": 1, "seed": 1}
+    opts.update(kw)
+    return StreamPacker(
+        stream, load=lambda raw, sid: dict(raw, sample_id=sid), length=lambda r: r["n"],
+        rank=rank, world_size=world, **opts,
+    )  # fmt: skip
+
+
+def _epoch(node: StreamPacker) -> list[dict[str, Any]]:
+    node.reset()
+    out = []
+    for ref in node:
+        if ref["padded"]:
+            break
+        out.append(ref)
+    return out
+
+
+def test_every_sample_once_within_capacity_and_deterministic() -> None:
+    stream = _stream()
+    refs = _epoch(_node(stream))
+    ids = [i for r in refs for i in r["sample_ids"]]
+    assert sorted(ids) == sorted(sample_id(s, p) for s in range(4) for p in range(30 + s))
+    assert all(r["estimated_tokens"] <= 64 for r in refs)
+    assert all(
+        rec["n"] == stream._shards[address(i)[0]][address(i)[1]]["n"]
+        for r in refs
+        for i, rec in zip(r["sample_ids"], r["records"], strict=True)
+    )
+    assert [r["sample_ids"] for r in refs] == [r["sample_ids"] for r in _epoch(_node(stream))]
+
+
+def test_resumes_exactly_at_every_position() -> None:
+    stream = _stream(num_shards=3, per_shard=12)
+    assert assert_resumable(lambda: _node(stream, shuffle=True)) > 5
+
+
+def test_overlong_samples_raise_or_are_dropped_and_listed() -> None:
+    stream = ListStream([[{"n": 10}, {"n": 99}, {"n": 20}]])
+    with pytest.raises(ValueError, match=r"sample 1 \(shard 0, position 1\) is 99 tokens"):
+        _epoch(_node(stream))
+    node = _node(stream, overlong="drop")
+    refs = _epoch(node)
+    assert [r["sample_ids"] for r in refs] == [[0, 2]]
+    assert node.get_state()["stream"]["overlong"] == [1]
+
+
+def test_fewer_shards_than_ranks_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="has 2 shard\\(s\\) for 3 ranks"):
+        _node(_stream(num_shards=2), rank=0, world=3)
+
+
+def test_ranks_pad_with_their_last_pack_when_dry() -> None:
+    stream = _stream(num_shards=2, per_shard=5)
+    node = _node(stream, rank=1, world=2)
+    node.reset()
+    refs = [next(node) for _ in range(12)]
+    real = [r for r in refs if not r["padded"]]
+    assert real
+    assert refs[-1]["padded"]
+    assert refs[-1]["sample_ids"] == real[-1]["sample_ids"]
+
+
+def test_merged_states_deliver_every_sample_once() -> None:
+    stream = _stream(num_shards=5, per_shard=20)
+    seen: list[int] = []
+    nodes = [_node(stream, rank=r, world=2) for r in range(2)]
+    for n in nodes:
+        n.reset()
+        for _ in range(4):
+            seen += next(n)["sample_ids"]
+    states = [n.get_state() for n in nodes]
+    with pytest.raises(StateMismatchError, match="every rank"):
+        merge_states(states[:1], rank=0, world_size=3, batch_size=1)
+    for r in range(3):
+        node = _node(stream, rank=r, world=3)
+        node.reset(merge_states(states, rank=r, world_size=3, batch_size=1))
+        seen += [i for ref in _rest(node) for i in ref["sample_ids"]]
+    assert sorted(seen) == sorted(sample_id(s, p) for s in range(5) for p in range(20 + s))
+
+
+def _rest(node: StreamPacker) -> list[dict[str, Any]]:
+    out = []
+    for ref in node:
+        if ref["padded"]:
+            break
+        out.append(ref)
+    return out
