@@ -143,7 +143,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
 
 def stream_loader(shards: list[str], processor: Any, common: dict[str, Any], buffer: int) -> Any:
     """The streaming graph over the tar files as a ``ShardStream``."""
-    from neatpack.graphs import NeatStreamConfig, neat_stream_graph  # type: ignore[attr-defined]
+    from neatpack.graphs import NeatStreamConfig, neat_stream_graph
     from neatpack.pipes import ShardStream
 
     config = NeatStreamConfig(**common, buffer_size=buffer)

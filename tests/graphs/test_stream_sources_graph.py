@@ -85,8 +85,10 @@ def write_jsonl(root: Path, samples: list[dict[str, Any]], per: int) -> list[str
                     names.append(f"{i}-{j}.png")
                 user = [{"type": "image", "text": None} for _ in names]
                 user.append({"type": "text", "text": s["q"]})
-                row = {"messages": [{"role": "user", "content": user}, {"role": "assistant",
-                       "content": [{"type": "text", "text": s["a"]}]}], "images": names}  # fmt: skip
+                answer = [{"type": "text", "text": s["a"]}]
+                messages = [{"role": "user", "content": user},
+                            {"role": "assistant", "content": answer}]  # fmt: skip
+                row = {"messages": messages, "images": names}
                 print(json.dumps(row), file=f)
         paths.append(str(path))
     return paths
@@ -140,4 +142,3 @@ def test_s3_tar_shards_through_the_stream_graph(
     sizes = [7, 7, 7, 3]
     expected = [sample_id(k, p) for k, n in enumerate(sizes) for p in range(n)]
     check_epoch_and_resumes(make, processor, expected, CFG)
-
