@@ -471,6 +471,7 @@ __all__ = [
     "RecordError",
     "Sample",
     "SampleError",
+    "ShardStream",
     "TarShardSource",
     "assert_exactly_once",
     "assert_resumable",
