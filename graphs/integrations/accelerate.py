@@ -211,11 +211,10 @@ class AcceleratorBatches:
                 "accelerator.register_for_checkpointing(loader) instead of prepare_loader? That "
                 "saved rank 0's state only: resume from a checkpoint saved through prepare_loader"
             )
-        rank = self.loader.source.rank
-        # Same number of processes: each rank its own state. Another number: any rank's state
-        # gives the global cursor the loader re-strides from (the loader refuses what cannot).
-        own = len(states) == self.loader.source.world_size
-        self.loader.load_state_dict(states[rank] if own else states[0])
+        # Every rank's state: the loader takes its own on the same number of processes; on
+        # another, a planned graph re-strides from the global cursor (in any rank's state) and
+        # a stream redistributes what every rank had left (the loader refuses what cannot).
+        self.loader.load_state_dict(states)
 
 
 def _every_rank(value: Any) -> list[Any]:

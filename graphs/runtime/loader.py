@@ -23,6 +23,12 @@ empty remainder; a state saved after the loop continues with the next epoch), so
 reads ``loader.epoch`` never gains or loses an epoch. A new ``iter(loader)`` ends the previous
 iterator (it yields nothing more): one graph serves one epoch iterator at a time.
 
+A stream (``neat_stream_graph``: a ``StreamPacker`` instead of a ``PackSource``) has no plan:
+its position is the packer's state at the last batch handed out (the shards' positions and the
+buffer's addresses, found in the graph's state), a resume on another world size takes every
+rank's state (``load_state_dict([...])``), and its ranks end an epoch together when all of
+them have run dry (one all-reduce of a flag per step).
+
 Leaving a loader: ``break``, an exception, dropping the loader or the iterator, ``Ctrl-C`` and
 interpreter exit all stop the graph's background threads (prefetch, pin memory, mapper
 threads) and worker processes, so a script ends cleanly however it leaves. ``loader.close()``
@@ -345,9 +351,10 @@ class NeatLoader:
 
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
-                f"rank {src.rank} of {src.world_size} of a stream ran dry, and only the ranks "
-                "together know when the epoch ends: initialize torch.distributed before "
-                "iterating a streaming loader over several ranks (or use world_size=1)"
+                f"rank {src.rank} of {src.world_size} of a stream: the ranks run dry at "
+                "different steps and only together know when the epoch ends (one all-reduce "
+                "per step): initialize torch.distributed before iterating a streaming loader "
+                "over several ranks (or use world_size=1)"
             )
         if self._side_group is None:
             from neatpack.pipes.indexing.index_split import side_group

@@ -9,7 +9,9 @@ samples spread over open packs:
 * a pack leaves as soon as it is full (no room left);
 * when the buffer holds more than ``buffer_size`` samples, the fullest open pack leaves (the
   oldest on a tie) to make room;
-* at the end of the stream ``flush`` empties the buffer, fullest pack first.
+* at the end of the stream ``flush`` packs what the buffer holds again by best fit decreasing
+  (the planned graphs' packer: sorted, it fills better than arrival order) and empties it,
+  fullest pack first.
 
 No randomness and no I/O: the packs are a pure function of the lengths in arrival order and
 of ``(capacity, buffer_size)``. The state is the open packs as ``[sample id, length]`` pairs
@@ -34,6 +36,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
+
+from .binpack import best_fit_decreasing
 
 __all__ = ["OnlinePacker"]
 
@@ -122,11 +127,22 @@ class OnlinePacker:
         return out
 
     def flush(self) -> list[list[int]]:
-        """Every open pack, fullest first (the oldest on a tie); the buffer is empty after."""
-        out = []
-        while self._by_room:
-            out.append(self._take(self._by_room[0][1]))
-        return out
+        """The buffer's samples packed again by ``best_fit_decreasing``, fullest pack first
+        (the first made on a tie); the buffer is empty after."""
+        ids: list[int] = []
+        lengths: list[int] = []
+        for entry in sorted(self._open.values(), key=lambda e: e.seq):
+            ids += entry.ids
+            lengths += entry.lengths
+        self._open.clear()
+        self._by_room.clear()
+        self._count = 0
+        if not ids:
+            return []
+        offsets, order = best_fit_decreasing(lengths, self.capacity)
+        packs = [[int(j) for j in order[a:b]] for a, b in pairwise(offsets.tolist())]
+        packs.sort(key=lambda p: -sum(lengths[j] for j in p))  # stable: ties keep their order
+        return [[ids[j] for j in p] for p in packs]
 
     def state(self) -> list[list[list[int]]]:
         """The open packs, oldest first, each as ``[[sample id, length], ...]`` (plain lists)."""

@@ -52,6 +52,10 @@ FAILED_KEY = "__neatpack_failed__"
 Pairs = list[list[int]]
 
 
+def _copied(pairs: Pairs) -> Pairs:
+    return [[a, b] for a, b in pairs]
+
+
 def shard_order(num_shards: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
     """The epoch's shard order (rank ``r`` of ``W`` reads ``order[r::W]``).
 
@@ -182,12 +186,12 @@ class StreamPacker(BaseNode[PackRef]):
             self.BATCH_SIZE_KEY: self.batch_size,
             self.TAIL_KEY: self.tail,
             self.STARTED_KEY: started,
-            self.STREAM_KEY: {
-                self.SHARDS_KEY: copy.deepcopy(shards),
-                self.OPEN_KEY: copy.deepcopy(open_packs),
-                self.READY_KEY: copy.deepcopy(ready),
-                self.CARRY_KEY: copy.deepcopy(carry),
-                self.LAST_KEY: copy.deepcopy(last),
+            self.STREAM_KEY: {  # fresh lists (never aliased), without deepcopy's cost
+                self.SHARDS_KEY: _copied(shards),
+                self.OPEN_KEY: open_packs,  # OnlinePacker.state(): fresh lists already
+                self.READY_KEY: [_copied(p) for p in ready],
+                self.CARRY_KEY: _copied(carry),
+                self.LAST_KEY: None if last is None else _copied(last),
                 self.DRY_KEY: dry,
                 self.OVERLONG_KEY: list(overlong),
             },
@@ -281,10 +285,12 @@ class StreamPacker(BaseNode[PackRef]):
         self._dry = bool(s[self.DRY_KEY])
         self._overlong = [int(i) for i in s[self.OVERLONG_KEY]]
         self._iter = None
-        needed = {sid for pack in s[self.OPEN_KEY] for sid, _ in pack}
-        needed |= {sid for pack in self._ready for sid, _ in pack}
-        needed |= {sid for sid, _ in self._carry} | {sid for sid, _ in self._last or []}
-        self._records = self._read_again(needed)
+        held = [*s[self.OPEN_KEY], *self._ready, self._carry, self._last or []]
+        saved = {int(sid): int(n) for pack in held for sid, n in pack}
+        self._records = self._read_again(set(saved))
+        for sid, n in saved.items():
+            if n == 0:  # a record whose estimate failed (on_error="skip") fails again, marked
+                self._length(self._records[sid], sid)
         self._lengths = {sid: n for pack in s[self.OPEN_KEY] for sid, n in pack}
 
     def _read_again(self, needed: set[int]) -> dict[int, Any]:
@@ -392,12 +398,26 @@ class StreamPacker(BaseNode[PackRef]):
         if self.world_size == 1 and self._local % self.batch_size == 0:
             raise StopIteration
         if self._last is None:
-            raise RuntimeError(
-                f"rank {self.rank} has no pack to repeat at the end of epoch {self._epoch}: "
-                "every sample of its shards was dropped as overlong or its shards are empty. "
-                "Give every rank data (more, or more even, shards), or a larger pack_size"
-            )
+            self._last = self._stand_in()
         return self._ref(self._last, padded=True)
+
+    def _stand_in(self) -> Pairs:
+        """A pack for a rank that had none this epoch to repeat (its shards empty, or given
+        nothing after a resize): the stream's first sample that fits, in shard order. A repeat
+        of real tokens, not an empty row: an all-padding row has no label to average over."""
+        for shard in range(self.num_shards):
+            for pos, raw in enumerate(self.source.open(shard, 0)):
+                sid = sample_id(shard, pos)
+                record = self._load(raw, sid)
+                n = self._length(record, sid)
+                if (isinstance(record, dict) and FAILED_KEY in record) or n > self.capacity:
+                    continue
+                self._records[sid] = record
+                return [[sid, n]]
+        raise RuntimeError(
+            f"rank {self.rank} has no pack to repeat at the end of epoch {self._epoch} and the "
+            "stream has no sample that fits a pack (every one is empty, failed or overlong)"
+        )
 
     def _ref(self, pack: Pairs, *, padded: bool) -> PackRef:
         slot = self._local * self.world_size + self.rank

@@ -5,6 +5,7 @@ same number of steps (a rank that runs dry repeats its last pack until all are d
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -111,7 +112,7 @@ def _consumed(outputs: list[dict[str, Any]], epoch: int) -> list[int]:
 def test_two_three_two_ranks_deliver_every_sample_once(tmp_path: Path) -> None:
     write_corpus(tmp_path, num_samples=NUM_SAMPLES, seed=11)
     rows = [json.loads(line) for line in (tmp_path / "data.jsonl").read_text().splitlines()]
-    _SHARED["stream"] = ListStream([rows[a:b] for a, b in zip(CUTS, CUTS[1:], strict=False)])
+    _SHARED["stream"] = ListStream([rows[a:b] for a, b in itertools.pairwise(CUTS)])
     _SHARED["processor"] = load_tiny_processor()
     everything = [sample_id(s, p) for s in range(len(CUTS) - 1)
                   for p in range(CUTS[s + 1] - CUTS[s])]  # fmt: skip

@@ -37,7 +37,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[ListStream, Path, 
 
 def _all_ids(stream: ListStream) -> list[int]:
     return [
-        sample_id(s, p) for s in range(len(stream.shards())) for p in range(len(stream._shards[s]))
+        sample_id(s, p)
+        for s in range(len(stream.shards()))
+        for p in range(len(list(stream.open(s))))
     ]
 
 
@@ -167,3 +169,44 @@ def test_what_cannot_resume_is_refused_by_name(corpus: tuple[ListStream, Path, A
     for bad in ({"tail": "drop"}, {"max_packs": 3}, {"on_bad_sample": "replace"}):
         with pytest.raises(ValueError, match="not available for a stream"):
             NeatStreamConfig(**bad)
+
+
+def test_a_bad_record_follows_on_bad_sample_and_is_counted(
+    corpus: tuple[ListStream, Path, Any],
+) -> None:
+    processor = corpus[2]
+    good = {"messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "hello"}]}  # fmt: skip
+    bad = {"messages": []}  # an empty conversation: nothing to train on
+    data = ListStream([[good, bad, good], [good]])
+    with pytest.raises(ValueError, match="empty"):
+        list(neat_stream_graph(data, processor, config=NeatStreamConfig(pack_size=128)))
+    cfg = NeatStreamConfig(pack_size=128, buffer_size=2, on_bad_sample="skip")
+    loader = neat_stream_graph(data, processor, config=cfg)
+    list(loader)
+    ledger = loader.ledgers[0]
+    assert ledger.failed == [sample_id(0, 1)]
+    assert_exactly_once(ledger.consumed + ledger.failed, _all_ids(data))
+
+
+def test_several_ranks_without_a_process_group_are_refused_by_name(
+    corpus: tuple[ListStream, Path, Any],
+) -> None:
+    processor = corpus[2]
+    good = {"messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "hello"}]}  # fmt: skip
+    data = ListStream([[good], [good, good]])
+    loader = neat_stream_graph(data, processor, config=NeatStreamConfig(pack_size=128),
+                               rank=0, world_size=2)  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"initialize torch\.distributed"):
+        list(loader)
+
+
+def test_the_module_example_runs() -> None:
+    import doctest
+
+    from neatpack.graphs import neat_stream
+
+    result = doctest.testmod(neat_stream)
+    assert result.attempted > 0
+    assert result.failed == 0

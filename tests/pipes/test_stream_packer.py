@@ -6,6 +6,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neatpack.pipes.planning.source import StateMismatchError
 from neatpack.pipes.planning.stream_packer import StreamPacker, merge_states
@@ -46,7 +48,7 @@ def test_every_sample_once_within_capacity_and_deterministic() -> None:
     assert sorted(ids) == sorted(sample_id(s, p) for s in range(4) for p in range(30 + s))
     assert all(r["estimated_tokens"] <= 64 for r in refs)
     assert all(
-        rec["n"] == stream._shards[address(i)[0]][address(i)[1]]["n"]
+        rec["n"] == next(stream.open(address(i)[0], address(i)[1]))["n"]
         for r in refs
         for i, rec in zip(r["sample_ids"], r["records"], strict=True)
     )
@@ -64,7 +66,7 @@ def test_overlong_samples_raise_or_are_dropped_and_listed() -> None:
         _epoch(_node(stream))
     node = _node(stream, overlong="drop")
     refs = _epoch(node)
-    assert [r["sample_ids"] for r in refs] == [[0, 2]]
+    assert [r["sample_ids"] for r in refs] == [[2, 0]]  # the flush packs longest first
     assert node.get_state()["stream"]["overlong"] == [1]
 
 
@@ -109,3 +111,49 @@ def _rest(node: StreamPacker) -> list[dict[str, Any]]:
             break
         out.append(ref)
     return out
+
+
+@given(
+    st.lists(st.integers(0, 25), min_size=3, max_size=7).filter(any),
+    st.lists(st.tuples(st.integers(1, 4), st.integers(0, 8)), min_size=1, max_size=3),
+    st.integers(1, 6),
+)
+@settings(max_examples=40, deadline=None)
+def test_any_resizes_at_any_steps_deliver_every_sample_once(
+    sizes: list[int], runs: list[tuple[int, int]], buffer_size: int
+) -> None:
+    """Runs of (world size, steps) one after another, each resumed from every rank's state
+    of the one before; the last run finishes the epoch."""
+    rng = random.Random(sum(sizes))
+    stream = ListStream([[{"n": rng.randint(1, 40)} for _ in range(n)] for n in sizes])
+    every = sorted(sample_id(s, p) for s, n in enumerate(sizes) for p in range(n))
+    seen: list[int] = []
+    states: list[dict[str, Any]] = []
+    for i, (world, steps) in enumerate([*runs, (2, -1)]):
+        world = min(world, len(sizes))  # fewer shards than ranks is refused (own test)
+        nodes = [_node(stream, r, world, buffer_size=buffer_size) for r in range(world)]
+        for r, node in enumerate(nodes):
+            node.reset(merge_states(states, rank=r, world_size=world, batch_size=1) if i else None)
+            refs = _rest(node) if steps < 0 else _take(node, steps)
+            seen += [sid for ref in refs if not ref["padded"] for sid in ref["sample_ids"]]
+        states = [n.get_state() for n in nodes]
+    assert sorted(seen) == every
+
+
+def _take(node: StreamPacker, steps: int) -> list[dict[str, Any]]:
+    out = []
+    for _ in range(steps):
+        try:
+            out.append(next(node))
+        except StopIteration:
+            break
+    return out
+
+
+def test_doctests_pass() -> None:
+    import doctest
+
+    from neatpack.pipes.planning import online, stream_packer
+
+    for module in (online, stream_packer):
+        assert doctest.testmod(module).failed == 0
