@@ -12,8 +12,9 @@ test processor). Times run from the graph's construction to the epoch's last bat
 graph's include its length index, built cold: ``exact`` tokenizes every record once); each run
 is a fresh process, so ``peak_rss_mib`` is that run's own peak (the
 process and its workers). Goal: the stream within 1 point of the planned fill at buffer 1,000.
+6,000 samples by default: about 250 packs, so one pack more is 0.4 point (at 2,000 it is 1.2).
 
-    python benchmarks/bench_stream.py                    # 2000 samples, pack 8192, real tokenizer
+    python benchmarks/bench_stream.py                    # 6000 samples, pack 8192, real tokenizer
     python benchmarks/bench_stream.py --quick            # 120 samples, pack 2048, tiny processor
 """
 
@@ -153,7 +154,7 @@ def stream_loader(shards: list[str], processor: Any, common: dict[str, Any], buf
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--samples", type=int, default=6000)
     parser.add_argument("--pack-size", type=int, default=8192)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--per-shard", type=int, default=100, help="samples per tar shard")
