@@ -2,17 +2,18 @@
 (``pipes/reading/stream.py``): its own shards (``ds.num_shards``: one per data file for the
 JSON / Parquet / CSV builders), a position counted by this adapter inside the shard.
 
-Positions never come from the dataset's ``state_dict()``: in ``datasets`` 5.0 it stops
-advancing after one ``load_state_dict`` (huggingface/datasets issue 8308: a second resume
-restarts the stream from the beginning; the 5.1.0 tested here carries the fix, which
-``tests/pipes/test_stream_sources.py`` checks). The adapter counts the records it yields
-itself, and uses ``load_state_dict`` only to *seek*: ``open(shard, start)`` makes a fresh one-shard dataset and
-loads the state that says "``start`` records of this shard consumed", so the dataset skips
-Arrow rows instead of converting them. That state is built only for the layouts whose meaning
-is known (``RebatchedArrowExamplesIterable`` over an ``ArrowExamplesIterable`` or a plain
-``ExamplesIterable``); any other layout (a ``.map``, ``.filter``) seeks by reading and dropping
-``start`` records, always right but slower, and counts it in ``seeks_by_reading``. Image /
-Video features are read undecoded (bytes, decoded in the workers) as for ``HFDatasetSource``.
+Positions never come from the dataset's ``state_dict()``: in ``datasets`` 5.0 it stops advancing
+after one ``load_state_dict`` (huggingface/datasets issue 8308: a second resume restarts the
+stream from the beginning; the 5.1.0 tested here carries the fix, which
+``tests/pipes/test_stream_sources.py`` checks). The adapter counts the records it yields itself,
+and uses ``load_state_dict`` only to *seek*: ``open(shard, start)`` makes a fresh one-shard
+dataset and loads the state that says "``start`` records of this shard consumed", so the dataset
+skips Arrow rows instead of converting them. That state is built only for the layouts whose
+meaning is known (``RebatchedArrowExamplesIterable`` over an ``ArrowExamplesIterable`` or a
+plain ``ExamplesIterable``); any other layout (a ``.map``, ``.filter``) seeks by reading and
+dropping ``start`` records, always right but slower, and counts it in ``seeks_by_reading``.
+Image / Video features are read undecoded (bytes, decoded in the workers) as for
+``HFDatasetSource``.
 
 >>> import datasets, json, tempfile
 >>> d = tempfile.mkdtemp()
