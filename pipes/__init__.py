@@ -32,6 +32,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "reading.formats": ("FORMATS", "normalize_format"),
     "reading.shards": ("ParquetSource", "ShardIndexError", "TarShardSource"),
+    "reading.stream_files": ("ShardStream",),
+    "reading.stream_hf": ("HFStream",),
+    "reading.stream_generator": ("GeneratorStream", "StreamOrderError"),
     "reading.remote": ("RemoteReadError",),
     "reading.media_policy": ("MediaRefusedError",),
     "reading.video": ("decode_video", "probe_video"),
@@ -416,6 +419,10 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.reading.shards import ParquetSource as ParquetSource
     from neatpack.pipes.reading.shards import ShardIndexError as ShardIndexError
     from neatpack.pipes.reading.shards import TarShardSource as TarShardSource
+    from neatpack.pipes.reading.stream_files import ShardStream as ShardStream
+    from neatpack.pipes.reading.stream_generator import GeneratorStream as GeneratorStream
+    from neatpack.pipes.reading.stream_generator import StreamOrderError as StreamOrderError
+    from neatpack.pipes.reading.stream_hf import HFStream as HFStream
     from neatpack.pipes.reading.video import decode_video as decode_video
     from neatpack.pipes.reading.video import probe_video as probe_video
     from neatpack.pipes.steps.chain import StepChain as StepChain
@@ -466,6 +473,7 @@ __all__ = [
     "RecordError",
     "Sample",
     "SampleError",
+    "ShardStream",
     "TarShardSource",
     "assert_exactly_once",
     "assert_resumable",
