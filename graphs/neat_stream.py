@@ -50,6 +50,7 @@ from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.pipes.errors import RecordError
 from neatpack.pipes.materializing.materialize import MaterializeConfig, Materializer
 from neatpack.pipes.planning.stream_packer import FAILED_KEY, StreamPacker
+from neatpack.pipes.reading.lazy_image import send_lazy_images_encoded
 from neatpack.pipes.reading.read import real_media_root, to_record
 from neatpack.pipes.reading.stream import StreamSource
 from neatpack.pipes.steps import PackMaterializer, PPMediaSplitter
@@ -174,6 +175,8 @@ def neat_stream_parts(
         on_error="raise" if cfg.on_bad_sample == "raise" else "skip",
         fingerprint=fingerprint,
     )
+    if cfg.num_workers > 0 and cfg.worker_method == "process":
+        send_lazy_images_encoded()  # the workers decode the records' images, not this process
     padding_idx = pad_id_of(processor)
     materialize = StreamMaterializer(
         processor,

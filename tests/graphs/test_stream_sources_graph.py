@@ -142,3 +142,35 @@ def test_s3_tar_shards_through_the_stream_graph(
     sizes = [7, 7, 7, 3]
     expected = [sample_id(k, p) for k, n in enumerate(sizes) for p in range(n)]
     check_epoch_and_resumes(make, processor, expected, CFG)
+
+
+_DECODES: list[int] = []
+
+
+def test_workers_decode_the_streamed_images_not_the_trainer_process(
+    samples: list[dict[str, Any]], processor: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Local tar shards (images as lazily opened PIL images over the tar members), read by the
+    stream in this process, materialized by 2 worker processes: the batches equal the
+    0-worker run's, and no image is decoded in this process (PIL pickles an image by its
+    pixels, so without ``lazy_image.py`` every image was decoded here before crossing)."""
+    from PIL import ImageFile
+
+    paths = write_tars(tmp_path, samples, per=7)
+
+    def make() -> ShardStream:
+        return ShardStream([str(p) for p in paths])
+
+    inline = list(neat_stream_graph(make(), processor, config=CFG))
+    load = ImageFile.ImageFile.load
+
+    def counted(self: Any) -> Any:
+        _DECODES.append(1)  # this process's list: the workers count in their own copy
+        return load(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", counted)
+    two = dataclasses.replace(CFG, num_workers=2)
+    workers = list(neat_stream_graph(make(), processor, config=two))
+    assert not _DECODES
+    assert sum(len(s["images"]) for s in samples) > 0
+    assert same_item(without_meta(workers), without_meta(inline))
