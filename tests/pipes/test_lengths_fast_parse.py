@@ -136,7 +136,8 @@ def test_random_values_parse_like_json(values: list[Any]) -> None:
     block = b"\n".join(lines)
     ends = np.cumsum([len(x) + 1 for x in lines]) - 1
     src = JsonlSource.__new__(JsonlSource)
-    src.starts, src.ends = ends - [len(x) for x in lines], ends
+    src.starts = ends - [len(x) for x in lines]
+    src.sizes = np.asarray([len(x) for x in lines], dtype=np.uint32)  # ends = starts + sizes
     parsed = src._parse_block(block, 0, len(lines), 0)
     assert all(same(p, json.loads(x)) for p, x in zip(parsed, lines, strict=True))
 
