@@ -36,6 +36,7 @@ __all__ = [
     "PackRef",
     "PackSource",
     "PlanLike",
+    "PositionKeys",
     "ResumePoint",
     "StateMismatchError",
     "TailPolicy",
@@ -88,12 +89,9 @@ def epoch_slots(num_packs: int, start: int, unit: int, tail: str) -> int:
     return math.ceil(remaining / unit) * unit
 
 
-class PackSource(BaseNode[PackRef]):
-    """Yields this rank's pack references, ``{"epoch", "slot", "pack_index", "sample_ids", ...}``.
-
-    ``plan`` is a plan or a function ``group_size -> plan`` (needed to resume a checkpoint taken
-    on another world size). The state is a handful of ints: resume is O(1), no replay.
-    """
+class PositionKeys:
+    """The state keys of a rank's position, the same for every source the loader reads (a
+    planned ``PackSource``, a stream's ``StreamPacker``)."""
 
     VERSION = 1
     VERSION_KEY = "version"
@@ -108,6 +106,14 @@ class PackSource(BaseNode[PackRef]):
     BATCH_SIZE_KEY = "batch_size"
     TAIL_KEY = "tail"
     STARTED_KEY = "started"
+
+
+class PackSource(PositionKeys, BaseNode[PackRef]):
+    """Yields this rank's pack references, ``{"epoch", "slot", "pack_index", "sample_ids", ...}``.
+
+    ``plan`` is a plan or a function ``group_size -> plan`` (needed to resume a checkpoint taken
+    on another world size). The state is a handful of ints: resume is O(1), no replay.
+    """
 
     def __init__(
         self,

@@ -40,7 +40,7 @@ from neatpack.pipes.contracts import PackRef
 from neatpack.pipes.errors import RecordError
 from neatpack.pipes.planning.binpack import OVERLONG_POLICIES
 from neatpack.pipes.planning.online import OnlinePacker
-from neatpack.pipes.planning.source import ResumePoint, StateMismatchError
+from neatpack.pipes.planning.source import PositionKeys, ResumePoint, StateMismatchError
 from neatpack.pipes.reading.stream import StreamSource, address, sample_id
 
 __all__ = ["FAILED_KEY", "StreamPacker", "merge_states", "shard_order"]
@@ -68,7 +68,7 @@ def shard_order(num_shards: int, epoch: int, seed: int, shuffle: bool) -> list[i
     return order
 
 
-class StreamPacker(BaseNode[PackRef]):
+class StreamPacker(PositionKeys, BaseNode[PackRef]):
     """This rank's pack references of a stream (module docstring).
 
     ``load(raw, sample_id) -> record`` converts a raw record (the graph's ``to_record``);
@@ -80,19 +80,6 @@ class StreamPacker(BaseNode[PackRef]):
     """
 
     ELASTIC = True  # its whole state is the position the loader saves (state_dict()["source"])
-    VERSION = 1
-    VERSION_KEY = "version"
-    FINGERPRINT_KEY = "fingerprint"
-    EPOCH_KEY = "epoch"
-    START_KEY = "epoch_start"
-    LOCAL_KEY = "local"
-    CURSOR_KEY = "cursor"
-    RANK_KEY = "rank"
-    WORLD_SIZE_KEY = "world_size"
-    GROUP_SIZE_KEY = "group_size"
-    BATCH_SIZE_KEY = "batch_size"
-    TAIL_KEY = "tail"
-    STARTED_KEY = "started"
     STREAM_KEY = "stream"
     SHARDS_KEY = "shards"
     OPEN_KEY = "open"

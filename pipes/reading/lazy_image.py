@@ -12,7 +12,7 @@ queues the worker stage uses; plain ``pickle`` is untouched), a reduction that s
 not yet decoded as its encoded bytes and opens it lazily again on the other side: the worker
 decodes it, as in the planned graphs. A decoded image still pickles by its pixels.
 
->>> import io, pickle, numpy as np
+>>> import io, numpy as np
 >>> from multiprocessing.reduction import ForkingPickler
 >>> from PIL import Image
 >>> buf = io.BytesIO()
@@ -21,7 +21,7 @@ decodes it, as in the planned graphs. A decoded image still pickles by its pixel
 >>> sent = ForkingPickler.dumps(Image.open(io.BytesIO(buf.getvalue())))
 >>> len(sent) < 64 * 48 * 3
 True
->>> got = pickle.loads(sent)
+>>> got = ForkingPickler.loads(sent)  # what a worker's queue does
 >>> got.size, got.tile != []  # lazily opened again: decoded where it is used
 ((48, 64), True)
 """

@@ -278,7 +278,8 @@ def test_truncated_state_file_is_a_clear_error(
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: [s], r"loader state is a list, not a dict"),
+        # a list holds every rank's state (a stream on another world size); its items are states
+        (lambda s: [[s]], r"loader state is a list, not a dict"),
         (lambda s: {"epoch": 3}, r"version=None.*Is this a neatpack loader state"),
         (lambda s: {k: v for k, v in s.items() if k != "source"}, r"missing keys \['source'\]"),
         (lambda s: {**s, "source": {**s["source"], "cursor": -4}}, r"bad values \{'cursor': -4\}"),
