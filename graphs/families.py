@@ -26,11 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from neatpack.graphs.assemble import cp_alignment
 from neatpack.pipes.collating.collate_family import check_family_mask_format
 from neatpack.pipes.collating.mask_format import resolve_mask_format
 from neatpack.pipes.families import Handler, get_handler
 from neatpack.pipes.indexing.handler_lengths import check_estimate_mode, handler_estimator
+from neatpack.pipes.materializing.materialize import MaterializeConfig
 from neatpack.pipes.parallel.pp_family_media import check_pp_split
+from neatpack.pipes.steps import PPMediaSplitter
 
 __all__ = ["FamilyPlan", "plan_family"]
 
@@ -47,6 +50,26 @@ class FamilyPlan:
         """The family's length estimator (``pipes/indexing/handler_lengths.py``); ``source``:
         the records ``mode="calibrated"`` fits on; ``options``: ``missing_media_fix``."""
         return handler_estimator(processor, self.handler.name, mode, source=source, **options)
+
+    def materialize_config(self, config: Any, padding_idx: int) -> MaterializeConfig:
+        """How a pack of this family is materialized under a VLM graph ``config`` (the planned
+        and the streaming graph alike)."""
+        return MaterializeConfig(
+            pack_size=config.pack_size,
+            padding_idx=padding_idx,
+            overflow=config.overflow,
+            on_bad_sample=config.on_bad_sample,
+            fake_image=config.fake_image,
+            seed=config.seed,
+            alignment=cp_alignment(config),
+            **self.materialize_options,
+        )
+
+    def pp_steps(self, config: Any) -> list[PPMediaSplitter]:
+        """The batch steps after collate: the pipeline-parallel media split when asked."""
+        if not config.pp_microbatches:
+            return []
+        return [PPMediaSplitter(config.pp_microbatches, handler=self.handler.name)]
 
 
 def plan_family(processor: Any, config: Any) -> FamilyPlan:

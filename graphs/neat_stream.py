@@ -53,7 +53,7 @@ from neatpack.pipes.planning.stream_packer import FAILED_KEY, StreamPacker
 from neatpack.pipes.reading.lazy_image import send_lazy_images_encoded
 from neatpack.pipes.reading.read import real_media_root, to_record
 from neatpack.pipes.reading.stream import StreamSource
-from neatpack.pipes.steps import PackMaterializer, PPMediaSplitter
+from neatpack.pipes.steps import PackMaterializer
 
 __all__ = [
     "NeatStreamConfig",
@@ -180,16 +180,7 @@ def neat_stream_parts(
     padding_idx = pad_id_of(processor)
     materialize = StreamMaterializer(
         processor,
-        MaterializeConfig(
-            pack_size=cfg.pack_size,
-            padding_idx=padding_idx,
-            overflow=cfg.overflow,
-            on_bad_sample=cfg.on_bad_sample,
-            fake_image=cfg.fake_image,
-            seed=cfg.seed,
-            alignment=cp_alignment(cfg),
-            **family.materialize_options,
-        ),
+        family.materialize_config(cfg, padding_idx),
         sample_transform,
     )
     return packed_parts(
@@ -199,9 +190,7 @@ def neat_stream_parts(
         lengths_fingerprint=fingerprint[:16],
         materialize=PackMaterializer(materialize),
         collate_options={"padding_idx": padding_idx, **family.collate_options},
-        extra_steps=[PPMediaSplitter(cfg.pp_microbatches, handler=family.handler.name)]
-        if cfg.pp_microbatches
-        else [],
+        extra_steps=family.pp_steps(cfg),
         rank=rank,
         world_size=world_size,
         data={

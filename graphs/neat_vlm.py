@@ -33,7 +33,6 @@ from typing import Any
 
 from neatpack.graphs.assemble import (
     Hooks,
-    cp_alignment,
     loader_of,
     packed_parts,
     probe_boundaries,
@@ -48,8 +47,8 @@ from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.pipes.indexing.estimate import MODES as ESTIMATE_MODES
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.overlong import check_overlong
-from neatpack.pipes.materializing.materialize import MaterializeConfig, Materializer
-from neatpack.pipes.steps import PackMaterializer, PPMediaSplitter
+from neatpack.pipes.materializing.materialize import Materializer
+from neatpack.pipes.steps import PackMaterializer
 
 __all__ = [
     "ESTIMATE_MODES",
@@ -132,16 +131,7 @@ def neat_vlm_parts(
     materializer = Materializer(
         source,
         processor,
-        MaterializeConfig(
-            pack_size=cfg.pack_size,
-            padding_idx=padding_idx,
-            overflow=cfg.overflow,
-            on_bad_sample=cfg.on_bad_sample,
-            fake_image=cfg.fake_image,
-            seed=cfg.seed,
-            alignment=cp_alignment(cfg),
-            **family.materialize_options,
-        ),
+        family.materialize_config(cfg, padding_idx),
         sample_transform=sample_transform,
     )
     return packed_parts(
@@ -153,9 +143,7 @@ def neat_vlm_parts(
         lengths_fingerprint=index.fingerprint,
         materialize=PackMaterializer(materializer, index.total),
         collate_options={"padding_idx": padding_idx, **family.collate_options},
-        extra_steps=[PPMediaSplitter(cfg.pp_microbatches, handler=family.handler.name)]
-        if cfg.pp_microbatches
-        else [],
+        extra_steps=family.pp_steps(cfg),
         rank=rank,
         world_size=world_size,
         data=describe_data(source),

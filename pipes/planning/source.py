@@ -91,7 +91,7 @@ def epoch_slots(num_packs: int, start: int, unit: int, tail: str) -> int:
 
 class PositionKeys:
     """The state keys of a rank's position, the same for every source the loader reads (a
-    planned ``PackSource``, a stream's ``StreamPacker``)."""
+    planned ``PackSource``, a stream's ``StreamPacker``), and the check of that position."""
 
     VERSION = 1
     VERSION_KEY = "version"
@@ -106,6 +106,14 @@ class PositionKeys:
     BATCH_SIZE_KEY = "batch_size"
     TAIL_KEY = "tail"
     STARTED_KEY = "started"
+
+    @staticmethod
+    def check_position(rank: int, world_size: int, batch_size: int) -> None:
+        """ValueError for a rank outside the world or a batch of no packs."""
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got {rank=} {world_size=}")
+        if batch_size < 1:
+            raise ValueError(f"{batch_size=} must be >= 1")
 
 
 class PackSource(PositionKeys, BaseNode[PackRef]):
@@ -126,10 +134,7 @@ class PackSource(PositionKeys, BaseNode[PackRef]):
         initial_epoch: int = 0,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseNode.__init__ is unannotated
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got {rank=} {world_size=}")
-        if batch_size < 1:
-            raise ValueError(f"{batch_size=} must be >= 1")
+        self.check_position(rank, world_size, batch_size)
         if tail not in TAIL_POLICIES:
             raise ValueError(f"{tail=} is not one of {TAIL_POLICIES}")
         self.rank, self.world_size, self.batch_size, self.tail = rank, world_size, batch_size, tail

@@ -108,10 +108,7 @@ class StreamPacker(PositionKeys, BaseNode[PackRef]):
         initial_epoch: int = 0,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseNode.__init__ is unannotated
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got {rank=} {world_size=}")
-        if batch_size < 1:
-            raise ValueError(f"{batch_size=} must be >= 1")
+        self.check_position(rank, world_size, batch_size)
         if overlong not in OVERLONG_POLICIES:
             raise ValueError(f"{overlong=} is not one of {OVERLONG_POLICIES}")
         if on_error not in ("raise", "skip"):
