@@ -223,10 +223,16 @@ def packed_parts(
     )
 
 
-def _plan_terms(plan: PackPlan, *, total: Any, visual: Any) -> Any:
-    """The plan's per-pack cost columns (``balance.pack_cost_terms``), for ``StepCost``."""
-    vis = np.zeros(len(total), np.int64) if visual is None else np.asarray(visual)
-    return pack_cost_terms(plan.offsets, plan.ids, np.asarray(total), vis)
+def _plan_terms(plan: PackPlan, packs: Any, *, total: Any, visual: Any) -> Any:
+    """The cost terms (``balance.pack_cost_terms``) of the plan's packs ``packs``, for
+    ``StepCost``: their samples' lengths gathered first, so a step touches only its own."""
+    starts, ends = plan.offsets[packs], plan.offsets[packs + 1]
+    spans = zip(starts.tolist(), ends.tolist(), strict=True)
+    ids = np.concatenate([plan.ids[a:b] for a, b in spans])
+    offsets = np.concatenate([[0], np.cumsum(ends - starts)])
+    local = np.arange(ids.size)
+    vis = None if visual is None else np.asarray(visual[ids])
+    return pack_cost_terms(offsets, local, np.asarray(total[ids]), vis)
 
 
 def loader_of(

@@ -13,7 +13,7 @@ load and the mean rank's load; ``data_metrics()`` reports their sums' ratio over
 took a quarter longer than they would on even ranks.
 
 >>> terms = np.array([[4.0, 16.0, 0.0, 0.0], [4.0, 4.0, 0.0, 0.0]])  # two packs, no images
->>> costs = StepCost(lambda plan: terms)
+>>> costs = StepCost(lambda plan, packs: terms[packs])
 >>> order = np.array([0, 1])  # slot 0 -> pack 0 (rank 0), slot 1 -> pack 1 (rank 1)
 >>> loads = costs.step_loads(None, order, slots=[1], rank=1, world_size=2)
 >>> loads["attention"]  # (slowest rank, mean rank)
@@ -28,12 +28,13 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from neatpack.pipes.planning.balance import BALANCE_COST
+from neatpack.pipes.planning.balance import pack_costs
 from neatpack.pipes.planning.cost import TERMS
 
 __all__ = ["STEP_COLUMNS", "StepCost"]
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 #: What the loader reports per step: the language model's attention (sum of squared document
 #: lengths), the vision encoder's cost, and the whole step (``BALANCE_COST``'s weights).
@@ -41,27 +42,14 @@ STEP_COLUMNS: Final = ("attention", "vision", "step")
 
 
 class StepCost:
-    """Per-pack cost columns of a plan (``terms_of(plan)``: ``[packs, 4]`` in ``cost.TERMS``
-    order, e.g. ``balance.pack_cost_terms``), and each step's slowest and mean rank load."""
+    """Each step's slowest and mean rank load, priced from that step's packs alone:
+    ``terms_of(plan, packs)`` gives the cost terms (``[len(packs), 4]`` in ``cost.TERMS``
+    order, e.g. ``balance.pack_cost_terms`` of those packs) of the pack indices ``packs``. A
+    step reads a few dozen packs, so nothing of the size of the plan is made on any rank
+    (a whole plan's terms at 100M samples are GBs of float64 temporaries)."""
 
-    def __init__(self, terms_of: Callable[[Any], FloatArray]) -> None:
+    def __init__(self, terms_of: Callable[[Any, IntArray], FloatArray]) -> None:
         self._terms_of = terms_of
-        self._columns: dict[int, tuple[Any, FloatArray]] = {}
-
-    def columns(self, plan: Any) -> FloatArray:
-        """``[packs, len(STEP_COLUMNS)]`` for ``plan`` (computed once per plan)."""
-        key = id(plan)
-        cached = self._columns.get(key)
-        if cached is None or cached[0] is not plan:
-            terms = np.asarray(self._terms_of(plan), dtype=np.float64)
-            parts = BALANCE_COST.per_term(terms)  # fixed, tokens, attention, patches, pairs
-            vision = parts[:, 3] + parts[:, 4]
-            cols = np.stack(
-                [terms[:, TERMS.index("attention")], vision, parts[:, 1:].sum(axis=1)], axis=1
-            )
-            cached = (plan, cols)
-            self._columns = {key: cached}  # one plan at a time (a new world size: a new plan)
-        return cached[1]
 
     def step_loads(
         self, plan: Any, order: npt.ArrayLike, *, slots: Sequence[int], rank: int, world_size: int
@@ -73,6 +61,9 @@ class StepCost:
         base = np.asarray(slots, dtype=np.int64) - rank  # this step's slots on rank 0
         every = base[:, None] + np.arange(world_size, dtype=np.int64)[None, :]
         packs = order[every % order.size]  # [packs per rank, ranks]
-        loads = self.columns(plan)[packs].sum(axis=0)  # [ranks, columns]
+        terms = np.asarray(self._terms_of(plan, packs.reshape(-1)), dtype=np.float64)
+        lm, vision = pack_costs(terms)
+        cols = np.stack([terms[:, TERMS.index("attention")], vision, lm + vision], axis=1)
+        loads = cols.reshape(*packs.shape, len(STEP_COLUMNS)).sum(axis=0)  # [ranks, columns]
         peak, mean = loads.max(axis=0), loads.mean(axis=0)
         return {c: (float(peak[j]), float(mean[j])) for j, c in enumerate(STEP_COLUMNS)}

@@ -84,9 +84,10 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def pack_cost_terms(
-    offsets: IntArray, ids: IntArray, total: IntArray, visual: IntArray
+    offsets: IntArray, ids: IntArray, total: IntArray, visual: IntArray | None
 ) -> FloatArray:
-    """Per-pack cost columns ``[n_packs, 4]`` in ``COST_TERMS`` order, from per-sample lengths.
+    """Per-pack cost columns ``[n_packs, 4]`` in ``COST_TERMS`` order, from per-sample lengths
+    (``visual=None``: no visual tokens, the vision columns are 0).
 
     >>> pack_cost_terms(np.array([0, 2, 3]), np.array([0, 1, 2]),
     ...                 np.array([3, 4, 5]), np.array([0, 2, 1])).tolist()
