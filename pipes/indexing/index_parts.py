@@ -46,7 +46,7 @@ import numpy.typing as npt
 
 from neatpack.pipes.indexing.index_split import split_points
 from neatpack.pipes.indexing.media_stamp import MediaStamp
-from neatpack.pipes.reading.npz_files import read_npz, write_npz
+from neatpack.pipes.reading.npz_files import checksum, read_npz, write_npz
 
 __all__ = [
     "PIECE_RECORDS",
@@ -156,15 +156,6 @@ def _narrow(a: IntArray) -> npt.NDArray[Any]:
     return a.astype(np.int32) if fits else a
 
 
-def _checksum(key: str, arrays: dict[str, Any], meta: dict[str, Any]) -> str:
-    h = hashlib.sha256(key.encode())
-    for name in sorted(arrays):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(arrays[name]).tobytes())
-    h.update(json.dumps(meta, sort_keys=True).encode())
-    return h.hexdigest()
-
-
 def save_piece(
     cache_dir: str | os.PathLike[str], piece: Piece, part: Part, root: str | None
 ) -> None:
@@ -179,7 +170,7 @@ def save_piece(
     }  # fmt: skip
     meta = {"version": PIECE_VERSION, "key": piece.key, "size": piece.size,
             "reasons": [list(r) for _, r in fallbacks], "media_root": root}  # fmt: skip
-    body = json.dumps({**meta, "checksum": _checksum(piece.key, arrays, meta)})
+    body = json.dumps({**meta, "checksum": checksum(arrays, meta, head=piece.key)})
     with contextlib.suppress(OSError):
         # no fsync: a piece torn by a machine crash fails its checksum and is estimated again
         write_npz(piece_path(cache_dir, piece), fsync=False,
@@ -197,7 +188,7 @@ def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None
         want = meta.pop("checksum")
         if meta.get("key") != piece.key or meta.get("size") != piece.size:
             return None
-        if _checksum(piece.key, z, meta) != want:
+        if checksum(z, meta, head=piece.key) != want:
             return None
         stamp = MediaStamp.from_arrays(meta["media_root"], z)
         at = z["fallback_at"].tolist()

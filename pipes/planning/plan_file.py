@@ -33,22 +33,13 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_packs
-from neatpack.pipes.reading.npz_files import map_npz, write_npz
+from neatpack.pipes.reading.npz_files import checksum, map_npz, write_npz
 
 __all__ = ["load_plan", "save_plan", "shared_plan"]
 
 _ARRAYS = ("offsets", "ids", "totals", "visual", "dropped_ids", "truncated_ids")
 _SCALARS = ("capacity", "packing_ratio", "group_size", "seed", "shuffle", "fingerprint", "balance")
 _LAYOUT = 1
-
-
-def _checksum(arrays: dict[str, Any], meta: dict[str, Any]) -> str:
-    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
-    for name in _ARRAYS:
-        a = arrays[name]
-        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
-        h.update(np.ascontiguousarray(a).data)
-    return h.hexdigest()
 
 
 def _lengths_stamp(lengths: npt.ArrayLike, options: dict[str, Any]) -> list[int]:
@@ -65,7 +56,7 @@ def save_plan(plan: PackPlan, path: str | os.PathLike[str], stamp: list[int] | N
     arrays: dict[str, Any] = {name: np.asarray(getattr(plan, name)) for name in _ARRAYS}
     meta = {"layout": _LAYOUT, **{name: getattr(plan, name) for name in _SCALARS}}
     meta["lengths"] = stamp
-    meta["checksum"] = _checksum(arrays, meta)
+    meta["checksum"] = checksum(arrays, meta)
     write_npz(path, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
 
 
@@ -78,7 +69,7 @@ def load_plan(
     z = map_npz(path, ("meta", *_ARRAYS), what="plan file")
     try:
         meta = json.loads(bytes(z["meta"]))
-        checksum = meta.pop("checksum")
+        want = meta.pop("checksum")
         if meta.get("layout") != _LAYOUT:
             raise ValueError(f"layout {meta.get('layout')}, not {_LAYOUT}")
         scalars = {name: meta[name] for name in _SCALARS}
@@ -89,7 +80,7 @@ def load_plan(
     if stamp is not None and meta.get("lengths") != stamp:
         raise ValueError(f"{path}: planned from lengths {meta.get('lengths')}, not {stamp}")
     arrays = {name: z[name] for name in _ARRAYS}
-    if _checksum(arrays, meta) != checksum:
+    if checksum(arrays, meta) != want:
         raise ValueError(f"{path}: checksum mismatch (corrupt plan file)")
     return PackPlan(**arrays, **scalars)
 

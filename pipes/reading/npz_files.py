@@ -25,17 +25,36 @@ open file handle left behind::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import struct
 import threading
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MappedArray", "map_npz", "read_npz", "write_npz"]
+__all__ = ["MappedArray", "checksum", "map_npz", "read_npz", "write_npz"]
+
+
+def checksum(arrays: Mapping[str, Any], meta: Mapping[str, Any], head: str = "") -> str:
+    """sha256 over ``head``, the JSON ``meta`` and every array by name (its dtype, shape and
+    bytes as stored): what a cache file records to tell a torn or corrupt copy from a good one.
+
+    >>> a = {"ids": np.arange(3, dtype=np.int32)}
+    >>> checksum(a, {"k": 1}) == checksum({"ids": np.arange(3, dtype=np.int64)}, {"k": 1})
+    False
+    """
+    h = hashlib.sha256(head.encode())
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.data)
+    return h.hexdigest()
 
 
 def write_npz(path: str | os.PathLike[str], *, fsync: bool = True, **arrays: Any) -> None:
