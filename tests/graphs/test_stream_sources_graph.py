@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.s3_server import moto_s3
+from support.s3_server import moto_s3, s3_buckets, s3_options
 from support.shard_records import WORDS, png_bytes, without_meta, write_tars
 
 from neatpack.graphs import NeatStreamConfig, neat_stream_graph
@@ -114,16 +114,9 @@ def test_hub_streaming_dataset_through_the_stream_graph(
 def s3_tars(samples: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    import boto3
-    import s3fs
-
     with moto_s3() as endpoint:
-        options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
-                   "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                     aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket="e2e")  # fmt: skip
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        options = s3_options(endpoint)
+        fs = s3_buckets(options, "e2e")
         root = tmp_path_factory.mktemp("s3-e2e")
         for p in write_tars(root, samples, per=7):  # 7 + 7 + 7 + 3
             fs.put_file(str(p), f"e2e/set/{p.name}")

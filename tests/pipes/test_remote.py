@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from PIL import Image
-from support.s3_server import free_port, moto_s3
+from support.s3_server import free_port, moto_s3, s3_buckets, s3_options
 from support.shard_records import (
     CFG,
     WORDS,
@@ -56,20 +56,12 @@ def endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def options(endpoint: str) -> dict[str, Any]:
-    return {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
-            "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
+    return s3_options(endpoint)
 
 
 @pytest.fixture(scope="module")
 def s3(options: dict[str, Any]) -> Any:
-    import boto3
-    import s3fs
-
-    client = boto3.client("s3", endpoint_url=options["endpoint_url"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
-    for name in (BUCKET, "other-bucket", "my-bucket"):
-        client.create_bucket(Bucket=name)
-    return s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    return s3_buckets(options, BUCKET, "other-bucket", "my-bucket")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.s3_server import moto_s3
+from support.s3_server import moto_s3, s3_buckets, s3_options
 from support.shard_records import WORDS, png_bytes, write_parquet, write_tars
 
 from neatpack.pipes import GeneratorStream, HFStream, ShardStream, StreamOrderError, to_record
@@ -137,16 +137,9 @@ def test_missing_files_are_named(samples: Any, tmp_path: Path) -> None:
 def s3_set(samples: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    import boto3
-    import s3fs
-
     with moto_s3() as endpoint:
-        options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
-                   "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                     aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket="stream")  # fmt: skip
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        options = s3_options(endpoint)
+        fs = s3_buckets(options, "stream")
         root = tmp_path_factory.mktemp("s3-stream")
         for p in write_tars(root, samples, per=4) + write_parquet(root, samples):
             fs.put_file(str(p), f"stream/set/{p.name}")

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 # What a user's environment would hold: the README example reads the endpoint from it.
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -44,3 +45,21 @@ def moto_s3() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    """fsspec ``storage_options`` for the server at ``endpoint``."""
+    return {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
+            "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
+
+
+def s3_buckets(options: dict[str, Any], *names: str) -> Any:
+    """Create the buckets ``names`` on the server of ``options``; an ``s3fs`` file system on it."""
+    import boto3
+    import s3fs
+
+    client = boto3.client("s3", endpoint_url=options["endpoint_url"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+    for name in names:
+        client.create_bucket(Bucket=name)
+    return s3fs.S3FileSystem(skip_instance_cache=True, **options)
