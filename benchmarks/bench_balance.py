@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 from typing import Any
 
 import numpy as np
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 from neatpack.pipes.planning.plan import PackPlan, plan_packs
 
@@ -131,12 +129,7 @@ def main(argv: list[str] | None = None) -> None:
             "U[64,1280] visual tokens + lognormal median 150 text",
         },
         "metrics": metrics,
-        "env": {
-            "python": sys.version.split()[0],
-            "numpy": np.__version__,
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
+        "env": machine(),
     }
     print(json.dumps(out))
 

@@ -45,8 +45,6 @@ import argparse
 import gc
 import json
 import math
-import os
-import platform
 import resource
 import statistics
 import time
@@ -56,6 +54,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 from neatpack import pipes as M
 from neatpack.pipes import collate as C
@@ -272,13 +271,7 @@ def main(argv: list[str] | None = None) -> None:
                     "ru_maxrss growth while the format ran (formats in increasing size order)",
                 },
                 "metrics": metrics,
-                "env": {
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "threads": torch.get_num_threads(),
-                    "cpus": os.cpu_count(),
-                    "platform": platform.platform(),
-                },
+                "env": machine(),
             }
         )
     )

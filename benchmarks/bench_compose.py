@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 from torchdata.nodes import BaseNode, Batcher, Mapper
 
 from neatpack.graphs import NeatVLMConfig, map_stage, neat_vlm_graph, neat_vlm_parts
@@ -123,11 +122,7 @@ def main() -> None:
                     "repeats": repeats,
                 },
                 "metrics": metrics,
-                "env": {
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "cpus": __import__("os").cpu_count(),
-                },
+                "env": machine(),
             }
         )
     )

@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 FORMATS = ("sdpa", "flash_attention_2")
 
@@ -212,8 +211,7 @@ def main() -> None:
                                "flash_attention_2": "neatpack_varlen (per-document sdpa on CPU)"},
                    "model": "Qwen2VLConfig text 128x4 layers, vision 64x4 blocks, fp32"},
         "metrics": metrics,
-        "env": {"python": sys.version.split()[0], "torch": torch.__version__,
-                "threads": torch.get_num_threads(), "platform": platform.platform()},
+        "env": machine(),
     }))  # fmt: skip
 
 

@@ -26,7 +26,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import tempfile
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
@@ -170,7 +170,7 @@ def main() -> None:
     metrics = {k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()}
     params = {"records": n, "shards": args.shards, "appended_shards": extra,
               "kill_at": args.kill_at, "workers": args.workers, "mode": "estimate"}  # fmt: skip
-    env = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    env = machine()
     print(json.dumps({"benchmark": "index_build", "params": params, "metrics": metrics,
                       "env": env}))  # fmt: skip
 

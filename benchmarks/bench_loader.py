@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 from torch.utils.data import DataLoader, Dataset
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
@@ -316,12 +315,7 @@ def main() -> None:
                     "repeats": args.repeats,
                 },
                 "metrics": metrics,
-                "env": {
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "cpus": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(),
-                },
+                "env": machine(),
             },
             indent=1,
         )

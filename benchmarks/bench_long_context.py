@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 from typing import Any
 
 import numpy as np
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 
 def corpus(n: int, seed: int) -> np.ndarray:
@@ -111,11 +110,7 @@ def main() -> None:
                 "benchmark": "long_context",
                 "params": {"samples": n, "pack_size": pack_size, "seed": args.seed},
                 "metrics": metrics,
-                "env": {
-                    "python": sys.version.split()[0],
-                    "platform": platform.platform(),
-                    "transformers": transformers.__version__,
-                },
+                "env": machine(),
             }
         )
     )

@@ -27,13 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import sys
 import tempfile
 import time
 from typing import Any
 
 import torch
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 from PIL import Image
 
 from neatpack.pipes.materializing.materialize import MaterializeConfig, materialize_pack
@@ -178,8 +177,7 @@ def main() -> None:
         "benchmark": "materialize",
         "params": vars(args),
         "metrics": metrics,
-        "env": {"python": sys.version.split()[0], "torch": torch.__version__,
-                "platform": platform.platform(), "cpus": os.cpu_count(), "threads": 1},
+        "env": machine(threads=1),
     }))  # fmt: skip
 
 

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
 from neatpack.pipes.mixtures.mixture_report import realized_shares, target_shares
@@ -123,8 +121,7 @@ def main() -> None:
                    "world_size": args.world_size, "repeats": args.repeats, "seed": args.seed,
                    "weights": list(WEIGHTS)},
         "metrics": metrics,
-        "env": {"python": sys.version.split()[0], "numpy": np.__version__,
-                "platform": platform.platform(), "cpus": os.cpu_count()},
+        "env": machine(),
     }))  # fmt: skip
 
 

@@ -35,13 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 PEER_MODULE = "nemo_automodel.components.datasets.vlm.neat_packing_vlm"
 INSTALL = (
@@ -357,7 +358,7 @@ def main() -> None:
                     "processor": args.processor,
                 },
                 "metrics": metrics,
-                "env": {"python": platform.python_version(), "cpus": os.cpu_count()},
+                "env": machine(),
             },
             indent=1,
         )

@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 from neatpack.pipes.planning.binpack import (
     best_fit_decreasing,
@@ -233,13 +231,7 @@ def main(argv: list[str] | None = None) -> None:
             "budget_fractions": list(BUDGET_FRACTIONS),
         },
         "metrics": metrics,
-        "env": {
-            "python": sys.version.split()[0],
-            "numpy": np.__version__,
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "loadavg_1m": round(os.getloadavg()[0], 2),
-        },
+        "env": machine(),
     }
     print(json.dumps(out))
 

@@ -47,8 +47,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import random
 import resource
 import tempfile
@@ -56,6 +54,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.indexing.estimate import LengthEstimator
@@ -442,7 +442,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="simulated scale: workers per rank")
     ap.add_argument("--workdir", default=None, help="simulated scale: where the cache goes")
     args = ap.parse_args()
-    env = {"python": platform.python_version(), "cpus": os.cpu_count(), "host": platform.node()}
+    env = machine()
     if args.samples:
         metrics = scale_figures(args.samples, args.ranks, args.workers, args.workdir)
         params = {"samples": args.samples, "ranks": args.ranks, "workers": args.workers,

@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import random
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.lengths import build_length_index
@@ -118,7 +118,7 @@ def main() -> None:
         metrics["length_index_records_per_s"] = rates
         metrics["same_lengths"] = len(set(totals.values())) == 1
     params = {"records": n, "shards": args.shards}
-    env = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    env = machine()
     print(json.dumps({"benchmark": "shards", "params": params, "metrics": metrics, "env": env}))
 
 

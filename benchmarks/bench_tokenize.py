@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -24,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 from PIL import Image
 
 from neatpack.pipes.materializing.labels import build_labels, resolve_role_markers
@@ -108,8 +107,6 @@ def main(argv: list[str] | None = None) -> None:
         source = JsonlSource(path, media_root=Path(tmp) / "media")
         records = [source[i] for i in range(len(source))]
         metrics = {f: run_family(f, records, args.repeats) for f in families}
-    import torch
-    import transformers
 
     out = {
         "benchmark": "tokenize",
@@ -121,14 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             "corpus": "neatpack.pipes.testing.synth.write_corpus",
         },
         "metrics": metrics,
-        "env": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-        },
+        "env": machine(),
     }
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.neat_vlm import open_source
@@ -146,11 +144,7 @@ def main() -> None:
                     "quick": args.quick,
                 },
                 "metrics": metrics,
-                "env": {
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "cpus": os.cpu_count(),
-                },
+                "env": machine(),
             },
             indent=1,
         )

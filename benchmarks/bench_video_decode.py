@@ -32,13 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
 CODECS = {"mp4": "libx264", "webm": "libvpx", "mkv": "mpeg4"}
 DECODERS = ("pyav", "torchcodec")
@@ -253,7 +254,7 @@ def main() -> None:
                 metrics[ext] = row
             size = (args.clip_size[0], args.clip_size[1])
             metrics["kept_frames"] = kept_frames(files, args.clips, size, args.repeats, tmp)
-    env = {"python": platform.python_version(), "cpus": os.cpu_count(), "threads_per_decode": 1}
+    env = machine(threads_per_decode=1)
     print(json.dumps({"benchmark": "video_decode", "params": params, "metrics": metrics,
                       "env": env}))  # fmt: skip
 
