@@ -371,8 +371,8 @@ class TarShardSource:
                 if found is not None:
                     return found
                 for k, fp in enumerate(fps):
-                    if k not in parts:
-                        parts[k] = TarIndex.load(_piece_path(whole.parent, fp), mapped=False)[0]
+                    if k not in parts:  # another rank's share, from its file (or scanned)
+                        parts[k] = self._index(self.paths[k], fp, whole.parent)
                 index = TarIndex.concat([parts[k] for k in range(len(fps))])
                 index.save(whole, {"fingerprint": self._fingerprint, "shards": fps,
                                    "paths": [_where(p) for p in self.paths]})  # fmt: skip
