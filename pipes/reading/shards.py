@@ -4,7 +4,8 @@
 Sample ids run over the shards in the order given (a glob is sorted): shard 0's samples, then
 shard 1's, ... Random access goes through a per-shard offset index: a Parquet file's row groups
 (from its footer, no data read), a tar shard's member offsets (headers only, grouped by key),
-cached in ``cache_dir`` (``pipes/reading/tar_index.py``: flat arrays, ``.npz``) under the shard's
+cached in ``cache_dir`` (``pipes/reading/tar_index.py``: compact arrays, ``.npz``, the whole
+index mapped by every process of a node) under the shard's
 fingerprint (local: size + sha256 of its first and last 64 KiB + name; remote: ETag, size,
 mtime) so a restart does not rescan. Both are ``RecordSource`` s: pass one to
 ``neat_vlm_graph`` and resume, exactly-once and elastic resume work as with JSONL (the ids are
@@ -230,7 +231,8 @@ class TarShardSource:
     ``shards``: local paths or fsspec URLs (``s3://bucket/set/*.tar``) with their
     ``storage_options`` (endpoint, credentials); ``retries``: further tries of a failed remote
     read; ``allow_hosts``: the http(s) hosts a record's media may be fetched from (none by
-    default); ``cache_dir``: where the offset index is cached by shard fingerprint;
+    default); ``cache_dir``: where the offset index is cached, per shard by its fingerprint
+    and whole (``tar-set-*.npz``, mapped: one copy per node, see ``_index_all``);
     ``rank``, ``world_size``, ``group``: split the offset index build over the ranks of an
     initialized ``torch.distributed`` (each scans its share; gathered on a gloo side group)."""
 
