@@ -140,8 +140,12 @@ class LineIndex:
 
     def starts(self, i: int, j: int) -> IntArray:
         """Starts of lines ``i..j-1`` (int64)."""
-        at = np.arange(i, j) >> self.bits
-        return np.asarray(self.base[at] + self.rel[i:j], np.int64)
+        if j <= i:
+            return np.zeros(0, np.int64)
+        lo, hi = i >> self.bits, ((j - 1) >> self.bits) + 1
+        first = lo << self.bits
+        base = np.repeat(np.asarray(self.base[lo:hi], np.int64), 1 << self.bits)
+        return base[i - first : j - first] + self.rel[i:j]
 
     def end(self, i: int) -> int:
         k = int(np.searchsorted(self.gap_ids, i))
@@ -182,9 +186,14 @@ class LineIndex:
     def over(self, limit: int) -> IntArray:
         """Ids of the lines longer than ``limit`` bytes, sorted; computed a chunk of lines at a
         time (no int64 array of every line)."""
-        found = [
-            np.flatnonzero(self.ends(i, min(i + _CHUNK, len(self)))
-                           - self.starts(i, min(i + _CHUNK, len(self))) > limit) + i
-            for i in range(0, len(self), _CHUNK)
-        ]  # fmt: skip
-        return np.concatenate([np.zeros(0, np.int64), *found]).astype(np.int64)
+        n, found = len(self), [np.zeros(0, np.int64)]
+        for i in range(0, n, _CHUNK):
+            j = min(i + _CHUNK, n)
+            starts = self.starts(i, min(j + 1, n))
+            size = np.empty(j - i, np.int64)
+            size[: len(starts) - 1] = np.diff(starts) - 1  # up to the next line's start
+            a, b = np.searchsorted(self.gap_ids, [i, j])
+            at = self.gap_ids[a:b] - i
+            size[at] = self.gap_ends[a:b] - starts[at]  # lines that end otherwise
+            found.append(np.flatnonzero(size > limit) + i)
+        return np.concatenate(found).astype(np.int64)

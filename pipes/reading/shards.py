@@ -350,7 +350,8 @@ class TarShardSource:
         send = {k: v for k, v in got.items() if not held[:, k].all()}
         for k in np.flatnonzero(~held.all(axis=0)).tolist():
             if k not in send and held[me, k] and int(np.argmax(held[:, k])) == me:
-                send[k] = TarIndex.load(piece[k], mapped=False)[0]
+                with contextlib.suppress(ShardIndexError):  # the receiver then scans it itself
+                    send[k] = self._index(self.paths[k], fps[k], cache_dir)  # its file or a scan
         parts = [None] * world_size
         dist.all_gather_object(parts, send, group=group)
         for part in parts:
