@@ -31,11 +31,11 @@ def test_index_holds_what_index_tar_lists(shards: list[Path], tmp_path: Path) ->
     assert list(index) == listed
     index.save(tmp_path / "i.npz", {"fingerprint": "f"})
     mapped, meta = TarIndex.load(tmp_path / "i.npz")
-    assert isinstance(mapped.offsets, MappedArray)
+    assert isinstance(mapped.first_offsets, MappedArray)
     assert meta["fingerprint"] == "f"
     assert list(mapped) == listed
     assert mapped.unit == 512
-    assert mapped.offsets.dtype == mapped.sizes.dtype == np.uint32
+    assert mapped.first_offsets.dtype == mapped.sizes.dtype == np.uint32
     both = TarIndex.concat([index, TarIndex.from_samples(index_tar(str(shards[1])))])
     assert list(both) == listed + index_tar(str(shards[1]))
     assert [both.shard_of(i) for i in range(len(both))] == [0] * 4 + [1] * 3
@@ -58,13 +58,32 @@ def test_an_index_of_the_earlier_layout_loads_the_same(shards: list[Path], tmp_p
 
 
 def test_bytes_a_sample() -> None:
-    """10,000 samples of a .json and a .jpg member (keys 000000..009999): 26 bytes a sample
-    and the keys' 4-character tails (the shard's prefix "00" is kept once), was 88."""
+    """10,000 samples of a .json and a .jpg member: 18 bytes a sample with consecutive numbered
+    keys (member position, first offset, two sizes and two extension codes), 18 + 9 with keys
+    that are not (position and tail of the key), was 88."""
     samples = [(f"{i:06d}", {"json": (2048 * i + 512, 300), "jpg": (2048 * i + 1536, 500)})
                for i in range(10_000)]  # fmt: skip
     index = TarIndex.from_samples(samples)
     assert list(index) == samples
-    assert index.nbytes / len(index) < 30.1
+    assert index.nbytes / len(index) < 18.1
+    named = [(f"k{i * 7:06d}", m) for i, (_, m) in enumerate(samples)]  # gaps: not a run
+    index = TarIndex.from_samples(named)
+    assert list(index) == named
+    assert index.nbytes / len(index) < 27.1  # + its position (4) and 5-digit tail ("k0" kept once)
+
+
+def test_members_not_where_the_previous_one_ends_are_listed() -> None:
+    """A member after a long name's extra header (or a skipped entry) is not 512 bytes after
+    the previous one's padded data: its offset is kept apart, and read back exactly."""
+    samples = [("000000", {"json": (512, 10), "jpg": (1536, 600)}),  # follows: 512 + 512 + 512
+               ("000001", {"json": (3584, 10), "jpg": (5120, 5)}),  # a 1024-byte header
+               ("000002", {"jpg": (6144, 5), "json": (7168, 3)})]  # fmt: skip
+    index = TarIndex.from_samples(samples)
+    assert list(index) == samples
+    assert index.moved_ids.tolist() == [3]
+    parts = TarIndex.concat([index, TarIndex.from_samples(samples)])
+    assert list(parts) == samples + samples
+    assert parts.moved_ids.tolist() == [3, 9]
 
 
 def test_a_corrupt_index_file_is_refused(shards: list[Path], tmp_path: Path) -> None:
@@ -82,7 +101,7 @@ def test_a_torn_cache_is_rebuilt(shards: list[Path], tmp_path: Path) -> None:
     files = sorted(cache.glob("tar-index-*.npz"))
     assert len(files) == 2
     (whole,) = cache.glob("tar-set-*.npz")
-    assert isinstance(first.index.offsets, MappedArray)  # the whole index, mapped
+    assert isinstance(first.index.first_offsets, MappedArray)  # the whole index, mapped
     want = [first.raw(i)["messages"] for i in range(7)]
     listed = list(first.index)
     torn = whole.with_name("torn")  # a new file over the name: ``first`` keeps its pages
