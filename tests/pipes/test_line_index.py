@@ -193,3 +193,9 @@ def test_the_graph_gives_the_same_batches_from_either_layout(tmp_path: Path) -> 
     for cache in ("old", "old", "new"):  # converted, then mapped; built fresh
         config = NeatVLMConfig(**kw, cache_dir=str(tmp_path / cache))
         assert _batches(neat_vlm_graph(path, processor, config=config), 4) == want
+
+
+def test_doctests_pass() -> None:
+    import doctest
+
+    assert doctest.testmod(line_index).failed == 0
