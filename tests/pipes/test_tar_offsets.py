@@ -140,6 +140,11 @@ def test_the_mapped_index_gives_the_in_memory_batches_in_spawned_workers(tmp_pat
     assert same_item(list(neat_vlm_graph(mapped, processor, config=spawned)), want)
     # a source pickles its mapped index as the file's place, not its arrays
     assert len(__import__("pickle").dumps(mapped.index.first_offsets)) < 1_000
+    # the path users call: a glob and the config's cache_dir (the graph makes the source)
+    cached = NeatVLMConfig(**kw, cache_dir=str(tmp_path / "graph-cache"))
+    got = list(neat_vlm_graph(str(tmp_path / "shard-*.tar"), processor, config=cached))
+    assert same_item(got, want)
+    assert len(list((tmp_path / "graph-cache").glob("tar-set-*.npz"))) == 1
 
 
 def test_stale_offset_files_are_pruned_after_the_new_index_is_written(tmp_path: Path) -> None:
@@ -173,3 +178,38 @@ def test_stale_offset_files_are_pruned_after_the_new_index_is_written(tmp_path: 
     assert before[3:9] == records(after)[5:11]  # the shards that stayed
     # nothing is stale now: a second prune removes nothing
     assert prune_tar_pieces(cache, after.paths, after.shard_fingerprints) == []
+
+
+def test_shard_indexes_of_the_earlier_layout_are_used_not_rescanned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache written before the compact layout (one ``tar-index-<fp>.npz`` a shard: numpy
+    strings and int64): read and rewritten once, never rescanned; the same records."""
+    from neatpack.pipes import shards
+    from neatpack.pipes.reading.npz_files import write_npz
+
+    paths = write_tars(tmp_path, samples(), per=4)
+    want = records(TarShardSource(paths))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for p in paths:
+        listed = shards.index_tar(str(p))
+        members = [(e, o, s) for _, m in listed for e, (o, s) in m.items()]
+        write_npz(
+            cache / f"tar-index-{shards.shard_fingerprint(str(p))}.npz",
+            keys=np.array([k for k, _ in listed], dtype=str),
+            starts=np.cumsum([0, *(len(m) for _, m in listed)]).astype(np.int64),
+            exts=np.array([e for e, _, _ in members], dtype=str),
+            offsets=np.array([o for _, o, _ in members], np.int64),
+            sizes=np.array([s for _, _, s in members], np.int64),
+        )  # fmt: skip
+
+    def no_scan(path: str, *a: Any) -> Any:
+        raise AssertionError(f"rescanned {path}")
+
+    monkeypatch.setattr(shards, "index_tar", no_scan)
+    source = TarShardSource(paths, cache_dir=cache)
+    assert records(source) == want
+    pieces = sorted(cache.glob("tar-index-*.npz"))
+    assert len(pieces) == 3
+    assert all(TarIndex.read_meta(p)["fingerprint"] in p.name for p in pieces)  # rewritten
