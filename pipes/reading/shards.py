@@ -214,10 +214,10 @@ def prune_tar_pieces(
     ):
         try:
             meta = TarIndex.read_meta(f)
-        except ValueError:
-            continue
-        pairs = zip(meta.get("paths", [meta.get("path")]),
-                    meta.get("shards", [meta.get("fingerprint")]), strict=False)  # fmt: skip
+            where = meta.get("paths", [meta.get("path")])
+            pairs = list(zip(where, meta.get("shards", [meta.get("fingerprint")]), strict=True))
+        except (ValueError, TypeError):
+            continue  # not a file of ours (or not one this function can judge)
         if any(stale(w, fp) for w, fp in pairs):
             with contextlib.suppress(OSError):
                 f.unlink()
