@@ -102,9 +102,13 @@ class LineIndex:
         if bits is None:
             bits = block_bits(starts)
         base = starts[:: 1 << bits].copy()
-        rel = starts - np.repeat(base, 1 << bits)[:n]
-        if n and int(rel.max()) >= min(SPAN, 2**32):
-            raise ValueError(f"{bits=} makes a block span {SPAN} bytes or more; use block_bits()")
+        rel = np.empty(n, np.uint32)
+        for i in range(0, n, _CHUNK):  # a chunk at a time: no int64 copy of every start
+            j = min(i + _CHUNK, n)
+            part = starts[i:j] - base[np.arange(i, j) >> bits]
+            if int(part.max()) >= min(SPAN, 2**32):
+                raise ValueError(f"{bits=} makes a block span {SPAN} bytes or more; see block_bits")
+            rel[i:j] = part
         gaps = np.flatnonzero(ends[:-1] != starts[1:] - 1)
         gap_ids = np.append(gaps, n - 1) if n else gaps
         numbers = np.arange(1, n + 1) if lines is None else np.asarray(lines, np.int64)
@@ -113,7 +117,7 @@ class LineIndex:
             raise ValueError("line numbers skip a line between adjacent lines; rebuild the index")
         blanks = np.cumsum(np.append(skipped[gaps], 0)) if n else np.zeros(0, np.int64)
         return cls(
-            rel.astype(np.uint32), base, gap_ids.astype(np.int64), ends[gap_ids].copy(),
+            rel, base, gap_ids.astype(np.int64), ends[gap_ids].copy(),
             blanks.astype(np.int64), bits=bits, lead=int(numbers[0]) - 1 if n else 0,
         )  # fmt: skip
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,44 @@ def test_doctests_pass() -> None:
     import doctest
 
     assert doctest.testmod(line_index).failed == 0
+
+
+def _open_in_process(path: str, cache: str, q: Any) -> None:
+    src = JsonlSource(path, cache_dir=cache)
+    q.put((len(src), src.raw(len(src) - 1), isinstance(src.lines.rel, MappedArray)))
+
+
+def test_one_process_of_a_node_reads_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three processes open the same file with one cache at once: one reads the file (the
+    others wait on its lock), all map the same cache file and read the same records."""
+    import multiprocessing as mp
+
+    from neatpack.pipes.reading import read
+
+    path = tmp_path / "d.jsonl"
+    write_lines(path, random.Random(2), 3_000, crlf=False, last_newline=True)
+    log = tmp_path / "reads.log"
+    real = read._index_jsonl
+
+    def logged(p: Path) -> Any:
+        with log.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)  # the others arrive while it reads
+        return real(p)
+
+    monkeypatch.setattr(read, "_index_jsonl", logged)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_open_in_process, args=(str(path), str(tmp_path / "c"), q))
+             for _ in range(3)]  # fmt: skip
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert len(log.read_text().split()) == 1  # read once
+    assert got == [(3_000, {"id": 2_999, "text": got[0][1]["text"]}, True)] * 3
+    assert len(list((tmp_path / "c").glob("jsonl-index-*.npz"))) == 1
