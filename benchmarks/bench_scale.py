@@ -37,9 +37,16 @@ loader is freed before the resumed one is built, as in a restarted job. Per node
 and ``bytes_per_sample_node``: the summed PSS growth over N.
 ``plan_s`` / ``plan_peak_rss_mb``: ``plan_packs`` over the index in a process of its own.
 
+**Reader offsets** (``reader_offsets``, in the simulated-scale run and alone with
+``--readers``): bytes a sample of the JSONL line index and the tar offset index, built by the
+readers from real files (up to 1M lines / 100k tar samples), cached and mapped, against the
+arrays they held before #29; past 1M lines the JSONL arrays are simulated (said in the output:
+``simulated_lines``). ``node_files_bytes_per_sample``: index + plan files + each reader's.
+
     python benchmarks/bench_scale.py            # 10M records, 1,000 shards; 64 videos
     python benchmarks/bench_scale.py --quick    # 20k records, 20 shards; 8 videos
     python benchmarks/bench_scale.py --samples 10000000 --ranks 8
+    python benchmarks/bench_scale.py --readers --samples 10000000
 """
 
 from __future__ import annotations
