@@ -111,14 +111,19 @@ class LineIndex:
             rel[i:j] = part
         gaps = np.flatnonzero(ends[:-1] != starts[1:] - 1)
         gap_ids = np.append(gaps, n - 1) if n else gaps
-        numbers = np.arange(1, n + 1) if lines is None else np.asarray(lines, np.int64)
-        skipped = np.diff(numbers) - 1  # blank lines between line i and line i + 1
-        if n and np.any(skipped[np.delete(np.arange(n - 1), gaps)] != 0):
-            raise ValueError("line numbers skip a line between adjacent lines; rebuild the index")
-        blanks = np.cumsum(np.append(skipped[gaps], 0)) if n else np.zeros(0, np.int64)
+        blanks, lead = np.zeros(len(gap_ids), np.int64), 0
+        if lines is not None and n:
+            numbers = np.asarray(lines, np.int64)
+            skipped = np.diff(numbers) - 1  # blank lines between line i and line i + 1
+            adjacent = np.ones(n - 1, bool)
+            adjacent[gaps] = False
+            if np.any(skipped[adjacent] != 0):
+                raise ValueError("line numbers skip a line between adjacent lines; rebuild it")
+            blanks = np.cumsum(np.append(skipped[gaps], 0))
+            lead = int(numbers[0]) - 1
         return cls(
-            rel, base, gap_ids.astype(np.int64), ends[gap_ids].copy(),
-            blanks.astype(np.int64), bits=bits, lead=int(numbers[0]) - 1 if n else 0,
+            rel, base, gap_ids.astype(np.int64), ends[gap_ids].copy(), blanks.astype(np.int64),
+            bits=bits, lead=lead,
         )  # fmt: skip
 
     @classmethod
