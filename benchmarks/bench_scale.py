@@ -37,15 +37,23 @@ loader is freed before the resumed one is built, as in a restarted job. Per node
 and ``bytes_per_sample_node``: the summed PSS growth over N.
 ``plan_s`` / ``plan_peak_rss_mb``: ``plan_packs`` over the index in a process of its own.
 
+**Reader offsets** (``reader_offsets``, in the simulated-scale run and alone with
+``--readers``): bytes a sample of the JSONL line index and the tar offset index, built by the
+readers from real files (up to 1M lines / 100k tar samples), cached and mapped, against the
+arrays they held before #29; past 1M lines the JSONL arrays are simulated (said in the output:
+``simulated_lines``). ``node_files_bytes_per_sample``: index + plan files + each reader's.
+
     python benchmarks/bench_scale.py            # 10M records, 1,000 shards; 64 videos
     python benchmarks/bench_scale.py --quick    # 20k records, 20 shards; 8 videos
     python benchmarks/bench_scale.py --samples 10000000 --ranks 8
+    python benchmarks/bench_scale.py --readers --samples 10000000
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import random
 import resource
@@ -362,6 +370,114 @@ def scale_figures(n: int, ranks: int, workers: int, workdir: str | None) -> dict
             "max_resume_s": max(g["resume_s"] for g in per_rank),
             "resume_exact": all(g["resume_exact"] for g in per_rank),
         }
+        offsets = reader_offsets(n, root)
+        per_sample = (path.stat().st_size + sum(p.stat().st_size for p in plans)) / n
+        out["reader_offsets"] = offsets
+        out["node_files_bytes_per_sample"] = {  # index + plan files, plus each reader's offsets
+            "parquet": round(per_sample, 2),
+            "jsonl": round(per_sample + offsets["jsonl"]["bytes_per_sample"], 2),
+            "tar": round(per_sample + offsets["tar"]["bytes_per_sample"], 2),
+        }
+    return out
+
+
+#: Reader offsets: real files up to these sizes; past them the arrays are simulated.
+REAL_LINES, REAL_TAR, SIM_LINES, TAR_SHARD = 1_000_000, 100_000, 10_000_000, 10_000
+
+
+def _old_tar_bytes(listed: list[Any]) -> int:
+    """What the offset index before #29 held for one shard: numpy strings and int64."""
+    import numpy as np
+
+    members = [(e, o, s) for _, m in listed for e, (o, s) in m.items()]
+    return sum(a.nbytes for a in (
+        np.array([k for k, _ in listed], dtype=str), np.zeros(len(listed) + 1, np.int64),
+        np.array([e for e, _, _ in members], dtype=str), np.zeros(2 * len(members), np.int64),
+    ))  # fmt: skip
+
+
+def _write_tar(path: Path, first: int, n: int, patterns: list[dict[str, Any]]) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tf:
+        for i in range(first, first + n):
+            body = json.dumps(patterns[i % len(patterns)]).encode()
+            for name, data in ((f"{i:09d}.json", body), (f"{i:09d}.jpg", b"\xff" * (i % 700))):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+
+def reader_offsets(n: int, root: Path) -> dict[str, Any]:
+    """Bytes a sample of the readers' offset indexes (issue #29): a JSONL file's line index
+    (``JsonlSource.lines``) and tar shards' offset index (``TarShardSource.index``), each built
+    from real files by the reader (``min(n, REAL_LINES)`` lines; ``min(n, REAL_TAR)`` samples
+    of a .json and a .jpg member, keys ``%09d``, shards of ``TAR_SHARD``), cached and mapped as
+    a loader maps them; ``before``: the arrays the reader held before (JSONL: int64 starts +
+    uint32 sizes, mapped; tar: numpy strings + int64, read whole into every process). Past the
+    real sizes the JSONL arrays are built from the real file's line sizes repeated to
+    ``min(n, SIM_LINES)`` lines (``simulated_lines``); the tar layout's bytes a sample do not
+    grow with n while its positions fit uint32 (4G members, 4 GB of key tails)."""
+    import numpy as np
+
+    from neatpack.pipes.reading.line_index import LineIndex
+    from neatpack.pipes.reading.read import JsonlSource
+    from neatpack.pipes.reading.shards import TarShardSource, index_tar
+    from neatpack.pipes.reading.tar_index import TarIndex
+
+    patterns = metadata_patterns(root)
+    out: dict[str, Any] = {}
+    lines = min(n, REAL_LINES)
+    path = root / "offsets.jsonl"
+    with path.open("w") as f:
+        for i in range(lines):
+            f.write(json.dumps(patterns[i % len(patterns)]) + "\n")
+    cache = root / "offsets-cache"
+    JsonlSource(path, cache_dir=cache)  # builds and writes the cache
+    src = JsonlSource(path, cache_dir=cache)  # maps it
+    sizes = src.lines.ends(0, lines) - src.lines.starts(0, lines)
+    # before: int64 starts + uint32 sizes (+ int64 line numbers had the file a blank line)
+    before = src.lines.starts(0, lines).nbytes + sizes.astype(np.uint32).nbytes
+    sim = max(lines, min(n, SIM_LINES))
+    starts = np.concatenate([[0], np.cumsum(np.resize(sizes + 1, sim))[:-1]])
+    built = LineIndex.build(starts, starts + np.resize(sizes, sim))
+    del starts
+    out["jsonl"] = {
+        "real_lines": lines, "simulated_lines": sim if sim > lines else 0,
+        "bytes_per_sample": round(built.nbytes / sim, 3),
+        "real_bytes_per_sample": round(src.lines.nbytes / lines, 3),
+        "cache_file_bytes_per_sample": round(
+            sum(p.stat().st_size for p in cache.glob("jsonl-index-*.npz")) / lines, 3),
+        "before_bytes_per_sample": round(before / lines, 3), "held": "once per node (mapped)",
+    }  # fmt: skip
+    del built, sizes, src
+    path.unlink()
+    samples = min(n, REAL_TAR)
+    paths = []
+    for first in range(0, samples, TAR_SHARD):
+        paths.append(root / f"offsets-{first // TAR_SHARD:05d}.tar")
+        _write_tar(paths[-1], first, min(TAR_SHARD, samples - first), patterns)
+    tcache = root / "offsets-tar-cache"
+    TarShardSource(paths, cache_dir=tcache)
+    tar = TarShardSource(paths, cache_dir=tcache)
+    listings = [index_tar(str(p)) for p in paths]
+    before = sum(_old_tar_bytes(listed) for listed in listings)
+    # the same shards had their keys been 16 hex digits (not a run of numbers): kept as bytes
+    hexed = TarIndex.concat([TarIndex.from_samples(
+        [(hashlib.sha1(k.encode()).hexdigest()[:16], m) for k, m in listed])
+        for listed in listings])  # fmt: skip
+    out["tar"] = {
+        "real_samples": samples, "members_per_sample": 2, "key": "%09d",
+        "bytes_per_sample": round(tar.index.nbytes / samples, 3),
+        "cache_file_bytes_per_sample": round(
+            sum(p.stat().st_size for p in tcache.glob("tar-set-*.npz")) / samples, 3),
+        "before_bytes_per_sample": round(before / samples, 3),
+        "hex_keys_bytes_per_sample": round(hexed.nbytes / samples, 3),
+        "held": "once per node (mapped; before: per process, all-gathered)",
+    }  # fmt: skip
+    for p in paths:
+        p.unlink()
     return out
 
 
@@ -441,8 +557,20 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8, help="simulated scale: rank processes")
     ap.add_argument("--workers", type=int, default=0, help="simulated scale: workers per rank")
     ap.add_argument("--workdir", default=None, help="simulated scale: where the cache goes")
+    ap.add_argument(
+        "--readers",
+        action="store_true",
+        help="only the readers' offset bytes a sample at --samples (default 10M)",
+    )
     args = ap.parse_args()
     env = machine()
+    if args.readers:
+        n = args.samples or 10_000_000
+        with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+            metrics = {"reader_offsets": reader_offsets(n, Path(tmp))}
+        params = {"samples": n, "real_lines": min(n, REAL_LINES), "real_tar": min(n, REAL_TAR)}
+        print(json.dumps({"benchmark": "scale", "params": params, "metrics": metrics, "env": env}))
+        return
     if args.samples:
         metrics = scale_figures(args.samples, args.ranks, args.workers, args.workdir)
         params = {"samples": args.samples, "ranks": args.ranks, "workers": args.workers,

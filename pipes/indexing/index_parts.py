@@ -12,7 +12,9 @@ that names what they are the lengths of:
   in it and the estimator config. Shards appended to the dataset, or one shard re-written,
   change the whole source's fingerprint but not the other shards' pieces: only the new or
   changed shards are estimated. The pieces are kept after the index is assembled (that is
-  what the next, grown, build reuses): about 8 bytes per sample on disk.
+  what the next, grown, build reuses): about 8 bytes per sample on disk; those of shards
+  re-written or deleted since are removed then (``prune_pieces``; pieces of another
+  estimator config, another model's, are left alone).
 * **any other source** (one JSONL file, a list): the ranks' slices cut every
   ``PIECE_RECORDS`` records, keyed by the whole source's fingerprint and the ids. They serve
   only a restart of the same build (any change to the file changes every key; another world
@@ -47,6 +49,7 @@ import numpy.typing as npt
 from neatpack.pipes.indexing.index_split import split_points
 from neatpack.pipes.indexing.media_stamp import MediaStamp
 from neatpack.pipes.reading.npz_files import checksum, read_npz, write_npz
+from neatpack.pipes.reading.remote import is_url
 
 __all__ = [
     "PIECE_RECORDS",
@@ -56,6 +59,7 @@ __all__ = [
     "load_piece",
     "piece_path",
     "plan_pieces",
+    "prune_pieces",
     "remove_pieces",
     "save_piece",
     "sharded",
@@ -72,11 +76,17 @@ Part = tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
 
 @dataclass(frozen=True)
 class Piece:
-    """Sample ids ``lo..hi-1``, cached under ``key``."""
+    """Sample ids ``lo..hi-1``, cached under ``key``; a sharded source's piece also names its
+    family (``kind``: the source's class, ``config``: the estimator's config key) and its shard
+    (``shard``: an absolute path or URL, ``fingerprint``), which ``prune_pieces`` reads."""
 
     lo: int
     hi: int
     key: str
+    kind: str = ""
+    config: str = ""
+    shard: str = ""
+    fingerprint: str = ""
 
     @property
     def size(self) -> int:
@@ -103,11 +113,16 @@ def plan_pieces(source: Any, config_key: str, world_size: int = 1) -> list[Piece
     if sharded(source):
         kind = type(source).__name__
         bounds = [*(int(s) for s in source.shard_starts), n]
+        paths = getattr(source, "paths", None)
         out = []
         for k, fp in enumerate(source.shard_fingerprints):
             first, m = bounds[k], bounds[k + 1] - bounds[k]
             cuts = split_points(m, max(1, -(-m // PIECE_RECORDS)))
-            out += [Piece(first + a, first + b, _key(kind, fp, m, a, b, config_key))
+            shard = (
+                _where(str(paths[k])) if paths is not None and len(paths) == len(bounds) - 1 else ""
+            )
+            out += [Piece(first + a, first + b, _key(kind, fp, m, a, b, config_key), kind,
+                          config_key, shard, fp)
                     for a, b in itertools.pairwise(cuts) if b > a]  # fmt: skip
         return out
     whole = source.content_fingerprint()
@@ -170,6 +185,9 @@ def save_piece(
     }  # fmt: skip
     meta = {"version": PIECE_VERSION, "key": piece.key, "size": piece.size,
             "reasons": [list(r) for _, r in fallbacks], "media_root": root}  # fmt: skip
+    if piece.shard:  # what prune_pieces needs to tell a stale piece of this family
+        meta |= {"kind": piece.kind, "config": piece.config, "shard": piece.shard,
+                 "fingerprint": piece.fingerprint}  # fmt: skip
     body = json.dumps({**meta, "checksum": checksum(arrays, meta, head=piece.key)})
     with contextlib.suppress(OSError):
         # no fsync: a piece torn by a machine crash fails its checksum and is estimated again
@@ -207,3 +225,41 @@ def remove_pieces(cache_dir: str | os.PathLike[str], pieces: Sequence[Piece]) ->
     for piece in pieces:
         with contextlib.suppress(OSError):
             piece_path(cache_dir, piece).unlink(missing_ok=True)
+
+
+def _where(path: str) -> str:
+    return path if is_url(path) else os.path.abspath(path)
+
+
+def prune_pieces(cache_dir: str | os.PathLike[str], pieces: Sequence[Piece]) -> list[Path]:
+    """Remove, and return, the saved pieces in ``cache_dir`` that no build of this dataset can
+    use again: pieces of the same family as ``pieces`` (a sharded source's kind and estimator
+    config) made for one of its shards whose content (fingerprint) has changed since, or for a
+    local shard that is gone from one of its shards' folders. Pieces of another family
+    (another estimator config, another kind of source: another model's index), pieces written
+    before they named their shard, and any other file are never touched. Call it once the
+    whole index is saved: the ranks of the build have read their pieces by then."""
+    named = [p for p in pieces if p.shard]
+    if not named:
+        return []
+    family = {(p.kind, p.config) for p in named}
+    current = {p.shard: p.fingerprint for p in named}
+    folders = {os.path.dirname(w) for w in current if not is_url(w)}
+    keep = {piece_path(cache_dir, p).name for p in pieces}
+    removed = []
+    for f in sorted(Path(cache_dir).glob("length-piece-*.npz")):
+        if f.name in keep:
+            continue
+        try:
+            meta = json.loads(read_npz(f, ("meta",), what="length index piece")["meta"].tobytes())
+            where, fp = str(meta["shard"]), str(meta["fingerprint"])
+            if (meta["kind"], meta["config"]) not in family:
+                continue
+        except (ValueError, KeyError, TypeError):
+            continue  # torn, earlier or foreign: not ours to judge
+        gone = not is_url(where) and os.path.dirname(where) in folders and not os.path.exists(where)
+        if current.get(where, fp) != fp or (where not in current and gone):
+            with contextlib.suppress(OSError):
+                f.unlink()
+                removed.append(f)
+    return removed

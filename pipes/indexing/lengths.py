@@ -40,6 +40,7 @@ from neatpack.pipes.indexing.index_parts import (
     load_piece,
     piece_path,
     plan_pieces,
+    prune_pieces,
     remove_pieces,
     save_piece,
     sharded,
@@ -440,6 +441,8 @@ def build_length_index(
         index.save(path)
         if not sharded(source):  # its pieces serve no other build: see index_parts.py
             remove_pieces(path.parent, [pieces[i] for i in [*loads[me], *estimates[me]]])
+        elif me == 0:  # rewritten or deleted shards' pieces, once the index is written
+            prune_pieces(path.parent, pieces)
     return index
 
 

@@ -21,11 +21,9 @@ planning in memory.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_packs
-from neatpack.pipes.reading.npz_files import checksum, map_npz, write_npz
+from neatpack.pipes.reading.npz_files import checksum, locked, map_npz, write_npz
 
 __all__ = ["load_plan", "save_plan", "shared_plan"]
 
@@ -85,13 +83,6 @@ def load_plan(
     return PackPlan(**arrays, **scalars)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
-        yield
-
-
 def shared_plan(
     cache_dir: str | os.PathLike[str],
     lengths: npt.ArrayLike,
@@ -123,7 +114,7 @@ def shared_plan(
     with contextlib.ExitStack() as stack:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(_locked(path.with_suffix(".lock")))
+            stack.enter_context(locked(path.with_suffix(".lock")))
         except OSError:
             return plan_packs(lengths, capacity, **options)  # a folder we cannot write
         with contextlib.suppress(ValueError):

@@ -25,19 +25,30 @@ open file handle left behind::
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import struct
 import threading
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MappedArray", "checksum", "map_npz", "read_npz", "write_npz"]
+__all__ = ["MappedArray", "checksum", "locked", "map_npz", "read_npz", "write_npz"]
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created) while the block runs: one process of a node
+    writes a shared cache file, the others wait and then read what it wrote."""
+    with Path(path).open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def checksum(arrays: Mapping[str, Any], meta: Mapping[str, Any], head: str = "") -> str:

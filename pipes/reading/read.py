@@ -32,7 +32,8 @@ import numpy.typing as npt
 
 from neatpack.pipes.contracts import Record
 from neatpack.pipes.reading._record import RecordError, paused_gc, to_record
-from neatpack.pipes.reading.npz_files import map_npz, read_npz, write_npz
+from neatpack.pipes.reading.line_index import LineIndex
+from neatpack.pipes.reading.npz_files import checksum, locked, map_npz, read_npz, write_npz
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -181,17 +182,13 @@ class JsonlSource:
         self.media_root = real_media_root(media_root)
         self._fd: int | None = None
         self._pid = -1
-        starts, sizes, lines, blanks, digest = _index_jsonl_cached(self.path, cache_dir)
-        self.starts: npt.NDArray[np.int64] = starts
-        self.sizes: npt.NDArray[Any] = sizes  # uint32 (int64 only for a line over 4 GiB)
-        self._lines = lines  # 1-based file line numbers, or None when there were no blank lines
+        lines, blanks, digest = _index_jsonl_cached(self.path, cache_dir)
+        self.lines: LineIndex = lines  # ~4 bytes a line, mapped from cache_dir when given
         self.blank_lines = blanks
         self.max_record_bytes = max_record_bytes
         # ids of the lines over the limit, sorted: never read, refused by id
         self.too_large: npt.NDArray[np.int64] = (
-            np.zeros(0, np.int64)
-            if max_record_bytes is None
-            else np.flatnonzero(sizes > max_record_bytes).astype(np.int64)
+            np.zeros(0, np.int64) if max_record_bytes is None else lines.over(max_record_bytes)
         )
         # The limit changes lengths only where it refuses a line: only then is it in the key.
         self._fingerprint = (
@@ -199,21 +196,16 @@ class JsonlSource:
         )
 
     def __len__(self) -> int:
-        return int(self.starts.shape[0])
-
-    @property
-    def ends(self) -> npt.NDArray[np.int64]:
-        """Each line's end (its newline's offset): ``starts + sizes``, made on each call."""
-        return np.asarray(self.starts + self.sizes, dtype=np.int64)
+        return len(self.lines)
 
     def line_number(self, sample_id: int) -> int:
         """The 1-based line of the file that holds ``sample_id``."""
-        sid = _check_id(sample_id, len(self))
-        return sid + 1 if self._lines is None else int(self._lines[sid])
+        return self.lines.line_number(_check_id(sample_id, len(self)))
 
     def read_bytes(self, sample_id: int) -> bytes:
         sid = _check_id(sample_id, len(self))
-        size = int(self.sizes[sid])
+        start = self.lines.start(sid)
+        size = self.lines.end(sid) - start
         if self.max_record_bytes is not None and size > self.max_record_bytes:
             raise RecordError(
                 f"{self.path} line {self.line_number(sid)} (sample_id={sid}) is {size} bytes, "
@@ -224,7 +216,7 @@ class JsonlSource:
         if self._fd is None or self._pid != os.getpid():
             self._fd = os.open(self.path, os.O_RDONLY)
             self._pid = os.getpid()
-        return os.pread(self._fd, size, int(self.starts[sid]))
+        return os.pread(self._fd, size, start)
 
     def raw(self, sample_id: int) -> dict[str, Any]:
         """The parsed JSON object of ``sample_id`` (no conversion)."""
@@ -271,53 +263,14 @@ class JsonlSource:
                     yield [None]  # over max_record_bytes: not read; source[id] says why
                     i += 1
                     continue
-                base = int(self.starts[i])
-                j = min(stop, int(np.searchsorted(self.starts, base + _BLOCK, side="left")))
-                j = max(j, i + 1)
+                base = self.lines.start(i)
+                j = max(min(stop, self.lines.first_at(base + _BLOCK)), i + 1)
                 if k < big.size:
                     j = min(j, int(big[k]))  # the block ends before the next line over the limit
+                starts, ends = self.lines.starts(i, j) - base, self.lines.ends(i, j) - base
                 f.seek(base)
-                block = f.read(int(self.starts[j - 1]) + int(self.sizes[j - 1]) - base)
-                yield self._parse_block(block, i, j, base)
+                yield _parse_block(f.read(int(ends[-1])), starts, ends)
                 i = j
-
-    def _parse_block(self, block: bytes, i: int, j: int, base: int) -> list[Any]:
-        """Parse lines ``i..j-1`` of ``block`` (read from file offset ``base``), as
-        ``loads_exact`` would line by line, with the garbage collector paused."""
-        starts = self.starts[i:j] - base
-        lo = starts.tolist()
-        hi = (starts + self.sizes[i:j]).tolist()
-        slow = [_fast_loads is None] * (j - i)
-        if _fast_loads is not None:  # lines holding long digit runs go to json
-            hits = _long_digit_runs(block)
-            if hits.size:
-                for k in np.unique(np.searchsorted(starts, hits, side="right") - 1).tolist():
-                    slow[k] = True  # digits lie inside lines, never between them
-        fast = _fast_loads
-        if fast is not None and not any(slow):
-            # Common case: every line goes to orjson. Given bytes, not a memoryview slice:
-            # orjson parses a bytes object ~15 % cheaper (about 13.6k vs 14.6k instructions a
-            # 530-byte record, counted with cachegrind).
-            with paused_gc():
-                try:
-                    return [fast(block[a:b]) for a, b in zip(lo, hi, strict=True)]
-                except ValueError:
-                    pass  # some line is not orjson's: line by line below
-        view = memoryview(block)
-        out: list[Any] = []
-        with paused_gc():
-            for a, b, use_json in zip(lo, hi, slow, strict=True):
-                if fast is not None and not use_json:
-                    try:
-                        out.append(fast(view[a:b]))
-                        continue
-                    except ValueError:
-                        pass
-                try:
-                    out.append(json.loads(block[a:b]))
-                except (ValueError, RecursionError):
-                    out.append(None)  # source[id] raises the error naming the line
-        return out
 
     def content_fingerprint(self) -> str:
         return self._fingerprint
@@ -334,7 +287,52 @@ class JsonlSource:
                 os.close(fd)
 
 
-_JsonlIndex = tuple[npt.NDArray[np.int64], npt.NDArray[Any], npt.NDArray[np.int64] | None, int, str]
+def _parse_block(
+    block: bytes, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
+) -> list[Any]:
+    """Parse the lines ``block[starts[k]:ends[k]]`` as ``loads_exact`` would line by line, with
+    the garbage collector paused."""
+    lo, hi = starts.tolist(), ends.tolist()
+    slow = [_fast_loads is None] * len(lo)
+    if _fast_loads is not None:  # lines holding long digit runs go to json
+        hits = _long_digit_runs(block)
+        if hits.size:
+            for k in np.unique(np.searchsorted(starts, hits, side="right") - 1).tolist():
+                slow[k] = True  # digits lie inside lines, never between them
+    fast = _fast_loads
+    if fast is not None and not any(slow):
+        # Common case: every line goes to orjson. Given bytes, not a memoryview slice:
+        # orjson parses a bytes object ~15 % cheaper (about 13.6k vs 14.6k instructions a
+        # 530-byte record, counted with cachegrind).
+        with paused_gc():
+            try:
+                return [fast(block[a:b]) for a, b in zip(lo, hi, strict=True)]
+            except ValueError:
+                pass  # some line is not orjson's: line by line below
+    view = memoryview(block)
+    out: list[Any] = []
+    with paused_gc():
+        for a, b, use_json in zip(lo, hi, slow, strict=True):
+            if fast is not None and not use_json:
+                try:
+                    out.append(fast(view[a:b]))
+                    continue
+                except ValueError:
+                    pass
+            try:
+                out.append(json.loads(block[a:b]))
+            except (ValueError, RecursionError):
+                out.append(None)  # source[id] raises the error naming the line
+    return out
+
+
+#: What a JSONL line-index cache file holds (``_save_jsonl_index``): 3 is the compact
+#: ``LineIndex`` (about 4 bytes a line) with a checksum; 2 (int64 ``starts``, uint32 ``sizes``,
+#: int64 ``lines``: 12-20 bytes a line) is read, verified and rewritten once as 3; 1 (``ends``)
+#: is rebuilt from the file.
+JSONL_LAYOUT = 3
+_JsonlIndex = tuple[LineIndex, int, str]  # (lines, blank lines, sha256 of the file)
+_WHAT = "JSONL line index cache"
 
 
 def _file_identity(path: Path) -> str:
@@ -345,55 +343,90 @@ def _file_identity(path: Path) -> str:
     )
 
 
-def _line_sizes(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
-    """Line sizes as uint32 (4 bytes a line instead of the 8 of an end offset) unless a line is
-    over 4 GiB."""
-    sizes = ends - starts
-    return sizes.astype(np.uint32) if not sizes.size or sizes.max() < 2**32 else sizes
-
-
 def _index_jsonl_cached(path: Path, cache_dir: str | os.PathLike[str] | None) -> _JsonlIndex:
     """``_index_jsonl``, kept in ``cache_dir`` under the file's identity (see ``JsonlSource``)
-    and mapped from there (``map_npz``: the ranks and workers of a node share its pages: 12
-    bytes a line, starts int64 + sizes uint32). A torn or foreign cache file, or one of the
-    earlier layout (``ends``, no ``sizes``), is rebuilt once; a cache that cannot be written is
-    skipped."""
+    and mapped from there (``map_npz``: the ranks and workers of a node share its pages). A
+    torn, corrupt or foreign cache file, or one of layout 1, is rebuilt from the file; one of
+    layout 2 is converted (no read of the file) and rewritten once; a cache that cannot be
+    written is skipped. The build runs under an ``flock`` beside the cache file: one process
+    of a node reads the file, the others wait and map what it wrote (at 100M lines the build
+    holds ~3 GB of int64 offsets for a moment: once a node, not once a rank)."""
     if cache_dir is None:
         starts, ends, lines, blanks, digest = _index_jsonl(path)
-        return starts, _line_sizes(starts, ends), lines, blanks, digest
+        return LineIndex.build(starts, ends, lines), blanks, digest
     ident = _file_identity(path)
     cache = Path(cache_dir) / f"jsonl-index-{hashlib.sha256(ident.encode()).hexdigest()}.npz"
     got = _load_jsonl_index(cache, ident)
     if got is not None:
         return got
-    starts, ends, lines, blanks, digest = _index_jsonl(path)
-    sizes = _line_sizes(starts, ends)
-    del ends
-    if _file_identity(path) != ident:  # written to while it was read: no cache of it
-        return starts, sizes, lines, blanks, digest
-    kept = np.zeros(0, np.int64) if lines is None else lines
+    try:  # one process of a node reads the file; the others wait, then map what it wrote
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with locked(cache.with_suffix(".lock")):
+            return _load_jsonl_index(cache, ident) or _build_jsonl_index(path, cache, ident)
+    except OSError:  # a folder we cannot write
+        starts, ends, lines, blanks, digest = _index_jsonl(path)
+        return LineIndex.build(starts, ends, lines), blanks, digest
+
+
+def _build_jsonl_index(path: Path, cache: Path, ident: str) -> _JsonlIndex:
+    old = _load_jsonl_index_v2(cache, ident)
+    if old is not None:
+        built = old
+    else:
+        starts, ends, numbers, blanks, digest = _index_jsonl(path)
+        built = (LineIndex.build(starts, ends, numbers), blanks, digest)
+        del starts, ends, numbers
+        if _file_identity(path) != ident:  # written to while it was read: no cache of it
+            return built
     try:
-        write_npz(
-            cache, starts=starts, sizes=sizes, lines=kept, blanks=np.asarray(blanks),
-            digest=np.asarray(digest), identity=np.asarray(ident),
-        )  # fmt: skip
-    except OSError:  # a read-only cache: the next start reads the file again
-        return starts, sizes, lines, blanks, digest
-    return _load_jsonl_index(cache, ident) or (starts, sizes, lines, blanks, digest)
+        _save_jsonl_index(cache, ident, *built)
+    except OSError:  # a read-only cache: the next start reads (or converts) it again
+        return built
+    return _load_jsonl_index(cache, ident) or built
+
+
+def _save_jsonl_index(cache: Path, ident: str, lines: LineIndex, blanks: int, digest: str) -> None:
+    arrays = lines.arrays()
+    meta = {"layout": JSONL_LAYOUT, "identity": ident, "blanks": blanks, "digest": digest,
+            **lines.meta()}  # fmt: skip
+    body = json.dumps({**meta, "checksum": checksum(arrays, meta, head=ident)})
+    write_npz(cache, meta=np.frombuffer(body.encode(), np.uint8), **arrays)
 
 
 def _load_jsonl_index(cache: Path, ident: str) -> _JsonlIndex | None:
+    """The layout-3 cache at ``cache``, mapped and verified; None when it is absent, torn,
+    corrupt, of another file or of another layout."""
     try:
-        small = read_npz(cache, ("blanks", "digest", "identity"), what="JSONL line index cache")
-        z = map_npz(cache, ("starts", "sizes", "lines"), what="JSONL line index cache")
-    except ValueError:
-        return None  # absent, torn, foreign or the earlier layout: build it again
-    if str(small["identity"]) != ident:
+        meta = json.loads(read_npz(cache, ("meta",), what=_WHAT)["meta"].tobytes())
+        want = meta.pop("checksum")
+        if meta.get("layout") != JSONL_LAYOUT or meta.get("identity") != ident:
+            return None
+        z = map_npz(cache, LineIndex.FIELDS, what=_WHAT)
+        if checksum(z, meta, head=ident) != want:
+            return None
+        return LineIndex.from_arrays(z, meta), int(meta["blanks"]), str(meta["digest"])
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    starts, sizes, lines, blanks = z["starts"], z["sizes"], z["lines"], int(small["blanks"])
-    if len(starts) != len(sizes) or len(lines) not in (0, len(starts)):
+
+
+def _load_jsonl_index_v2(cache: Path, ident: str) -> _JsonlIndex | None:
+    """A layout-2 cache (``starts``, ``sizes``, ``lines``) of this file, converted; None for
+    anything else. Its line numbers are checked against the starts and ends (a blank line
+    lies between two lines exactly where one does not start after the other's newline)."""
+    try:
+        small = read_npz(cache, ("blanks", "digest", "identity"), what=_WHAT)
+        z = map_npz(cache, ("starts", "sizes", "lines"), what=_WHAT)
+        if str(small["identity"]) != ident:
+            return None
+        starts, sizes, numbers = z["starts"], z["sizes"], z["lines"]
+        blanks = int(small["blanks"])
+        if len(starts) != len(sizes) or len(numbers) != (len(starts) if blanks else 0):
+            return None
+        ends = np.asarray(starts, np.int64) + sizes
+        lines = LineIndex.build(starts, ends, numbers if blanks else None)
+        return lines, blanks, str(small["digest"])
+    except (ValueError, KeyError, TypeError):
         return None
-    return starts, sizes, (lines if blanks else None), blanks, str(small["digest"])
 
 
 def _index_jsonl(

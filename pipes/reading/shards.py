@@ -4,7 +4,8 @@
 Sample ids run over the shards in the order given (a glob is sorted): shard 0's samples, then
 shard 1's, ... Random access goes through a per-shard offset index: a Parquet file's row groups
 (from its footer, no data read), a tar shard's member offsets (headers only, grouped by key),
-cached in ``cache_dir`` (``pipes/reading/tar_index.py``: flat arrays, ``.npz``) under the shard's
+cached in ``cache_dir`` (``pipes/reading/tar_index.py``: compact arrays, ``.npz``, the whole
+index mapped by every process of a node) under the shard's
 fingerprint (local: size + sha256 of its first and last 64 KiB + name; remote: ETag, size,
 mtime) so a restart does not rescan. Both are ``RecordSource`` s: pass one to
 ``neat_vlm_graph`` and resume, exactly-once and elastic resume work as with JSONL (the ids are
@@ -43,6 +44,7 @@ from neatpack.pipes.contracts import Record
 from neatpack.pipes.indexing.index_split import initialized_dist, side_group, split_points
 from neatpack.pipes.reading._record import RecordError, to_record
 from neatpack.pipes.reading.media_policy import confine_record_media
+from neatpack.pipes.reading.npz_files import locked
 from neatpack.pipes.reading.remote import (
     FsspecStore,
     LocalStore,
@@ -58,6 +60,7 @@ __all__ = [
     "ParquetSource",
     "ShardIndexError",
     "TarShardSource",
+    "prune_tar_pieces",
     "shard_fingerprint",
     "shard_source",
 ]
@@ -162,13 +165,74 @@ def index_tar(path: str, fileobj: Any = None) -> list[tuple[str, Members]]:
     return samples
 
 
+def _piece_path(cache_dir: str | os.PathLike[str], fp: str) -> Path:
+    return Path(cache_dir) / f"tar-index-{fp}.npz"
+
+
+def _where(path: str) -> str:
+    """A shard's place as its cache files record it: an absolute local path, or the URL."""
+    return path if is_url(path) else os.path.abspath(path)
+
+
+def _load_set(whole: Path | None, fingerprint: str) -> TarIndex | None:
+    """The whole (mapped) offset index of the shards with this fingerprint, or None."""
+    if whole is None:
+        return None
+    try:
+        index, meta = TarIndex.load(whole)
+    except (ValueError, KeyError, TypeError):
+        return None  # absent, torn, corrupt or of the earlier layout: assembled again
+    return index if meta.get("fingerprint") == fingerprint else None
+
+
+def prune_tar_pieces(
+    cache_dir: str | os.PathLike[str], paths: Sequence[str], fingerprints: Sequence[str]
+) -> list[Path]:
+    """Remove the offset-index files in ``cache_dir`` that no dataset of these shards can use
+    again, and return them: a shard's index (``tar-index-*.npz``) made for a shard at one of
+    ``paths`` whose content (``fingerprints``) has changed since, or for a local shard that is
+    gone from one of their folders; a whole index (``tar-set-*.npz``) holding such a shard.
+    Files this function cannot read as its own (the earlier layout, torn or foreign files) are
+    never touched. Call it after the current whole index is written: a process of an older
+    run that still maps a removed file keeps its pages (the name goes, the file stays until
+    it is unmapped)."""
+    current = {_where(p): fp for p, fp in zip(paths, fingerprints, strict=True)}
+    folders = {os.path.dirname(w) for w in current if not is_url(w)}
+
+    def stale(where: Any, fp: Any) -> bool:
+        if not isinstance(where, str) or not isinstance(fp, str):
+            return False
+        if where in current:
+            return current[where] != fp  # re-written since
+        return (
+            not is_url(where) and os.path.dirname(where) in folders and not (os.path.exists(where))
+        )  # deleted from this dataset's folder
+
+    removed = []
+    for f in sorted(Path(cache_dir).glob("tar-index-*.npz")) + sorted(
+        Path(cache_dir).glob("tar-set-*.npz")
+    ):
+        try:
+            meta = TarIndex.read_meta(f)
+            where = meta.get("paths", [meta.get("path")])
+            pairs = list(zip(where, meta.get("shards", [meta.get("fingerprint")]), strict=True))
+        except (ValueError, TypeError):
+            continue  # not a file of ours (or not one this function can judge)
+        if any(stale(w, fp) for w, fp in pairs):
+            with contextlib.suppress(OSError):
+                f.unlink()
+                removed.append(f)
+    return removed
+
+
 class TarShardSource:
     """WebDataset-style tar shards (uncompressed ``.tar``), random access by sample id.
 
     ``shards``: local paths or fsspec URLs (``s3://bucket/set/*.tar``) with their
     ``storage_options`` (endpoint, credentials); ``retries``: further tries of a failed remote
     read; ``allow_hosts``: the http(s) hosts a record's media may be fetched from (none by
-    default); ``cache_dir``: where the offset index is cached by shard fingerprint;
+    default); ``cache_dir``: where the offset index is cached, per shard by its fingerprint
+    and whole (``tar-set-*.npz``, mapped: one copy per node, see ``_index_all``);
     ``rank``, ``world_size``, ``group``: split the offset index build over the ranks of an
     initialized ``torch.distributed`` (each scans its share; gathered on a gloo side group)."""
 
@@ -195,11 +259,10 @@ class TarShardSource:
             fps = [self._store.fingerprint(p) for p in self.paths]
         except RecordError as e:
             raise ShardIndexError(f"tar shards are unreadable: {e}") from e
-        self._samples = self._index_all(fps, cache_dir, rank, world_size, group)
-        counts = [len(s) for s in self._samples]
-        self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
         self.shard_fingerprints = fps  # per shard: the length index keeps its pieces by these
         self._fingerprint = _combined(fps, "tar")
+        self.index: TarIndex = self._index_all(fps, cache_dir, rank, world_size, group)
+        self._starts: list[int] = np.asarray(self.index.shard_starts, np.int64).tolist()
         self._prefetched: dict[int, tuple[int, bytes | BaseException]] = {}
         self._json: dict[int, bytes] = {}  # iter_raw's batch of remote .json members
 
@@ -210,20 +273,35 @@ class TarShardSource:
         rank: int,
         world_size: int,
         group: Any,
-    ) -> list[TarIndex]:
-        """Every shard's offset index. With ``world_size > 1`` under ``torch.distributed``
-        each rank scans its share of the shards (``split_points``) and the shares are
-        all-gathered on the CPU gloo side group; remote shards are scanned 8 at a time."""
-
+    ) -> TarIndex:
+        """Every shard's offset index as one ``TarIndex``. With ``world_size > 1`` under
+        ``torch.distributed`` each rank scans its share of the shards (``split_points``; remote
+        shards 8 at a time) on the CPU gloo side group. With a ``cache_dir`` every shard's
+        index is kept there (``tar-index-<shard fingerprint>.npz``: a grown dataset scans only
+        its new shards) and the whole index once (``tar-set-<fingerprint>.npz``), assembled by
+        one process of a node (an ``flock``) and mapped by every rank and worker; shards the
+        ranks of another node scanned reach it through the side group. Without one, the
+        shares are all-gathered and every rank holds the whole index in memory."""
+        whole = None if cache_dir is None else Path(cache_dir) / f"tar-set-{self._fingerprint}.npz"
+        found = _load_set(whole, self._fingerprint)
         dist = initialized_dist(world_size)
+        if dist is not None:
+            group = side_group(group)
+        if dist is not None and whole is not None:  # without a cache no rank has it
+            flags: list[Any] = [None] * world_size
+            dist.all_gather_object(flags, found is not None, group=group)
+            if all(flags) and found is not None:
+                return found
+        elif found is not None:
+            return found
         cuts = split_points(len(self.paths), world_size) if dist is not None else [0, 0]
         mine = range(cuts[rank], cuts[rank + 1]) if dist is not None else range(len(self.paths))
 
-        def one(k: int) -> Any:
+        def one(k: int) -> TarIndex:
             return self._index(self.paths[k], fps[k], cache_dir)
 
         error: str | None = None
-        got: dict[int, Any] = {}
+        got: dict[int, TarIndex] = {}
         try:
             if self._store.remote and len(mine) > 1:
                 from concurrent.futures import ThreadPoolExecutor
@@ -236,20 +314,86 @@ class TarShardSource:
             if dist is None:
                 raise
             error = f"rank {rank}: {e}"
-        if dist is None:
-            return [got[k] for k in range(len(self.paths))]
-        parts: list[Any] = [None] * world_size
-        dist.all_gather_object(parts, (error, got), group=side_group(group))
-        if errors := [e for e, _ in parts if e is not None]:
+        if dist is not None:
+            got = self._exchange(dist, group, world_size, error, got, fps, cache_dir)
+        if whole is None:
+            return TarIndex.concat([got[k] for k in range(len(self.paths))])
+        return self._assemble(whole, got, fps)
+
+    def _exchange(
+        self, dist: Any, group: Any, world_size: int, error: str | None,
+        got: dict[int, TarIndex], fps: list[str], cache_dir: str | os.PathLike[str] | None,
+    ) -> dict[int, TarIndex]:  # fmt: skip
+        """The shards' indexes this rank needs from the others: all of them without a cache,
+        else only those its cache does not hold (another node's disk), after every rank has
+        written its share (the first collective is the barrier)."""
+        if cache_dir is None:
+            parts: list[Any] = [None] * world_size
+            dist.all_gather_object(parts, (error, got), group=group)
+            if errors := [e for e, _ in parts if e is not None]:
+                raise ShardIndexError("; ".join(errors))
+            return {k: v for _, part in parts for k, v in part.items()}
+        errs: list[Any] = [None] * world_size
+        dist.all_gather_object(errs, error, group=group)
+        if errors := [e for e in errs if e is not None]:
             raise ShardIndexError("; ".join(errors))
-        merged = {k: v for _, part in parts for k, v in part.items()}
-        return [merged[k] for k in range(len(self.paths))]
+        piece = [_piece_path(cache_dir, fp) for fp in fps]
+        have = np.asarray([k in got or piece[k].is_file() for k in range(len(fps))], bool)
+        haves: list[Any] = [None] * world_size
+        dist.all_gather_object(haves, np.packbits(have), group=group)
+        held = np.stack([np.unpackbits(h, count=len(fps)).astype(bool) for h in haves])
+        if held.all():
+            return got
+        # a shard no disk holds (an unwritable cache) goes from the rank that scanned it; one
+        # another node's disk lacks, from the first rank that holds it
+        me = dist.get_rank(group)
+        send = {k: v for k, v in got.items() if not held[:, k].all()}
+        for k in np.flatnonzero(~held.all(axis=0)).tolist():
+            if k not in send and held[me, k] and int(np.argmax(held[:, k])) == me:
+                with contextlib.suppress(ShardIndexError):  # the receiver then scans it itself
+                    send[k] = self._index(self.paths[k], fps[k], cache_dir)  # its file or a scan
+        parts = [None] * world_size
+        dist.all_gather_object(parts, send, group=group)
+        for part in parts:
+            for k, v in part.items():
+                if not have[k]:
+                    got[k] = v
+                    with contextlib.suppress(OSError):
+                        v.save(piece[k], {"fingerprint": fps[k], "path": _where(self.paths[k])})
+        return got
+
+    def _assemble(self, whole: Path, got: dict[int, TarIndex], fps: list[str]) -> TarIndex:
+        """The whole index, written once per node to ``whole`` (the others wait on its lock
+        and map it) from the shards' cached indexes (or ``got``), then mapped; stale pieces of
+        this dataset's shards are pruned after it is written (``prune_tar_pieces``)."""
+        parts = dict(got)
+        try:
+            whole.parent.mkdir(parents=True, exist_ok=True)
+            with locked(whole.with_suffix(".lock")):
+                found = _load_set(whole, self._fingerprint)
+                if found is not None:
+                    return found
+                for k, fp in enumerate(fps):
+                    if k not in parts:  # another rank's share, from its file (or scanned)
+                        parts[k] = self._index(self.paths[k], fp, whole.parent)
+                index = TarIndex.concat([parts[k] for k in range(len(fps))])
+                index.save(whole, {"fingerprint": self._fingerprint, "shards": fps,
+                                   "paths": [_where(p) for p in self.paths]})  # fmt: skip
+                prune_tar_pieces(whole.parent, self.paths, fps)
+        except OSError:  # a cache we cannot write: held in memory
+            return TarIndex.concat([parts[k] for k in range(len(fps))])
+        return _load_set(whole, self._fingerprint) or index
 
     def _index(self, path: str, fp: str, cache_dir: str | os.PathLike[str] | None) -> TarIndex:
-        cache = Path(cache_dir) / f"tar-index-{fp}.npz" if cache_dir is not None else None
+        cache = _piece_path(cache_dir, fp) if cache_dir is not None else None
         if cache is not None and cache.is_file():
             try:
-                return TarIndex.load(cache)
+                index, meta = TarIndex.load(cache, mapped=False)
+                if meta.get("fingerprint", fp) == fp:
+                    if not meta:  # the earlier layout: rewritten once in the compact one
+                        with contextlib.suppress(OSError):
+                            index.save(cache, {"fingerprint": fp, "path": _where(path)})
+                    return index
             except ValueError:
                 pass  # a torn or corrupt cache file: rebuild it
         if self._store.remote:
@@ -261,7 +405,8 @@ class TarShardSource:
         else:
             index = TarIndex.from_samples(index_tar(path))
         if cache is not None:
-            index.save(cache)
+            with contextlib.suppress(OSError):
+                index.save(cache, {"fingerprint": fp, "path": _where(path)})
         return index
 
     def __len__(self) -> int:
@@ -304,10 +449,10 @@ class TarShardSource:
     def _prefetch_json(self, shard: int, lo: int, hi: int) -> None:
         """The ``.json`` members of samples ``lo..hi-1`` of a remote shard in one concurrent
         read (the length index reads records in order: one request per sample otherwise)."""
-        index, first = self._samples[shard], int(self._starts[shard])
+        first = int(self._starts[shard])
         ranges, ids = [], []
         for local in range(lo, hi):
-            members = index[local][1]
+            members = self.index[first + local][1]
             if "json" in members:
                 ranges.append((self.paths[shard], *members["json"]))
                 ids.append(first + local)
@@ -325,8 +470,8 @@ class TarShardSource:
         for sid in dict.fromkeys(int(i) for i in sample_ids):
             if not 0 <= sid < len(self):
                 continue
-            shard, local = _locate(self._starts, sid, len(self))
-            spans = list(self._samples[shard][local][1].values())
+            shard, _ = _locate(self._starts, sid, len(self))
+            spans = list(self.index[sid][1].values())
             lo = min(o for o, _ in spans)
             ranges.append((self.paths[shard], lo, max(o + n for o, n in spans) - lo))
             ids.append(sid)
@@ -336,7 +481,7 @@ class TarShardSource:
         }
 
     def _raw_at(self, f: Any, shard: int, local: int, sample_id: int) -> dict[str, Any]:
-        key, members = self._samples[shard][local]
+        key, members = self.index[int(self._starts[shard]) + local]
         path = self.paths[shard]
         where = f"sample_id={sample_id} ({path}: {key})"
         if "json" not in members:

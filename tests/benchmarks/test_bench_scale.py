@@ -23,3 +23,8 @@ def test_bench_scale_simulated_ranks() -> None:
     assert metrics["node"]["resume_exact"] is True  # the resumed loader's batch is the next one
     assert metrics["plan_files_mb"] > 0  # planned once, into the shared cache
     assert all(r["first_batch_tokens"] > 0 for r in metrics["per_rank"])
+    offsets = metrics["reader_offsets"]  # built by the real readers from real files
+    assert offsets["jsonl"]["bytes_per_sample"] < offsets["jsonl"]["before_bytes_per_sample"]
+    assert offsets["tar"]["bytes_per_sample"] < offsets["tar"]["before_bytes_per_sample"]
+    files = metrics["node_files_bytes_per_sample"]
+    assert files["parquet"] < files["jsonl"] < files["tar"]

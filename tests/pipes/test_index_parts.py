@@ -419,3 +419,50 @@ def test_a_grown_tar_dataset_estimates_only_its_new_shard(tmp_path: Path) -> Non
     np.testing.assert_array_equal(grown.total, full.total)
     np.testing.assert_array_equal(grown.visual, full.visual)
     assert grown.visual.sum() > 0  # the images' headers were read (from the tar members)
+
+
+def test_stale_pieces_are_pruned_and_a_fresh_build_plans_the_same(tmp_path: Path) -> None:
+    """A shard re-written and a shard deleted: once the grown index is saved, their old
+    pieces are removed; pieces of another estimator config (another model's index), pieces of
+    the earlier format (no shard named) and foreign files stay; the cached build then equals,
+    and plans as, a build from nothing."""
+    data, cache = dataset(tmp_path, 5), tmp_path / "cache"
+    build_length_index(source(data), estimator(), cache_dir=cache, progress=False)
+    other = CountingEstimator(image=ImageTokenConfig(), on_missing_media="fallback",
+                              chars_per_token=2.0)  # fmt: skip
+    assert other.config_key() != estimator().config_key()
+    build_length_index(source(data), other, cache_dir=cache, progress=False)
+    first = set(piece_files(cache))
+    assert len(first) == 10  # 5 shards, two configs
+    mine = {p: json.loads(np.load(p)["meta"].tobytes()) for p in first}
+    ours = {p for p, m in mine.items() if m["config"] == estimator().config_key()}
+    by_shard = {Path(mine[p]["shard"]).name: p for p in ours}
+    old_format = cache / "length-piece-0000.npz"  # a piece saved before pieces named their shard
+    meta = {k: v for k, v in mine[by_shard["part-001.parquet"]].items()
+            if k not in ("kind", "config", "shard", "fingerprint")}  # fmt: skip
+    z = dict(np.load(by_shard["part-001.parquet"]))
+    z["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(old_format, **z)
+    foreign = cache / "length-piece-foreign.npz"
+    foreign.write_bytes(b"not ours")
+    write_shard(data, 3, seed=99, per=PER + 1)  # re-written
+    (data / "part-004.parquet").unlink()  # deleted
+    log = tmp_path / "after.log"
+    cached = build_length_index(source(data), estimator(log), cache_dir=cache, progress=False)
+    assert counted(log) == [PER + 1]  # the re-written shard only
+    now = set(piece_files(cache))
+    gone = first - now
+    assert gone == {by_shard["part-003.parquet"], by_shard["part-004.parquet"]}
+    assert {old_format, foreign} <= now  # not ours to judge
+    assert first - ours <= now  # the other config's pieces stay, its shards' too
+    fresh = build_length_index(source(data), estimator(), progress=False)
+    same(cached, fresh)
+    a, b = plan_of(cached), plan_of(fresh)
+    assert a.fingerprint == b.fingerprint
+    np.testing.assert_array_equal(a.ids, b.ids)
+    # and a build from the pruned cache alone (the index file removed) is the same again
+    (cache / f"{cached.fingerprint}.npz").unlink()
+    log2 = tmp_path / "again.log"
+    again = build_length_index(source(data), estimator(log2), cache_dir=cache, progress=False)
+    assert counted(log2) == []  # every piece still there
+    same(again, fresh)

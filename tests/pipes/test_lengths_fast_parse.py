@@ -22,7 +22,7 @@ from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.lengths import build_length_index
 from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
 from neatpack.pipes.reading._record import paused_gc
-from neatpack.pipes.reading.read import JsonlSource, loads_exact
+from neatpack.pipes.reading.read import JsonlSource, _parse_block, loads_exact
 from neatpack.pipes.testing.synth import write_corpus
 
 EDGE_LINES = [
@@ -135,10 +135,7 @@ def test_random_values_parse_like_json(values: list[Any]) -> None:
         assert same(loads_exact(line), json.loads(line))
     block = b"\n".join(lines)
     ends = np.cumsum([len(x) + 1 for x in lines]) - 1
-    src = JsonlSource.__new__(JsonlSource)
-    src.starts = ends - [len(x) for x in lines]
-    src.sizes = np.asarray([len(x) for x in lines], dtype=np.uint32)  # ends = starts + sizes
-    parsed = src._parse_block(block, 0, len(lines), 0)
+    parsed = _parse_block(block, ends - [len(x) for x in lines], ends)
     assert all(same(p, json.loads(x)) for p, x in zip(parsed, lines, strict=True))
 
 

@@ -180,17 +180,22 @@ def test_jsonl_line_index_is_mapped_and_an_old_cache_rebuilt(tmp_path: Path) -> 
     cache = tmp_path / "cache"
     first = JsonlSource(path, cache_dir=cache)
     (cache_file,) = cache.glob("jsonl-index-*.npz")
-    assert isinstance(first.starts, MappedArray)
-    assert first.sizes.dtype == np.uint32
+    assert isinstance(first.lines.rel, MappedArray)
+    assert first.lines.rel.dtype == np.uint32
     assert [first.raw(i) for i in range(40)] == [plain.raw(i) for i in range(40)]
     assert first.line_number(20) == 22 == plain.line_number(20)  # after the blank line
     assert list(first.iter_raw(0, 40)) == [json.loads(x) for x in lines]
-    # a cache file of the earlier layout (starts, ends): rebuilt, not misread
-    z = read_npz(cache_file, ("starts", "lines", "blanks", "digest", "identity"), what="t")
-    write_npz(cache_file, ends=np.asarray(first.ends), **z)
+    # a cache file of the first layout (starts, ends): rebuilt, not misread
+    n = len(first)
+    starts, ends = first.lines.starts(0, n), first.lines.ends(0, n)
+    numbers = np.asarray([first.line_number(i) for i in range(n)])
+    z = read_npz(cache_file, ("meta",), what="t")
+    meta = json.loads(z["meta"].tobytes())
+    write_npz(cache_file, starts=starts, ends=ends, lines=numbers, blanks=np.asarray(1),
+              digest=np.asarray(meta["digest"]), identity=np.asarray(meta["identity"]))  # fmt: skip
     again = JsonlSource(path, cache_dir=cache)
     assert [again.raw(i) for i in range(40)] == [plain.raw(i) for i in range(40)]
-    assert "sizes" in np.load(cache_file).files
+    assert "meta" in np.load(cache_file).files
 
 
 def test_a_plan_file_found_by_key_must_match_the_lengths(tmp_path: Path) -> None:

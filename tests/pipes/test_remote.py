@@ -367,9 +367,8 @@ def test_index_build_reads_the_json_members_in_batches(
     index = build_length_index(source, est, progress=False)
     assert batches == [4, 4, 2]  # one concurrent read per shard's .json members
     text_only = {  # the .json of samples without pictures: planned from the batch alone
-        (source._store._path(p), *m["json"])
-        for p, shard in zip(source.paths, source._samples, strict=True)
-        for _, m in shard
+        (source._store._path(source.paths[source.index.shard_of(i)]), *m["json"])
+        for i, (_, m) in enumerate(source.index)
         if len(m) == 1
     }
     assert len(text_only) == 4
