@@ -56,6 +56,7 @@ __all__ = [
     "VISION_LINEAR",
     "BalancePolicy",
     "balanced_order",
+    "group_p95",
     "imbalance",
     "pack_cost_terms",
     "pack_costs",
@@ -133,7 +134,7 @@ def balanced_order(
     tries = np.geomspace(1.0, max(1.0, n / max(group_size, 1)), STRIP_CANDIDATES)
     counts = sorted({max(1, round(float(k))) for k in tries})
     orders = [_snake(by_attention, attention, vision, k) for k in counts]
-    scores = [_group_p95(both[order], group_size) for order in orders]
+    scores = [group_p95(both[order], group_size) for order in orders]
     return orders[int(np.argmin(scores))]  # ties: the fewer strips
 
 
@@ -145,7 +146,7 @@ def _snake(by_attention: IntArray, attention: FloatArray, vision: FloatArray, k:
     return np.concatenate(parts).astype(np.int64)
 
 
-def _group_p95(cols: FloatArray, group_size: int) -> float:
+def group_p95(cols: FloatArray, group_size: int) -> float:
     """p95 over consecutive groups of the largest max/mean over ``cols``' columns."""
     n = cols.shape[0] // group_size * group_size
     if n == 0:

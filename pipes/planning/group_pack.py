@@ -1,0 +1,280 @@
+"""Packs made for their step groups (``balance="cost"``): the ranks of a step get alike packs.
+
+Sorting finished packs (``balance.balanced_order``) can only pick neighbours among packs that
+best fit made without knowing the ranks. Here the packs of a step group are made together:
+
+1. the samples, sorted by length (then visual tokens), are cut into *tuples* of ``group_size``
+   neighbours (alike in length, so in attention ``length ** 2``); the smallest samples,
+   ``FILLER_SHARE`` of the tokens, are kept back as fillers;
+2. the tuples are packed by best fit on their longest member (``best_fit_decreasing``, or
+   ``best_fit_two_budgets`` with ``max_visual``): one tuple-pack is one step group, and each
+   of its ``group_size`` packs takes one member of every tuple in it;
+3. fillers go, best fit, into the room every pack of a group shares (``capacity`` minus the
+   tuples' longest members);
+4. which member goes to which pack is chosen tuple by tuple, the tuples with the widest spread
+   of vision cost first: the member of most vision cost to the pack with the least so far
+   (LPT); that evens the vision encoder across the group, the tuples already even attention;
+5. fillers left over go into what room is left, best fit; the rest, and the groups whose fill
+   would pull the plan's fill more than ``FILL_SLACK`` below best fit's, are packed by best
+   fit after the groups (the *free* packs, ordered by ``balanced_order``).
+
+``group_packs`` tries the tuples cut by length alone and cut in ``TUPLE_BUCKET`` buckets of
+length (vision cost sorted inside each, snaking), and returns the one whose groups have the
+lower p95 of the larger of the two max/mean ratios (``balance._group_p95``); where neither
+keeps the fill, best fit's packs in ``balanced_order`` (today's ``"cost"`` plan).
+
+Worked by hand, ``group_size=2``, capacity 10, lengths ``[5, 5, 4, 4, 1, 1]`` with visual
+``[4, 0, 0, 3, 0, 0]`` (too few tokens for fillers): tuples (1, 1), (4, 4), (5, 5) fill one
+tuple-pack (1 + 4 + 5 = 10). Vision: the tuple (5, 5) goes first (the widest spread, 4 vs 0),
+its visual member to pack 0; then (4, 4): its visual member (3) to pack 1, the one with less
+vision so far; then (1, 1). Packs ``[0, 2, 5]`` and ``[1, 3, 4]``: 10 tokens and 4 / 3 visual
+tokens each, where best fit gives ``[0, 1]`` (10 tokens, visual 4) and ``[2, 3, 4, 5]`` (3).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.planning.balance import (
+    COST_TERMS,
+    balanced_order,
+    group_p95,
+    pack_cost_terms,
+    pack_costs,
+)
+from neatpack.pipes.planning.binpack import (
+    IntArray,
+    best_fit_decreasing,
+    best_fit_two_budgets,
+    within_budget,
+)
+
+__all__ = ["FILLER_SHARE", "FILL_SLACK", "TUPLE_BUCKET", "GroupedPacks", "group_packs"]
+
+#: Share of the tokens (the shortest samples) kept back to fill each pack's room.
+FILLER_SHARE: Final = 0.05
+#: How far below best fit's fill (a fraction of capacity) the plan may go: 0.15 points.
+FILL_SLACK: Final = 0.0015
+#: Relative width of the length buckets of the second tuple cut (5 %).
+TUPLE_BUCKET: Final = 0.05
+#: The vision encoder's linear weight per visual token (``balance.VISION_LINEAR``).
+_VISION_LINEAR: Final = 7680.0
+
+FloatArray = npt.NDArray[np.float64]
+#: (offsets, ids, grouped): CSR packs; the first ``grouped`` packs are the step groups.
+GroupedPacks = tuple[IntArray, IntArray, int]
+
+
+def _csr(sizes: npt.NDArray[Any]) -> IntArray:
+    out = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return out
+
+
+def _into_rooms(
+    used: IntArray, cand: IntArray, lengths: IntArray, capacity: int
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Best fit of samples ``cand`` into packs already holding ``used`` tokens: (pack of each
+    placed sample, placed ids, the ids that fit nowhere). Each pack is a unit of
+    ``capacity + 1 + used`` at ``2 * capacity + 1`` (``best_fit_two_budgets``' trick: no two
+    units share a pack, each leaves exactly its room)."""
+    n_packs = used.size
+    if cand.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    units = np.concatenate([capacity + 1 + used, lengths[cand]]).astype(np.int64)
+    b_off, items = best_fit_decreasing(units, 2 * capacity + 1)
+    bin_of = np.repeat(np.arange(b_off.size - 1), np.diff(b_off))
+    head = items[b_off[:-1]]
+    unit_of_bin = np.where(head < n_packs, head, -1)
+    is_sample = items >= n_packs
+    pack = unit_of_bin[bin_of[is_sample]].astype(np.int64)
+    ids = cand[items[is_sample] - n_packs].astype(np.int64)
+    return pack[pack >= 0], ids[pack >= 0], ids[pack < 0]
+
+
+def _tuples(lengths: IntArray, vcost: FloatArray, order: IntArray, bucket: float) -> IntArray:
+    """``order`` (ids by length) re-sorted for cutting: as it is (``bucket=0``), or by buckets
+    of relative width ``bucket`` with vision cost inside, every second bucket descending."""
+    if bucket <= 0:
+        return order
+    b = np.floor(np.log(np.maximum(lengths[order], 1)) / np.log1p(bucket)).astype(np.int64)
+    v = np.where(b % 2 == 1, -vcost[order], vcost[order])
+    return order[np.lexsort((order, lengths[order], v, b))]
+
+
+def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
+            start_v: FloatArray) -> IntArray:  # fmt: skip
+    """Pack (0..size-1 within its group) of every member: rounds of one tuple per group, LPT."""
+    counts = np.bincount(tp_of, minlength=n_tp)
+    starts = _csr(counts)[:-1]
+    load = start_v.astype(np.float64)  # (a copy; bincount of nothing is int)
+    dest = np.empty_like(members)
+    vc = vcost[members]
+    for i in range(int(counts.max(initial=0))):
+        has = np.flatnonzero(counts > i)
+        rows = starts[has] + i
+        heavy = np.argsort(-vc[rows], axis=1, kind="stable")
+        light = np.argsort(load[has], axis=1, kind="stable")
+        d = np.empty((has.size, size), dtype=np.int64)
+        np.put_along_axis(d, heavy, light, axis=1)
+        dest[rows] = d
+        load[has[:, None], d] += vc[rows]
+    return dest
+
+
+def _build(
+    lengths: IntArray,
+    visual: IntArray,
+    capacity: int,
+    size: int,
+    max_visual: int | None,
+    bucket: float,
+    best_fit_packs: int,
+) -> GroupedPacks | None:
+    n = lengths.size
+    vcost = _VISION_LINEAR * visual + visual.astype(np.float64) ** 2
+    by_length = np.lexsort((np.arange(n), visual, lengths)).astype(np.int64)
+    cum = np.cumsum(lengths[by_length])
+    k = int(np.searchsorted(cum, FILLER_SHARE * cum[-1]))
+    fillers, big = by_length[:k], _tuples(lengths, vcost, by_length[k:], bucket)
+    m = big.size // size * size
+    if m == 0:
+        return None
+    fillers = np.concatenate([fillers, big[m:]])
+    tup = big[:m].reshape(-1, size)
+    longest = lengths[tup].max(axis=1)
+    if max_visual is None:
+        t_off, t_ids = best_fit_decreasing(longest, capacity)
+    else:
+        t_off, t_ids = best_fit_two_budgets(longest, visual[tup].max(axis=1), capacity, max_visual)
+    n_tp = t_off.size - 1
+    tp_of = np.repeat(np.arange(n_tp), np.diff(t_off))
+    used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
+    # 3. fillers into the room every pack of a group shares
+    f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
+    start_v = np.bincount(f_pack, weights=vcost[f_ids], minlength=n_tp * size)
+    # 4. members to packs: widest vision spread first
+    members = tup[t_ids]
+    vc = vcost[members]
+    members = members[np.lexsort((-(vc.max(axis=1) - vc.min(axis=1)), tp_of))]
+    dest = _assign(members, vcost, tp_of, n_tp, size, start_v.reshape(n_tp, size))
+    pack = np.concatenate([(tp_of[:, None] * size + dest).ravel(), f_pack])
+    ids = np.concatenate([members.ravel(), f_ids])
+    # 5. leftover fillers into what room is left
+    if rest.size:
+        used = np.bincount(pack, weights=lengths[ids], minlength=n_tp * size).astype(np.int64)
+        p2, i2, rest = _into_rooms(used, rest, lengths, capacity)
+        pack, ids = np.concatenate([pack, p2]), np.concatenate([ids, i2])
+    return _finish(lengths, visual, capacity, size, max_visual, pack, ids, rest, members.size,
+                   best_fit_packs)  # fmt: skip
+
+
+def _finish(
+    lengths: IntArray,
+    visual: IntArray,
+    capacity: int,
+    size: int,
+    max_visual: int | None,
+    pack: IntArray,
+    ids: IntArray,
+    rest: IntArray,
+    n_members: int,
+    best_fit_packs: int,
+) -> GroupedPacks | None:
+    """Keep the groups the fill allows (worst filled go first), pack the rest by best fit."""
+    n_groups = int(pack.max(initial=-1)) // size + 1
+    total = float(lengths.sum())
+    floor_fill = total / (best_fit_packs * capacity) - FILL_SLACK
+    g_tok = np.bincount(pack // size, weights=lengths[ids], minlength=n_groups)
+    worst = np.argsort(g_tok, kind="stable")
+    keep = np.ones(n_groups, dtype=bool)
+    drop = 0
+    while True:  # a few rounds: the estimate assumes the free packs fill as best fit does
+        keep[:] = True
+        keep[worst[:drop]] = False
+        free = np.concatenate([rest, ids[~keep[pack // size]]])
+        if max_visual is None:
+            f_off, f_sub = best_fit_decreasing(lengths[free], capacity)
+        else:
+            f_off, f_sub = best_fit_two_budgets(lengths[free], visual[free], capacity, max_visual)
+        kept = int(keep.sum())
+        fill = total / ((kept * size + f_off.size - 1) * capacity)
+        if fill >= floor_fill or kept == 0:
+            break
+        drop = min(n_groups, max(drop + 1, 2 * drop))  # O(log groups) rounds of best fit
+    if kept == 0 or fill < floor_fill:
+        return None
+    renumber = np.cumsum(keep) - 1
+    in_kept = keep[pack // size]
+    n_members = int(in_kept[:n_members].sum())
+    pack = renumber[pack[in_kept] // size] * size + pack[in_kept] % size
+    ids = ids[in_kept]
+    g_off = _csr(np.bincount(pack, minlength=kept * size))
+    if max_visual is None:
+        g_ids = ids[np.lexsort((-lengths[ids], pack))]  # within a pack: longest first
+    else:  # fillers may break the budget: members first, so fillers move out (new packs)
+        g_ids = ids[np.lexsort((np.arange(ids.size) >= n_members, pack))]
+        g_off, g_ids = within_budget(g_off, g_ids, lengths, visual, capacity, max_visual)
+        pack_of = np.repeat(np.arange(g_off.size - 1), np.diff(g_off))
+        g_ids = g_ids[np.lexsort((-lengths[g_ids], pack_of))]
+    offsets = _csr(np.concatenate([np.diff(g_off), np.diff(f_off)]))
+    return offsets, np.concatenate([g_ids, free[f_sub]]).astype(np.int64), kept * size
+
+
+def group_packs(
+    lengths: npt.ArrayLike,
+    visual: npt.ArrayLike,
+    capacity: int,
+    group_size: int,
+    *,
+    max_visual: int | None = None,
+) -> GroupedPacks | None:
+    """Packs made ``group_size`` at a time (module docstring), every sample exactly once, each
+    within ``capacity`` tokens (and ``max_visual`` visual tokens when set; every sample must
+    fit both alone): ``(offsets, ids, grouped)``, the first ``grouped`` packs (a multiple of
+    ``group_size``) in step groups of ``group_size`` consecutive packs. None where no step
+    group keeps the fill within ``FILL_SLACK`` of best fit's (the caller packs by best fit).
+
+    >>> offsets, ids, grouped = group_packs([5, 5, 4, 4, 1, 1], [4, 0, 0, 3, 0, 0], 10, 2)
+    >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])], grouped
+    ([[0, 2, 5], [1, 3, 4]], 2)
+    """
+    tok = np.asarray(lengths).astype(np.int64, copy=False)
+    vis = np.asarray(visual).astype(np.int64, copy=False)
+    if group_size < 2 or tok.size < group_size:
+        return None
+    if max_visual is None:
+        bf_off, bf_ids = best_fit_decreasing(tok, capacity)
+    else:
+        bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
+    today = (bf_off, bf_ids, 0)
+    best = (group_score(today, tok, vis, group_size), today)
+    for bucket in (0.0, TUPLE_BUCKET):
+        built = _build(tok, vis, capacity, group_size, max_visual, bucket, bf_off.size - 1)
+        if built is not None:
+            score = group_score(built, tok, vis, group_size)
+            best = (score, built) if score < best[0] else best
+    return None if best[1] is today else best[1]
+
+
+def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:
+    """Storage order of packs from ``group_packs``: the step groups as made, then the free
+    packs in ``balanced_order("cost")`` among themselves."""
+    n = terms.shape[0]
+    free = terms[grouped:]
+    tokens = free[:, 0].astype(np.int64)
+    rest = balanced_order("cost", free, np.zeros(n - grouped, np.int64), tokens, group_size)
+    return np.concatenate([np.arange(grouped, dtype=np.int64), grouped + rest])
+
+
+def group_score(packs: GroupedPacks, lengths: IntArray, visual: IntArray, group_size: int) -> float:
+    """p95 over the step groups of the larger max/mean of attention and vision cost."""
+    offsets, ids, grouped = packs
+    terms = pack_cost_terms(offsets, ids, lengths, visual)
+    _, vision = pack_costs(terms)
+    cols = np.stack([terms[:, COST_TERMS.index("attention")], vision], axis=1)
+    return group_p95(cols[grouped_order(terms, grouped, group_size)], group_size)
