@@ -23,12 +23,14 @@ length (vision cost sorted inside each, snaking), and returns the one whose grou
 lower p95 of the larger of the two max/mean ratios (``balance._group_p95``); where neither
 keeps the fill, best fit's packs in ``balanced_order`` (today's ``"cost"`` plan).
 
-Worked by hand, ``group_size=2``, capacity 10, lengths ``[5, 5, 4, 4, 1, 1]`` with visual
-``[4, 0, 0, 3, 0, 0]`` (too few tokens for fillers): tuples (1, 1), (4, 4), (5, 5) fill one
-tuple-pack (1 + 4 + 5 = 10). Vision: the tuple (5, 5) goes first (the widest spread, 4 vs 0),
-its visual member to pack 0; then (4, 4): its visual member (3) to pack 1, the one with less
-vision so far; then (1, 1). Packs ``[0, 2, 5]`` and ``[1, 3, 4]``: 10 tokens and 4 / 3 visual
-tokens each, where best fit gives ``[0, 1]`` (10 tokens, visual 4) and ``[2, 3, 4, 5]`` (3).
+Worked by hand, ``group_size=2``, capacity 10, lengths ``[5, 5, 3, 3, 2, 2]`` with visual
+``[4, 3, 0, 0, 0, 0]`` (too few tokens for fillers). Best fit makes ``[0, 1]`` (attention
+``5^2 + 5^2 = 50``, all the vision) and ``[2, 3, 4, 5]`` (attention 26, no vision): one rank
+would wait for the other on both. Here the tuples are (4, 5) and (2, 3) (text-only, by
+length) and (1, 0) (images); their longest members, 2 + 3 + 5, fill one tuple-pack. The
+tuple (1, 0) is dealt first (the widest vision spread): sample 0 (4 visual tokens) to pack
+0, sample 1 (3) to pack 1, and the text-only tuples after it. Packs ``[0, 3, 5]`` and
+``[1, 2, 4]``: 10 tokens and attention 38 each, vision 4 against 3.
 """
 
 from __future__ import annotations
@@ -52,20 +54,37 @@ from neatpack.pipes.planning.binpack import (
     within_budget,
 )
 
-__all__ = ["FILLER_SHARE", "FILL_SLACK", "TUPLE_BUCKET", "GroupedPacks", "group_packs"]
+__all__ = [
+    "FILLER_SHARE",
+    "FILL_SLACK",
+    "TUPLE_SPANS",
+    "GroupedPacks",
+    "group_packs",
+    "grouped_order",
+]
 
 #: Share of the tokens (the shortest samples) kept back to fill each pack's room.
 FILLER_SHARE: Final = 0.05
-#: How far below best fit's fill (a fraction of capacity) the plan may go: 0.15 points.
-FILL_SLACK: Final = 0.0015
-#: Relative width of the length buckets of the second tuple cut (5 %).
-TUPLE_BUCKET: Final = 0.05
+#: How far below best fit's fill (a fraction of capacity) the plan may go: 0.18 points.
+FILL_SLACK: Final = 0.0018
+#: Windows (in tuples) of samples by length inside which tuples are cut by vision cost: each
+#: is tried, the best kept (1: by length alone).
+TUPLE_SPANS: Final = (1, 4)
+#: Member trades per group after the deal, over its ``SWAP_TUPLES`` widest-spread tuples,
+#: ``SWAP_BLOCK`` groups at a time (bounded memory at 100M samples).
+SWAP_ROUNDS: Final = 16
+#: Tokens a tuple takes in the tuple packing: its mean member plus this share of the spread
+#: to its longest (1: the longest; packs over capacity after the deal give up fillers).
+TUPLE_ROOM: Final = 1.0
+SWAP_TUPLES: Final = 16
+SWAP_BLOCK: Final = 1 << 15
 #: The vision encoder's linear weight per visual token (``balance.VISION_LINEAR``).
 _VISION_LINEAR: Final = 7680.0
 
 FloatArray = npt.NDArray[np.float64]
-#: (offsets, ids, grouped): CSR packs; the first ``grouped`` packs are the step groups.
-GroupedPacks = tuple[IntArray, IntArray, int]
+#: (offsets, ids, order, grouped): CSR packs and their storage order; its first ``grouped``
+#: packs are the step groups as made (``group_size`` consecutive ones each), then the rest.
+GroupedPacks = tuple[IntArray, IntArray, IntArray, int]
 
 
 def _csr(sizes: npt.NDArray[Any]) -> IntArray:
@@ -96,19 +115,23 @@ def _into_rooms(
     return pack[pack >= 0], ids[pack >= 0], ids[pack < 0]
 
 
-def _tuples(lengths: IntArray, vcost: FloatArray, order: IntArray, bucket: float) -> IntArray:
-    """``order`` (ids by length) re-sorted for cutting: as it is (``bucket=0``), or by buckets
-    of relative width ``bucket`` with vision cost inside, every second bucket descending."""
-    if bucket <= 0:
-        return order
-    b = np.floor(np.log(np.maximum(lengths[order], 1)) / np.log1p(bucket)).astype(np.int64)
-    v = np.where(b % 2 == 1, -vcost[order], vcost[order])
-    return order[np.lexsort((order, lengths[order], v, b))]
+def _tuples(visual: IntArray, vcost: FloatArray, order: IntArray, span: int) -> IntArray:
+    """``order`` (by images or not, then length) re-sorted for cutting into tuples: text-only
+    samples stay apart from samples with images (a tuple of both could not be evened), and
+    inside each, windows of ``span`` samples by length are sorted by vision cost (every
+    second window descending, so neighbouring windows meet alike)."""
+    has = visual[order] > 0
+    first = int(np.argmax(has)) if has.any() else order.size  # where the images start
+    window = (np.arange(order.size) - np.where(has, first, 0)) // span
+    window += np.where(has, int(window[first - 1]) + 1 if first else 0, 0)
+    v = np.where(window % 2 == 1, -vcost[order], vcost[order])
+    return order[np.lexsort((v, window))]
 
 
 def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
             start_v: FloatArray) -> IntArray:  # fmt: skip
-    """Pack (0..size-1 within its group) of every member: rounds of one tuple per group, LPT."""
+    """Pack (0..size-1 within its group) of every member: rounds of one tuple per group, LPT;
+    then swaps of one tuple's members between the heaviest and the lightest pack."""
     counts = np.bincount(tp_of, minlength=n_tp)
     starts = _csr(counts)[:-1]
     load = start_v.astype(np.float64)  # (a copy; bincount of nothing is int)
@@ -123,7 +146,58 @@ def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, si
         np.put_along_axis(d, heavy, light, axis=1)
         dest[rows] = d
         load[has[:, None], d] += vc[rows]
+    for g0 in range(0, n_tp, SWAP_BLOCK):
+        _swap(dest, vc, load, counts, starts, g0, min(n_tp, g0 + SWAP_BLOCK))
     return dest
+
+
+def _swap(dest: IntArray, vc: FloatArray, load: FloatArray, counts: IntArray,
+          starts: IntArray, g0: int, g1: int) -> None:  # fmt: skip
+    """Groups ``g0:g1``: up to ``SWAP_ROUNDS`` times, trade one tuple's members between the
+    heaviest and the lightest pack, the tuple whose trade leaves them closest (in place)."""
+    size = dest.shape[1]
+    k = min(SWAP_TUPLES, int(counts[g0:g1].max(initial=0)))
+    if k == 0 or size < 2:
+        return
+    ng = g1 - g0
+    valid = np.arange(k)[None, :] < counts[g0:g1, None]  # [groups, k]
+    rows = np.where(valid, starts[g0:g1, None] + np.arange(k)[None, :], 0)
+    # cost[g, i, j]: vision of the member of tuple i in pack j (0 where no tuple i)
+    cost = np.zeros((ng, k, size))
+    np.put_along_axis(cost, dest[rows], np.where(valid[:, :, None], vc[rows], 0.0), axis=2)
+    lo_all = load[g0:g1]
+    gi = np.arange(ng)
+    for _ in range(SWAP_ROUNDS):
+        hi, lo = lo_all.argmax(axis=1), lo_all.argmin(axis=1)
+        gap = lo_all[gi, hi] - lo_all[gi, lo]
+        delta = cost[gi, :, hi] - cost[gi, :, lo]  # [groups, k]: hi's member minus lo's
+        after = np.abs(gap[:, None] - 2 * delta)
+        after[(delta <= 0) | ~valid] = np.inf
+        best = after.argmin(axis=1)
+        ok = after[gi, best] < gap * (1 - 1e-9)
+        if not ok.any():
+            break
+        g, i = gi[ok], best[ok]
+        h, low, d = hi[ok], lo[ok], delta[gi, best][ok]
+        cost[g, i, h], cost[g, i, low] = cost[g, i, low], cost[g, i, h]
+        lo_all[g, h] -= d
+        lo_all[g, low] += d
+        r = rows[g, i]
+        in_h, in_l = dest[r] == h[:, None], dest[r] == low[:, None]
+        dest[r] = np.where(in_h, low[:, None], np.where(in_l, h[:, None], dest[r]))
+
+
+def _split(lengths: IntArray, visual: IntArray) -> tuple[FloatArray, IntArray, IntArray]:
+    """(vision cost per sample, fillers, the other samples by (has images, length, visual)).
+    Fillers: ``FILLER_SHARE`` of the tokens, text-only samples first (no vision to even),
+    shortest first. One stable sort on a packed key (lengths < 2**24, visual <= length)."""
+    vcost = _VISION_LINEAR * visual + visual.astype(np.float64) ** 2
+    has = (visual > 0).astype(np.int64)
+    by_filler = np.argsort((has << 24) | lengths, kind="stable")
+    k = int(np.searchsorted(np.cumsum(lengths[by_filler]), FILLER_SHARE * lengths.sum()))
+    rest = np.sort(by_filler[k:])
+    key = (has[rest] << 48) | (lengths[rest] << 24) | visual[rest]
+    return vcost, by_filler[:k], rest[np.argsort(key, kind="stable")]
 
 
 def _build(
@@ -132,21 +206,21 @@ def _build(
     capacity: int,
     size: int,
     max_visual: int | None,
-    bucket: float,
+    span: int,
     best_fit_packs: int,
-) -> GroupedPacks | None:
-    n = lengths.size
-    vcost = _VISION_LINEAR * visual + visual.astype(np.float64) ** 2
-    by_length = np.lexsort((np.arange(n), visual, lengths)).astype(np.int64)
-    cum = np.cumsum(lengths[by_length])
-    k = int(np.searchsorted(cum, FILLER_SHARE * cum[-1]))
-    fillers, big = by_length[:k], _tuples(lengths, vcost, by_length[k:], bucket)
+    split: tuple[FloatArray, IntArray, IntArray],
+) -> tuple[IntArray, IntArray, int] | None:
+    vcost, fillers, by_length = split
+    big = _tuples(visual, vcost, by_length, span * size)
     m = big.size // size * size
     if m == 0:
         return None
     fillers = np.concatenate([fillers, big[m:]])
     tup = big[:m].reshape(-1, size)
     longest = lengths[tup].max(axis=1)
+    if TUPLE_ROOM < 1:  # room for the mean member and part of the spread, not the longest
+        mean = lengths[tup].mean(axis=1)
+        longest = np.ceil(mean + TUPLE_ROOM * (longest - mean)).astype(np.int64)
     if max_visual is None:
         t_off, t_ids = best_fit_decreasing(longest, capacity)
     else:
@@ -164,6 +238,9 @@ def _build(
     dest = _assign(members, vcost, tp_of, n_tp, size, start_v.reshape(n_tp, size))
     pack = np.concatenate([(tp_of[:, None] * size + dest).ravel(), f_pack])
     ids = np.concatenate([members.ravel(), f_ids])
+    if TUPLE_ROOM < 1:  # packs over capacity give up fillers, then their shortest members
+        pack, ids, out = _overflow(pack, ids, members.size, lengths, capacity, n_tp * size)
+        rest = np.concatenate([rest, out])
     # 5. leftover fillers into what room is left
     if rest.size:
         used = np.bincount(pack, weights=lengths[ids], minlength=n_tp * size).astype(np.int64)
@@ -171,6 +248,22 @@ def _build(
         pack, ids = np.concatenate([pack, p2]), np.concatenate([ids, i2])
     return _finish(lengths, visual, capacity, size, max_visual, pack, ids, rest, members.size,
                    best_fit_packs)  # fmt: skip
+
+
+def _overflow(pack: IntArray, ids: IntArray, n_members: int, lengths: IntArray, capacity: int,
+              n_packs: int) -> tuple[IntArray, IntArray, IntArray]:  # fmt: skip
+    """Samples leave the packs over ``capacity``: fillers (shortest first), then members."""
+    filler = np.arange(ids.size) >= n_members
+    order = np.lexsort((lengths[ids], ~filler, pack))  # per pack: fillers first, shortest first
+    pack, ids = pack[order], ids[order]
+    over = np.bincount(pack, weights=lengths[ids], minlength=n_packs) - capacity
+    run = np.cumsum(lengths[ids])
+    first = np.searchsorted(pack, pack)
+    before = run - lengths[ids] - (run[first] - lengths[ids][first])  # removed ahead of it
+    out = (over[pack] > 0) & (before < over[pack])
+    keep = ~out
+    members_first = np.argsort(filler[order][keep], kind="stable")  # members ahead again
+    return pack[keep][members_first], ids[keep][members_first], ids[out]
 
 
 def _finish(
@@ -184,7 +277,7 @@ def _finish(
     rest: IntArray,
     n_members: int,
     best_fit_packs: int,
-) -> GroupedPacks | None:
+) -> tuple[IntArray, IntArray, int] | None:
     """Keep the groups the fill allows (worst filled go first), pack the rest by best fit."""
     n_groups = int(pack.max(initial=-1)) // size + 1
     total = float(lengths.sum())
@@ -235,13 +328,13 @@ def group_packs(
 ) -> GroupedPacks | None:
     """Packs made ``group_size`` at a time (module docstring), every sample exactly once, each
     within ``capacity`` tokens (and ``max_visual`` visual tokens when set; every sample must
-    fit both alone): ``(offsets, ids, grouped)``, the first ``grouped`` packs (a multiple of
-    ``group_size``) in step groups of ``group_size`` consecutive packs. None where no step
-    group keeps the fill within ``FILL_SLACK`` of best fit's (the caller packs by best fit).
+    fit both alone): ``GroupedPacks``. Where made groups do not beat them (or lose more
+    than ``FILL_SLACK`` of fill), best fit's packs in ``balanced_order("cost")`` with
+    ``grouped=0``. None for ``group_size < 2`` or fewer samples than that.
 
-    >>> offsets, ids, grouped = group_packs([5, 5, 4, 4, 1, 1], [4, 0, 0, 3, 0, 0], 10, 2)
-    >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])], grouped
-    ([[0, 2, 5], [1, 3, 4]], 2)
+    >>> offsets, ids, order, grouped = group_packs([5, 5, 3, 3, 2, 2], [4, 3, 0, 0, 0, 0], 10, 2)
+    >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])], order.tolist(), grouped
+    ([[0, 3, 5], [1, 2, 4]], [0, 1], 2)
     """
     tok = np.asarray(lengths).astype(np.int64, copy=False)
     vis = np.asarray(visual).astype(np.int64, copy=False)
@@ -251,14 +344,14 @@ def group_packs(
         bf_off, bf_ids = best_fit_decreasing(tok, capacity)
     else:
         bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
-    today = (bf_off, bf_ids, 0)
-    best = (group_score(today, tok, vis, group_size), today)
-    for bucket in (0.0, TUPLE_BUCKET):
-        built = _build(tok, vis, capacity, group_size, max_visual, bucket, bf_off.size - 1)
+    best = _scored(bf_off, bf_ids, 0, tok, vis, group_size)
+    split = _split(tok, vis)
+    for span in TUPLE_SPANS:
+        built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1, split)
         if built is not None:
-            score = group_score(built, tok, vis, group_size)
-            best = (score, built) if score < best[0] else best
-    return None if best[1] is today else best[1]
+            made = _scored(*built, tok, vis, group_size)
+            best = made if made[0] < best[0] else best
+    return best[1]
 
 
 def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:
@@ -271,10 +364,12 @@ def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:
     return np.concatenate([np.arange(grouped, dtype=np.int64), grouped + rest])
 
 
-def group_score(packs: GroupedPacks, lengths: IntArray, visual: IntArray, group_size: int) -> float:
-    """p95 over the step groups of the larger max/mean of attention and vision cost."""
-    offsets, ids, grouped = packs
+def _scored(offsets: IntArray, ids: IntArray, grouped: int, lengths: IntArray,
+            visual: IntArray, group_size: int) -> tuple[float, GroupedPacks]:  # fmt: skip
+    """The packs in storage order, and the p95 over their step groups of the larger max/mean
+    of attention and vision cost (what the candidates are chosen on)."""
     terms = pack_cost_terms(offsets, ids, lengths, visual)
     _, vision = pack_costs(terms)
     cols = np.stack([terms[:, COST_TERMS.index("attention")], vision], axis=1)
-    return group_p95(cols[grouped_order(terms, grouped, group_size)], group_size)
+    order = grouped_order(terms, grouped, group_size)
+    return group_p95(cols[order], group_size), (offsets, ids, order, grouped)

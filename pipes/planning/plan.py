@@ -49,7 +49,7 @@ from neatpack.pipes.planning.binpack import (
     greedy_knapsack,
     id_dtype,
 )
-from neatpack.pipes.planning.group_pack import group_packs, grouped_order
+from neatpack.pipes.planning.group_pack import group_packs
 
 __all__ = [
     "PLAN_VERSION",
@@ -386,7 +386,7 @@ def plan_packs(
     grouped = _group_packs(work, vis, dropped, over_budget, plan_capacity, world_size,
                            max_visual) if balance == "cost" else None  # fmt: skip
     if grouped is not None:
-        offsets, ids, free_from = grouped
+        offsets, ids, by_load, free_from = grouped
         dropped = np.union1d(dropped, over_budget).astype(np.int64)
     elif max_visual is None or vis is None:  # (vis is set whenever max_visual is)
         offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
@@ -403,13 +403,11 @@ def plan_packs(
     # the cost terms only when a step is balanced on them (the token order needs none)
     terms = (
         pack_cost_terms(offsets, ids, total, vis if vis is not None else np.zeros_like(total))
-        if balance != "tokens"
+        if balance != "tokens" and grouped is None
         else np.zeros((0, 4))
     )
     if grouped is None:
         by_load = balanced_order(balance, terms, vis_p, tot_p, world_size)
-    else:
-        by_load = grouped_order(terms, free_from, world_size)
     truncated = np.zeros(0, dtype=np.int64)
     if max_packs is not None and max_packs < by_load.size:
         free_from = 0  # whole groups no longer line up: the tail comes from any pack
@@ -446,7 +444,7 @@ def plan_packs(
 def _group_packs(
     work: npt.NDArray[Any], vis: npt.NDArray[Any] | None, dropped: IntArray,
     over_budget: IntArray, capacity: int, world_size: int, max_visual: int | None,
-) -> tuple[IntArray, npt.NDArray[Any], int] | None:  # fmt: skip
+) -> tuple[IntArray, npt.NDArray[Any], IntArray, int] | None:  # fmt: skip
     """``group_pack.group_packs`` over the samples that are not dropped, in sample ids."""
     placed = np.ones(work.shape[0], dtype=bool)
     placed[dropped] = False
@@ -456,5 +454,5 @@ def _group_packs(
     made = group_packs(work[kept], visual, capacity, world_size, max_visual=max_visual)
     if made is None:
         return None
-    offsets, sub, free_from = made
-    return offsets, kept[sub].astype(id_dtype(work.shape[0])), free_from
+    offsets, sub, order, free_from = made
+    return offsets, kept[sub].astype(id_dtype(work.shape[0])), order, free_from
