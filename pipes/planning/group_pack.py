@@ -3,25 +3,39 @@
 Sorting finished packs (``balance.balanced_order``) can only pick neighbours among packs that
 best fit made without knowing the ranks. Here the packs of a step group are made together:
 
-1. the samples, sorted by length (then visual tokens), are cut into *tuples* of ``group_size``
-   neighbours (alike in length, so in attention ``length ** 2``); the smallest samples,
-   ``FILLER_SHARE`` of the tokens, are kept back as fillers;
-2. the tuples are packed by best fit on their longest member (``best_fit_decreasing``, or
+1. fillers are kept back: ``FILLER_SHARE`` of the tokens, text-only samples first (they add
+   no vision to even), shortest first;
+2. the other samples, text-only apart from those with images (a tuple mixing both could not
+   be evened) and by length inside each, are cut into *tuples* of ``group_size`` neighbours:
+   alike in length, so in attention (``length ** 2``). With a span above 1, windows of
+   ``span`` tuples are sorted by vision cost first (every second window descending), so a
+   tuple is alike in vision too, at some cost in length;
+3. the tuples are packed by best fit on their longest member (``best_fit_decreasing``, or
    ``best_fit_two_budgets`` with ``max_visual``): one tuple-pack is one step group, and each
    of its ``group_size`` packs takes one member of every tuple in it;
-3. fillers go, best fit, into the room every pack of a group shares (``capacity`` minus the
-   tuples' longest members);
-4. which member goes to which pack is chosen tuple by tuple, the tuples with the widest spread
-   of vision cost first: the member of most vision cost to the pack with the least so far
-   (LPT); that evens the vision encoder across the group, the tuples already even attention;
-5. fillers left over go into what room is left, best fit; the rest, and the groups whose fill
-   would pull the plan's fill more than ``FILL_SLACK`` below best fit's, are packed by best
-   fit after the groups (the *free* packs, ordered by ``balanced_order``).
+4. fillers go, best fit, into the room every pack of the group shares (``capacity`` minus
+   the tuples' longest members);
+5. which member goes to which pack is dealt tuple by tuple, the widest spread of vision cost
+   first, the member of most vision cost to the pack with the least so far (LPT, the fillers'
+   vision counted), then up to ``SWAP_ROUNDS`` trades of one tuple's two members between the
+   heaviest and the lightest pack: the vision encoder is evened, attention already is;
+6. fillers left over go, best fit, into each pack's own room; the rest, and the groups whose
+   fill would pull the plan's below best fit's by more than ``FILL_SLACK`` (the worst filled
+   first), are packed by best fit after the groups (the *free* packs, in
+   ``balanced_order("cost")``). With ``max_visual``, fillers that break the budget move out
+   (``binpack.within_budget``; the members stay).
 
-``group_packs`` tries the tuples cut by length alone and cut in ``TUPLE_BUCKET`` buckets of
-length (vision cost sorted inside each, snaking), and returns the one whose groups have the
-lower p95 of the larger of the two max/mean ratios (``balance._group_p95``); where neither
-keeps the fill, best fit's packs in ``balanced_order`` (today's ``"cost"`` plan).
+``group_packs`` builds one candidate per ``TUPLE_SPANS`` span and keeps the one whose step
+groups have the lowest p95 of the larger of the two max/mean ratios (``balance.group_p95``),
+or best fit's packs in ``balanced_order("cost")`` where those score lower: so the plan is
+never worse than sorting finished packs on its own measure. Few samples per rank (real
+corpora of a few thousand samples at 64 ranks) or sparse long samples leave too few alike
+neighbours for tuples, and best fit wins there (``bench_step_balance.py``).
+
+The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
+permutes whole groups and draws the short last group from the free packs, so every step of
+the epoch is a made group or a group of free packs. Another world size is another plan
+(elastic resume re-plans for it: a pure function of the lengths, the config and the size).
 
 Worked by hand, ``group_size=2``, capacity 10, lengths ``[5, 5, 3, 3, 2, 2]`` with visual
 ``[4, 3, 0, 0, 0, 0]`` (too few tokens for fillers). Best fit makes ``[0, 1]`` (attention
@@ -73,9 +87,6 @@ TUPLE_SPANS: Final = (1, 4)
 #: Member trades per group after the deal, over its ``SWAP_TUPLES`` widest-spread tuples,
 #: ``SWAP_BLOCK`` groups at a time (bounded memory at 100M samples).
 SWAP_ROUNDS: Final = 16
-#: Tokens a tuple takes in the tuple packing: its mean member plus this share of the spread
-#: to its longest (1: the longest; packs over capacity after the deal give up fillers).
-TUPLE_ROOM: Final = 1.0
 SWAP_TUPLES: Final = 16
 SWAP_BLOCK: Final = 1 << 15
 #: The vision encoder's linear weight per visual token (``balance.VISION_LINEAR``).
@@ -218,9 +229,6 @@ def _build(
     fillers = np.concatenate([fillers, big[m:]])
     tup = big[:m].reshape(-1, size)
     longest = lengths[tup].max(axis=1)
-    if TUPLE_ROOM < 1:  # room for the mean member and part of the spread, not the longest
-        mean = lengths[tup].mean(axis=1)
-        longest = np.ceil(mean + TUPLE_ROOM * (longest - mean)).astype(np.int64)
     if max_visual is None:
         t_off, t_ids = best_fit_decreasing(longest, capacity)
     else:
@@ -230,7 +238,7 @@ def _build(
     used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
     # 3. fillers into the room every pack of a group shares
     f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
-    start_v = np.bincount(f_pack, weights=vcost[f_ids], minlength=n_tp * size)
+    start_v = np.bincount(f_pack, weights=vcost[f_ids], minlength=n_tp * size).astype(np.float64)
     # 4. members to packs: widest vision spread first
     members = tup[t_ids]
     vc = vcost[members]
@@ -238,9 +246,6 @@ def _build(
     dest = _assign(members, vcost, tp_of, n_tp, size, start_v.reshape(n_tp, size))
     pack = np.concatenate([(tp_of[:, None] * size + dest).ravel(), f_pack])
     ids = np.concatenate([members.ravel(), f_ids])
-    if TUPLE_ROOM < 1:  # packs over capacity give up fillers, then their shortest members
-        pack, ids, out = _overflow(pack, ids, members.size, lengths, capacity, n_tp * size)
-        rest = np.concatenate([rest, out])
     # 5. leftover fillers into what room is left
     if rest.size:
         used = np.bincount(pack, weights=lengths[ids], minlength=n_tp * size).astype(np.int64)
@@ -248,22 +253,6 @@ def _build(
         pack, ids = np.concatenate([pack, p2]), np.concatenate([ids, i2])
     return _finish(lengths, visual, capacity, size, max_visual, pack, ids, rest, members.size,
                    best_fit_packs)  # fmt: skip
-
-
-def _overflow(pack: IntArray, ids: IntArray, n_members: int, lengths: IntArray, capacity: int,
-              n_packs: int) -> tuple[IntArray, IntArray, IntArray]:  # fmt: skip
-    """Samples leave the packs over ``capacity``: fillers (shortest first), then members."""
-    filler = np.arange(ids.size) >= n_members
-    order = np.lexsort((lengths[ids], ~filler, pack))  # per pack: fillers first, shortest first
-    pack, ids = pack[order], ids[order]
-    over = np.bincount(pack, weights=lengths[ids], minlength=n_packs) - capacity
-    run = np.cumsum(lengths[ids])
-    first = np.searchsorted(pack, pack)
-    before = run - lengths[ids] - (run[first] - lengths[ids][first])  # removed ahead of it
-    out = (over[pack] > 0) & (before < over[pack])
-    keep = ~out
-    members_first = np.argsort(filler[order][keep], kind="stable")  # members ahead again
-    return pack[keep][members_first], ids[keep][members_first], ids[out]
 
 
 def _finish(
