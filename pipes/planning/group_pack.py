@@ -8,8 +8,8 @@ best fit made without knowing the ranks. Here the packs of a step group are made
 2. the other samples, text-only apart from those with images (a tuple mixing both could not
    be evened) and by length inside each, are cut into *tuples* of ``group_size`` neighbours:
    alike in length, so in attention (``length ** 2``). With a span above 1, windows of
-   ``span`` tuples are sorted by vision cost first (every second window descending), so a
-   tuple is alike in vision too, at some cost in length;
+   ``span`` tuples are sorted by vision cost first, so a tuple is alike in vision too, at
+   some cost in length;
 3. the tuples are packed by best fit on their longest member (``best_fit_decreasing``, or
    ``best_fit_two_budgets`` with ``max_visual``): one tuple-pack is one step group, and each
    of its ``group_size`` packs takes one member of every tuple in it;
@@ -26,7 +26,7 @@ best fit made without knowing the ranks. Here the packs of a step group are made
    (``binpack.within_budget``; the members stay).
 
 ``group_packs`` builds one candidate per ``TUPLE_SPANS`` span and keeps the one whose step
-groups have the lowest p95 of the larger of the two max/mean ratios (``balance.group_p95``),
+groups have the lowest p95 max/mean (``balance.group_p95``), the worse of the two terms,
 or best fit's packs in ``balanced_order("cost")`` where those score lower: so the plan is
 never worse than sorting finished packs on its own measure. Few samples per rank (real
 corpora of a few thousand samples at 64 ranks) or sparse long samples leave too few alike
@@ -58,6 +58,7 @@ from neatpack.pipes.planning.balance import (
     COST_TERMS,
     balanced_order,
     group_p95,
+    imbalance,
     pack_cost_terms,
     pack_costs,
 )
@@ -83,7 +84,11 @@ FILLER_SHARE: Final = 0.05
 FILL_SLACK: Final = 0.0018
 #: Windows (in tuples) of samples by length inside which tuples are cut by vision cost: each
 #: is tried, the best kept (1: by length alone).
-TUPLE_SPANS: Final = (1, 4)
+TUPLE_SPANS: Final = (1, 4, 16, 64)
+#: How much lower (in max/mean) made groups must score than best fit's packs to be kept.
+SCORE_MARGIN: Final = 0.01
+#: Packs per rank of the second step shape candidates are scored on.
+SCORE_PER_RANK: Final = 4
 #: Member trades per group after the deal, over its ``SWAP_TUPLES`` widest-spread tuples,
 #: ``SWAP_BLOCK`` groups at a time (bounded memory at 100M samples).
 SWAP_ROUNDS: Final = 16
@@ -127,16 +132,14 @@ def _into_rooms(
 
 
 def _tuples(visual: IntArray, vcost: FloatArray, order: IntArray, span: int) -> IntArray:
-    """``order`` (by images or not, then length) re-sorted for cutting into tuples: text-only
-    samples stay apart from samples with images (a tuple of both could not be evened), and
-    inside each, windows of ``span`` samples by length are sorted by vision cost (every
-    second window descending, so neighbouring windows meet alike)."""
-    has = visual[order] > 0
-    first = int(np.argmax(has)) if has.any() else order.size  # where the images start
-    window = (np.arange(order.size) - np.where(has, first, 0)) // span
-    window += np.where(has, int(window[first - 1]) + 1 if first else 0, 0)
-    v = np.where(window % 2 == 1, -vcost[order], vcost[order])
-    return order[np.lexsort((v, window))]
+    """``order`` (text-only samples, then those with images, each by length) re-sorted for
+    cutting into tuples: windows of ``span`` samples (a whole number of tuples, so no tuple
+    straddles two) sorted by vision cost inside. The classes stay apart (a tuple of both
+    could not be evened) but for the one tuple where they meet."""
+    if span <= 1:
+        return order
+    window = np.arange(order.size) // span
+    return order[np.lexsort((vcost[order], window))]
 
 
 def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
@@ -222,7 +225,44 @@ def _build(
     split: tuple[FloatArray, IntArray, IntArray],
 ) -> tuple[IntArray, IntArray, int] | None:
     vcost, fillers, by_length = split
-    big = _tuples(visual, vcost, by_length, span * size)
+    made = _groups(lengths, visual, vcost, capacity, size, max_visual, span, by_length, fillers)
+    if made is None:
+        return None
+    pack, ids, n_members, f_pack, f_ids, rest = made
+    n_packs = int(pack.max()) + 1
+    if rest.size >= size:  # fillers the rooms did not take: step groups of their own
+        key = ((visual[rest] > 0).astype(np.int64) << 48) | (lengths[rest] << 24) | visual[rest]
+        order = rest[np.argsort(key, kind="stable")]
+        more = _groups(lengths, visual, vcost, capacity, size, max_visual, span, order, rest[:0])
+        if more is not None:
+            pack2, ids2, n2, _, _, rest = more
+            pack = np.concatenate([pack, n_packs + pack2[:n2]])
+            ids = np.concatenate([ids, ids2[:n2]])
+            n_members += n2
+            n_packs += int(pack2.max()) + 1
+    pack, ids = np.concatenate([pack, f_pack]), np.concatenate([ids, f_ids])
+    if rest.size:  # 6. what is left, into each pack's own room
+        used = np.bincount(pack, weights=lengths[ids], minlength=n_packs).astype(np.int64)
+        p2, i2, rest = _into_rooms(used, rest, lengths, capacity)
+        pack, ids = np.concatenate([pack, p2]), np.concatenate([ids, i2])
+    return _finish(lengths, visual, capacity, size, max_visual, pack, ids, rest, n_members,
+                   best_fit_packs)  # fmt: skip
+
+
+def _groups(
+    lengths: IntArray,
+    visual: IntArray,
+    vcost: FloatArray,
+    capacity: int,
+    size: int,
+    max_visual: int | None,
+    span: int,
+    order: IntArray,
+    fillers: IntArray,
+) -> tuple[IntArray, IntArray, int, IntArray, IntArray, IntArray] | None:
+    """Steps 2-5 over ``order`` (ids by images or not, then length): (pack of each member,
+    members, their count, pack of each placed filler, placed fillers, samples left over)."""
+    big = _tuples(visual, vcost, order, span * size)
     m = big.size // size * size
     if m == 0:
         return None
@@ -236,23 +276,16 @@ def _build(
     n_tp = t_off.size - 1
     tp_of = np.repeat(np.arange(n_tp), np.diff(t_off))
     used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
-    # 3. fillers into the room every pack of a group shares
+    # 4. fillers into the room every pack of a group shares
     f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
     start_v = np.bincount(f_pack, weights=vcost[f_ids], minlength=n_tp * size).astype(np.float64)
-    # 4. members to packs: widest vision spread first
+    # 5. members to packs: widest vision spread first
     members = tup[t_ids]
     vc = vcost[members]
     members = members[np.lexsort((-(vc.max(axis=1) - vc.min(axis=1)), tp_of))]
     dest = _assign(members, vcost, tp_of, n_tp, size, start_v.reshape(n_tp, size))
-    pack = np.concatenate([(tp_of[:, None] * size + dest).ravel(), f_pack])
-    ids = np.concatenate([members.ravel(), f_ids])
-    # 5. leftover fillers into what room is left
-    if rest.size:
-        used = np.bincount(pack, weights=lengths[ids], minlength=n_tp * size).astype(np.int64)
-        p2, i2, rest = _into_rooms(used, rest, lengths, capacity)
-        pack, ids = np.concatenate([pack, p2]), np.concatenate([ids, i2])
-    return _finish(lengths, visual, capacity, size, max_visual, pack, ids, rest, members.size,
-                   best_fit_packs)  # fmt: skip
+    pack = (tp_of[:, None] * size + dest).ravel()
+    return pack, members.ravel(), members.size, f_pack, f_ids, rest
 
 
 def _finish(
@@ -333,7 +366,8 @@ def group_packs(
         bf_off, bf_ids = best_fit_decreasing(tok, capacity)
     else:
         bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
-    best = _scored(bf_off, bf_ids, 0, tok, vis, group_size)
+    today = _scored(bf_off, bf_ids, 0, tok, vis, group_size)
+    best = (today[0] - SCORE_MARGIN, today[1])  # made groups must win clearly
     split = _split(tok, vis)
     for span in TUPLE_SPANS:
         built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1, split)
@@ -355,10 +389,21 @@ def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:
 
 def _scored(offsets: IntArray, ids: IntArray, grouped: int, lengths: IntArray,
             visual: IntArray, group_size: int) -> tuple[float, GroupedPacks]:  # fmt: skip
-    """The packs in storage order, and the p95 over their step groups of the larger max/mean
-    of attention and vision cost (what the candidates are chosen on)."""
+    """The packs in storage order, and what the candidates are chosen on: the worst p95 over
+    steps of max/mean attention or vision cost, with one pack per rank (a step group) and
+    with ``SCORE_PER_RANK`` (that many groups, drawn as an epoch's shuffle would: a few bad
+    groups then touch more steps)."""
     terms = pack_cost_terms(offsets, ids, lengths, visual)
     _, vision = pack_costs(terms)
-    cols = np.stack([terms[:, COST_TERMS.index("attention")], vision], axis=1)
     order = grouped_order(terms, grouped, group_size)
-    return group_p95(cols[order], group_size), (offsets, ids, order, grouped)
+    n = order.size // group_size * group_size
+    groups = np.random.default_rng(0).permutation(n // group_size)  # fixed: a pure function
+    n4 = groups.size // SCORE_PER_RANK * SCORE_PER_RANK
+    score = 1.0
+    for col in (terms[order, COST_TERMS.index("attention")], vision[order]):
+        score = max(score, group_p95(col[:, None], group_size))
+        if n4:
+            by_rank = col[:n].reshape(-1, group_size)[groups[:n4]]
+            steps = by_rank.reshape(-1, SCORE_PER_RANK, group_size).sum(axis=1)
+            score = max(score, float(np.percentile(imbalance(steps), 95)))
+    return score, (offsets, ids, order, grouped)
