@@ -235,10 +235,12 @@ def _build(
         order = rest[np.argsort(key, kind="stable")]
         more = _groups(lengths, visual, vcost, capacity, size, max_visual, span, order, rest[:0])
         if more is not None:
-            pack2, ids2, n2, _, _, rest = more
-            pack = np.concatenate([pack, n_packs + pack2[:n2]])
-            ids = np.concatenate([ids, ids2[:n2]])
+            pack2, ids2, n2, f_pack2, f_ids2, rest = more
+            pack = np.concatenate([pack, n_packs + pack2])
+            ids = np.concatenate([ids, ids2])
             n_members += n2
+            f_pack = np.concatenate([f_pack, n_packs + f_pack2])  # (fillers after members)
+            f_ids = np.concatenate([f_ids, f_ids2])
             n_packs += int(pack2.max()) + 1
     pack, ids = np.concatenate([pack, f_pack]), np.concatenate([ids, f_ids])
     if rest.size:  # 6. what is left, into each pack's own room

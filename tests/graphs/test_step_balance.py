@@ -54,7 +54,7 @@ def test_cost_balance_keeps_the_fill_and_evens_the_slowest_rank(world: int) -> N
     assert np.array_equal(np.sort(cost.ids), np.arange(total.size))  # every sample once
     if cost.free_from == 0:  # best fit's packs, only reordered
         assert sorted(map(tuple, cost.packs())) == sorted(map(tuple, tokens.packs()))
-    assert cost.utilization() >= tokens.utilization() - 0.0015
+    assert cost.utilization() >= tokens.utilization() - 0.002  # 0.2 points at most
     assert cost.fingerprint != tokens.fingerprint
     assert cost.balance == "cost"
     before = step_ratios(tokens, total, visual, world)

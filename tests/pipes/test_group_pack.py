@@ -98,6 +98,7 @@ def test_made_groups_even_the_ranks_and_keep_the_fill() -> None:
     kw = {"visual": visual, "world_size": 8}
     made = plan_packs(total, 8192, balance="cost", **kw)  # type: ignore[arg-type]
     tokens = plan_packs(total, 8192, **kw)  # type: ignore[arg-type]
+    assert np.array_equal(np.sort(made.ids), np.arange(n))  # every sample once (both passes)
     assert made.free_from > 0.9 * len(made)  # nearly every step group made
     assert made.utilization() >= tokens.utilization() - 0.002
     groups = np.arange(made.free_from).reshape(-1, 8)
