@@ -32,6 +32,12 @@ never worse than sorting finished packs on its own measure. Few samples per rank
 corpora of a few thousand samples at 64 ranks) or sparse long samples leave too few alike
 neighbours for tuples, and best fit wins there (``bench_step_balance.py``).
 
+Measured (``benchmarks/bench_step_balance.py``, p95 over steps of max/mean attention /
+vision, shuffle on): 100k generated samples at 8 ranks 1.008 / 1.052 (one pack per rank) and
+1.015 / 1.048 (four), against 1.083 / 1.073 and 1.032 / 1.036 for the sorted finished packs,
+fill 0.16 points lower; 1M at 64 ranks 1.003 / 1.051 and 1.006 / 1.025 against 1.086 / 1.067
+and 1.038 / 1.034. Planning 10M samples takes about 70 s (best fit alone: 2 s).
+
 The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
 permutes whole groups and draws the short last group from the free packs, so every step of
 the epoch is a made group or a group of free packs. Another world size is another plan
