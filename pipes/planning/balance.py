@@ -12,10 +12,10 @@ alike on:
   document lengths) and the vision encoder's cost. ``plan_packs`` then makes the packs for
   their step groups where that evens the ranks more (``group_pack.py``); the order below is
   what it compares against and what it orders its leftover packs by. The linear part is
-  left to the packing, which fills every pack to within a few percent of its capacity (``24576 x 2 %`` of a
-  pack of 8,192 already outweighs the attention of most packs, so balancing lm as a whole
-  would mostly sort on fill and leave attention uneven: p95 max/mean 1.24 against 1.07 at
-  8 ranks on the OmniBal lengths).
+  left to the packing, which fills every pack to within a few percent of its capacity
+  (``24576 x 2 %`` of a pack of 8,192 already outweighs the attention of most packs, so
+  balancing lm as a whole would mostly sort on fill and leave attention uneven: p95
+  max/mean 1.24 against 1.07 at 8 ranks on the OmniBal lengths).
 
 One term is a sort: neighbours in cost order are alike. Two terms are a snake over a grid:
 the packs are cut by attention cost into ``k`` strips of equal count, each strip sorted by
