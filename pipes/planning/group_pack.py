@@ -145,7 +145,9 @@ def _tuples(visual: IntArray, vcost: FloatArray, order: IntArray, span: int) -> 
     if span <= 1:
         return order
     window = np.arange(order.size) // span
-    return order[np.lexsort((vcost[order], window))]
+    # one stable sort on (window, vision cost): below 2**30 while visual < 2**14
+    key = (window << 30) | np.minimum(vcost[order], 2**30 - 1).astype(np.int64)
+    return order[np.argsort(key, kind="stable")]
 
 
 def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
@@ -338,14 +340,19 @@ def _finish(
     ids = ids[in_kept]
     g_off = _csr(np.bincount(pack, minlength=kept * size))
     if max_visual is None:
-        g_ids = ids[np.lexsort((-lengths[ids], pack))]  # within a pack: longest first
+        g_ids = ids[_longest_first(pack, lengths[ids])]
     else:  # fillers may break the budget: members first, so fillers move out (new packs)
         g_ids = ids[np.lexsort((np.arange(ids.size) >= n_members, pack))]
         g_off, g_ids = within_budget(g_off, g_ids, lengths, visual, capacity, max_visual)
         pack_of = np.repeat(np.arange(g_off.size - 1), np.diff(g_off))
-        g_ids = g_ids[np.lexsort((-lengths[g_ids], pack_of))]
+        g_ids = g_ids[_longest_first(pack_of, lengths[g_ids])]
     offsets = _csr(np.concatenate([np.diff(g_off), np.diff(f_off)]))
     return offsets, np.concatenate([g_ids, free[f_sub]]).astype(np.int64), kept * size
+
+
+def _longest_first(pack: IntArray, length: IntArray) -> IntArray:
+    """The order by pack, longest sample first inside each (one stable sort, packed key)."""
+    return np.argsort((pack.astype(np.int64) << 32) - length, kind="stable")
 
 
 def group_packs(
