@@ -271,6 +271,8 @@ def _params(
     }
     if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
         params["balance"] = balance
+    if balance == "cost":  # its packs are made for the step groups now (group_pack.py): a
+        params["packs"] = "grouped"  # state or plan file from the sorted-packs plan is refused
     if max_visual is not None:  # only when set: plans without it keep their fingerprint
         params["max_visual"] = int(max_visual)
     return params
