@@ -1,10 +1,14 @@
 """Per-step compute balance across ranks: token order, cost order, Karmarkar-Karp, LPT + swaps.
 
-Prints one JSON object. The same packs (``plan_packs`` at capacity 8192, best-fit decreasing)
-are served four ways, shuffle on:
+Prints one JSON object. Best fit's packs (``plan_packs`` at capacity 8192) are served four
+ways, and ``balance="cost"``'s packs a fifth, shuffle on, the same lengths for every method:
 
 - ``tokens``: the plan's step groups on (visual, total) tokens (``balance="tokens"``, default);
-- ``cost``: the plan's step groups on attention and vision cost (``balance="cost"``);
+- ``cost_order``: best fit's packs in step groups cut from the attention x vision snake
+  (``balance.balanced_order("cost")``: what ``balance="cost"`` did before it made packs);
+- ``cost``: ``balance="cost"``: packs made for their step groups (``group_pack.py``) where
+  that beats ``cost_order`` on the plan's own groups, else ``cost_order``'s (``made_groups``
+  says which, ``fill`` what it cost);
 - ``kk``: veRL's way: packs in a random order per epoch, each step's ``world x per_rank``
   packs split over the ranks by Karmarkar-Karp (equal count) on the step cost;
 - ``lpt_swaps``: LoongForge's way: the same random steps, longest-processing-time first,
@@ -37,12 +41,18 @@ import numpy as np
 from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 from bench_balance import make_samples
 
-from neatpack.pipes.planning.balance import COST_TERMS, pack_cost_terms, pack_costs
-from neatpack.pipes.planning.plan import PackPlan, plan_packs
+from neatpack.pipes.planning.balance import (
+    COST_TERMS,
+    balanced_order,
+    pack_cost_terms,
+    pack_costs,
+)
+from neatpack.pipes.planning.plan import PackPlan, plan_packs, step_group_order
 
 DATA = Path(__file__).resolve().parent / "data" / "omnibal_lengths.npz"
 REAL = ("ai2d", "chartqa", "docvqa")
 TILE_TOKENS = 256
+LENGTHS: list[np.ndarray] = []  # (total, visual) of the corpus being evaluated
 
 
 def real_lengths(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -105,8 +115,13 @@ def rank_slots(
 ) -> np.ndarray:
     """``[steps, world, per_rank]`` pack indices of one epoch for one method."""
     unit = world * per_rank
-    if method in ("tokens", "cost"):
+    if method in ("tokens", "cost", "cost_order"):
         order = plan.epoch_order(epoch)
+        if method == "cost_order":  # the same shuffle, over the snake's storage order
+            terms = pack_cost_terms(plan.offsets, plan.ids, *LENGTHS)
+            snake = balanced_order("cost", terms, plan.visual, plan.totals, world)
+            rng = np.random.default_rng([plan.seed, epoch])
+            order = snake[step_group_order(len(plan), world, rng)]
         steps = order[: order.size // unit * unit].reshape(-1, per_rank, world)
         return steps.transpose(0, 2, 1)
     order = np.random.default_rng([plan.seed, epoch, 7]).permutation(len(plan))
@@ -134,6 +149,7 @@ def ratio_stats(per_rank_cost: np.ndarray) -> dict[str, float]:
 def evaluate(
     total: np.ndarray, visual: np.ndarray, world: int, per_rank: int, epochs: int, seed: int
 ) -> dict[str, Any]:
+    LENGTHS[:] = [total, visual]
     kw: dict[str, Any] = {"visual": visual, "world_size": world, "seed": seed, "overlong": "drop"}
     plans = {
         "tokens": plan_packs(total, 8192, balance="tokens", **kw),
@@ -141,11 +157,12 @@ def evaluate(
     }
     same = sorted(map(tuple, plans["tokens"].packs())) == sorted(map(tuple, plans["cost"].packs()))
     out: dict[str, Any] = {
-        "packs": len(plans["tokens"]),
+        "packs": {k: len(p) for k, p in plans.items()},
         "same_packs": same,
+        "made_groups": plans["cost"].free_from // world,
         "fill": {k: round(p.utilization(), 5) for k, p in plans.items()},
     }
-    for method in ("tokens", "cost", "kk", "lpt_swaps"):
+    for method in ("tokens", "cost_order", "cost", "kk", "lpt_swaps"):
         plan = plans["cost" if method == "cost" else "tokens"]
         terms = pack_cost_terms(plan.offsets, plan.ids, total, visual)
         lm, vision = pack_costs(terms)
@@ -165,9 +182,9 @@ def evaluate(
             ),
         }
     base = out["tokens"]["epoch_time"]
-    for method in ("cost", "kk", "lpt_swaps"):
+    for method in ("cost_order", "cost", "kk", "lpt_swaps"):
         t = out[method]["epoch_time"]
-        out[method]["speedup_vs_tokens"] = None if base is None else round(base / t, 4)
+        out[method]["speedup_vs_tokens"] = None if None in (base, t) else round(base / t, 4)
     return out
 
 

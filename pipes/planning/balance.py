@@ -9,11 +9,13 @@ alike on:
 - ``"lm"``: the language model's cost, ``LM_LINEAR * tokens + sum(document length ** 2)``;
 - ``"vision"``: the vision encoder's cost, ``VISION_LINEAR * patches + sum(patches ** 2)``;
 - ``"cost"``: both at once: the attention part of the language model's cost (sum of squared
-  document lengths) and the vision encoder's cost. The linear part is left to the packing,
-  which fills every pack to within a few percent of its capacity (``24576 x 2 %`` of a
-  pack of 8,192 already outweighs the attention of most packs, so balancing lm as a whole
-  would mostly sort on fill and leave attention uneven: p95 max/mean 1.24 against 1.07 at
-  8 ranks on the OmniBal lengths).
+  document lengths) and the vision encoder's cost. ``plan_packs`` then makes the packs for
+  their step groups where that evens the ranks more (``group_pack.py``); the order below is
+  what it compares against and what it orders its leftover packs by. The linear part is
+  left to the packing, which fills every pack to within a few percent of its capacity
+  (``24576 x 2 %`` of a pack of 8,192 already outweighs the attention of most packs, so
+  balancing lm as a whole would mostly sort on fill and leave attention uneven: p95
+  max/mean 1.24 against 1.07 at 8 ranks on the OmniBal lengths).
 
 One term is a sort: neighbours in cost order are alike. Two terms are a snake over a grid:
 the packs are cut by attention cost into ``k`` strips of equal count, each strip sorted by
@@ -56,6 +58,7 @@ __all__ = [
     "VISION_LINEAR",
     "BalancePolicy",
     "balanced_order",
+    "group_p95",
     "imbalance",
     "pack_cost_terms",
     "pack_costs",
@@ -133,7 +136,7 @@ def balanced_order(
     tries = np.geomspace(1.0, max(1.0, n / max(group_size, 1)), STRIP_CANDIDATES)
     counts = sorted({max(1, round(float(k))) for k in tries})
     orders = [_snake(by_attention, attention, vision, k) for k in counts]
-    scores = [_group_p95(both[order], group_size) for order in orders]
+    scores = [group_p95(both[order], group_size) for order in orders]
     return orders[int(np.argmin(scores))]  # ties: the fewer strips
 
 
@@ -145,7 +148,7 @@ def _snake(by_attention: IntArray, attention: FloatArray, vision: FloatArray, k:
     return np.concatenate(parts).astype(np.int64)
 
 
-def _group_p95(cols: FloatArray, group_size: int) -> float:
+def group_p95(cols: FloatArray, group_size: int) -> float:
     """p95 over consecutive groups of the largest max/mean over ``cols``' columns."""
     n = cols.shape[0] // group_size * group_size
     if n == 0:

@@ -49,6 +49,7 @@ from neatpack.pipes.planning.binpack import (
     greedy_knapsack,
     id_dtype,
 )
+from neatpack.pipes.planning.group_pack import group_packs
 
 __all__ = [
     "PLAN_VERSION",
@@ -67,15 +68,22 @@ def _sorted_by_load(visual: IntArray, totals: IntArray) -> IntArray:
     return np.lexsort((totals, visual)).astype(np.int64)
 
 
-def step_group_order(n_packs: int, group_size: int, rng: np.random.Generator) -> IntArray:
+def step_group_order(
+    n_packs: int, group_size: int, rng: np.random.Generator, tail_from: int = 0
+) -> IntArray:
     """Permutation of ``range(n_packs)`` (already sorted by load) into shuffled step groups.
 
-    ``n_packs % group_size`` positions, drawn from ``rng``, form the tail. The rest are cut
+    ``n_packs % group_size`` positions, drawn from ``rng`` among ``tail_from..n_packs - 1``
+    (packs made as step groups, ``group_pack.py``, come first and are never split), form the
+    tail. The rest are cut
     into consecutive groups of ``group_size`` (neighbours in load order), the groups are
     permuted, and every second group is reversed so no rank always takes the lighter pack.
     """
     tail_n = n_packs % group_size
-    tail = np.sort(rng.choice(n_packs, size=tail_n, replace=False)) if tail_n else None
+    tail = None
+    if tail_n:
+        tail_from = min(tail_from, n_packs - tail_n)  # (0 for every plan but group_pack's)
+        tail = tail_from + np.sort(rng.choice(n_packs - tail_from, size=tail_n, replace=False))
     body = np.arange(n_packs, dtype=np.int64)
     if tail is not None:
         body = np.delete(body, tail)
@@ -127,6 +135,8 @@ class PackPlan:
     serving order. ``dropped_ids`` are the overlong samples left out (``overlong="drop"``),
     ``truncated_ids`` the samples of packs cut by ``max_packs``. ``group_size`` is the world
     size the plan was grouped for; ``fingerprint`` covers the lengths and every parameter.
+    ``free_from``: packs before it were made as step groups (``balance="cost"``,
+    ``group_pack.py``); the short last group of an epoch is drawn from the packs after it.
     """
 
     offsets: IntArray
@@ -142,6 +152,7 @@ class PackPlan:
     shuffle: bool
     fingerprint: str
     balance: BalancePolicy = "tokens"
+    free_from: int = 0
 
     def __len__(self) -> int:
         return int(self.offsets.size - 1)
@@ -172,7 +183,7 @@ class PackPlan:
         if epoch < 0:
             raise ValueError(f"{epoch=} must be >= 0")
         rng = np.random.default_rng([self.seed, epoch if self.shuffle else 0])
-        return step_group_order(len(self), self.group_size, rng)
+        return step_group_order(len(self), self.group_size, rng, self.free_from)
 
     def utilization(self) -> float:
         """Planned tokens / (packs x capacity)."""
@@ -260,6 +271,8 @@ def _params(
     }
     if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
         params["balance"] = balance
+    if balance == "cost":  # its packs are made for the step groups now (group_pack.py): a
+        params["packs"] = "grouped"  # state or plan file from the sorted-packs plan is refused
     if max_visual is not None:  # only when set: plans without it keep their fingerprint
         params["max_visual"] = int(max_visual)
     return params
@@ -334,7 +347,9 @@ def plan_packs(
     fair across visual loads) and lists the rest's samples in ``truncated_ids``.
     ``balance`` picks what the ranks of a step are made alike on (``balance.py``): ``"tokens"``
     (visual, then total tokens), or the compute cost of the language model (``"lm"``), the
-    vision encoder (``"vision"``) or both (``"cost"``); the packs themselves stay the same.
+    vision encoder (``"vision"``) or both (``"cost"``). Under ``"cost"`` the packs are made
+    for their step groups of ``world_size`` (``group_pack.py``; best fit's packs where that is
+    not better); the other policies keep best fit's packs and only order them.
 
     ``max_visual`` is a second budget per pack: at most that many ``visual`` tokens (the vision
     tower's memory; its patches are these tokens times the merge size squared, 4 for Qwen-VL).
@@ -347,6 +362,7 @@ def plan_packs(
     (3, [[4], [1, 3], [0, 2]], [2, 7, 8])
     """
     plan_capacity = _check_params(capacity, packing_ratio, max_packs, world_size, seed)
+    free_from = 0
     total = check_lengths(lengths, capacity, overlong, "plan_packs", "overlong")
     vis: npt.NDArray[Any] | None = None
     if visual is not None:
@@ -369,7 +385,12 @@ def plan_packs(
     if dropped.size or (total.size and int(total.max()) > plan_capacity):
         work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] alone
         work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
-    if max_visual is None or vis is None:  # (vis is set whenever max_visual is: checked above)
+    grouped = _group_packs(work, vis, dropped, over_budget, plan_capacity, world_size,
+                           max_visual) if balance == "cost" else None  # fmt: skip
+    if grouped is not None:
+        offsets, ids, by_load, free_from = grouped
+        dropped = np.union1d(dropped, over_budget).astype(np.int64)
+    elif max_visual is None or vis is None:  # (vis is set whenever max_visual is)
         offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
     else:
         dropped = np.union1d(dropped, over_budget).astype(np.int64)
@@ -384,12 +405,14 @@ def plan_packs(
     # the cost terms only when a step is balanced on them (the token order needs none)
     terms = (
         pack_cost_terms(offsets, ids, total, vis if vis is not None else np.zeros_like(total))
-        if balance != "tokens"
+        if balance != "tokens" and grouped is None
         else np.zeros((0, 4))
     )
-    by_load = balanced_order(balance, terms, vis_p, tot_p, world_size)
+    if grouped is None:
+        by_load = balanced_order(balance, terms, vis_p, tot_p, world_size)
     truncated = np.zeros(0, dtype=np.int64)
     if max_packs is not None and max_packs < by_load.size:
+        free_from = 0  # whole groups no longer line up: the tail comes from any pack
         first = step_group_order(by_load.size, world_size, np.random.default_rng([seed, 0]))
         keep = np.zeros(by_load.size, dtype=bool)
         keep[first[:max_packs]] = True
@@ -416,4 +439,22 @@ def plan_packs(
         shuffle=bool(shuffle),
         fingerprint=fingerprint,
         balance=balance,
+        free_from=int(free_from),
     )
+
+
+def _group_packs(
+    work: npt.NDArray[Any], vis: npt.NDArray[Any] | None, dropped: IntArray,
+    over_budget: IntArray, capacity: int, world_size: int, max_visual: int | None,
+) -> tuple[IntArray, npt.NDArray[Any], IntArray, int] | None:  # fmt: skip
+    """``group_pack.group_packs`` over the samples that are not dropped, in sample ids."""
+    placed = np.ones(work.shape[0], dtype=bool)
+    placed[dropped] = False
+    placed[over_budget] = False
+    kept = np.flatnonzero(placed).astype(np.int64)
+    visual = vis[kept] if vis is not None else np.zeros(kept.size, np.int64)
+    made = group_packs(work[kept], visual, capacity, world_size, max_visual=max_visual)
+    if made is None:
+        return None
+    offsets, sub, order, free_from = made
+    return offsets, kept[sub].astype(id_dtype(work.shape[0])), order, free_from

@@ -53,6 +53,8 @@ def save_plan(plan: PackPlan, path: str | os.PathLike[str], stamp: list[int] | N
     """Write ``plan`` to ``path`` atomically (``write_npz``), with a checksum over it."""
     arrays: dict[str, Any] = {name: np.asarray(getattr(plan, name)) for name in _ARRAYS}
     meta = {"layout": _LAYOUT, **{name: getattr(plan, name) for name in _SCALARS}}
+    if plan.free_from:  # only when set: other plans' files stay as they were
+        meta["free_from"] = plan.free_from
     meta["lengths"] = stamp
     meta["checksum"] = checksum(arrays, meta)
     write_npz(path, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
@@ -71,6 +73,7 @@ def load_plan(
         if meta.get("layout") != _LAYOUT:
             raise ValueError(f"layout {meta.get('layout')}, not {_LAYOUT}")
         scalars = {name: meta[name] for name in _SCALARS}
+        scalars["free_from"] = int(meta.get("free_from", 0))  # absent from older files
     except (ValueError, KeyError) as e:
         raise ValueError(f"plan file {os.fspath(path)} is unreadable: {e!r}") from e
     if fingerprint is not None and scalars["fingerprint"] != fingerprint:

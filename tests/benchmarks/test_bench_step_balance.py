@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from support.bench import run_bench
 
-METHODS = ("tokens", "cost", "kk", "lpt_swaps")
+METHODS = ("tokens", "cost_order", "cost", "kk", "lpt_swaps")
 
 
 def test_bench_step_balance_quick() -> None:
@@ -13,8 +13,9 @@ def test_bench_step_balance_quick() -> None:
     m = out["metrics"]
     assert {k.split("/")[0] for k in m} == {"generated", "ai2d", "chartqa", "docvqa", "real_mix"}
     for case in m.values():
-        assert case["same_packs"] is True
-        assert case["fill"]["tokens"] == case["fill"]["cost"]
+        # balance="cost" makes its own packs where that wins (``made_groups``), within 0.2 points
+        assert case["same_packs"] is (case["made_groups"] == 0)
+        assert case["fill"]["cost"] >= case["fill"]["tokens"] - 0.002
         for method in METHODS:
             r = case[method]
             assert r["steps"] > 0

@@ -1,0 +1,424 @@
+"""Packs made for their step groups (``balance="cost"``): the ranks of a step get alike packs.
+
+Sorting finished packs (``balance.balanced_order``) can only pick neighbours among packs that
+best fit made without knowing the ranks. Here the packs of a step group are made together:
+
+1. fillers are kept back: ``FILLER_SHARE`` of the tokens, text-only samples first (they add
+   no vision to even), shortest first;
+2. the other samples, text-only apart from those with images (a tuple mixing both could not
+   be evened) and by length inside each, are cut into *tuples* of ``group_size`` neighbours:
+   alike in length, so in attention (``length ** 2``). With a span above 1, windows of
+   ``span`` tuples are sorted by vision cost first, so a tuple is alike in vision too, at
+   some cost in length;
+3. the tuples are packed by best fit on their longest member (``best_fit_decreasing``, or
+   ``best_fit_two_budgets`` with ``max_visual``): one tuple-pack is one step group, and each
+   of its ``group_size`` packs takes one member of every tuple in it;
+4. fillers go, best fit, into the room every pack of the group shares (``capacity`` minus
+   the tuples' longest members);
+5. which member goes to which pack is dealt tuple by tuple, the widest spread of vision cost
+   first, the member of most vision cost to the pack with the least so far (LPT, the fillers'
+   vision counted), then up to ``SWAP_ROUNDS`` trades of one tuple's two members between the
+   heaviest and the lightest pack: the vision encoder is evened, attention already is;
+6. fillers left over go, best fit, into each pack's own room; the rest, and the groups whose
+   fill would pull the plan's below best fit's by more than ``FILL_SLACK`` (the worst filled
+   first), are packed by best fit after the groups (the *free* packs, in
+   ``balanced_order("cost")``). With ``max_visual``, fillers that break the budget move out
+   (``binpack.within_budget``; the members stay).
+
+``group_packs`` builds one candidate per ``TUPLE_SPANS`` span and keeps the one whose step
+groups have the lowest p95 max/mean (``balance.group_p95``), the worse of the two terms,
+or best fit's packs in ``balanced_order("cost")`` where those score lower: so the plan is
+never worse than sorting finished packs on its own measure. Few samples per rank (real
+corpora of a few thousand samples at 64 ranks) or sparse long samples leave too few alike
+neighbours for tuples, and best fit wins there (``bench_step_balance.py``).
+
+Measured (``benchmarks/bench_step_balance.py``, p95 over steps of max/mean attention /
+vision, shuffle on): 100k generated samples at 8 ranks 1.008 / 1.052 (one pack per rank) and
+1.015 / 1.048 (four), against 1.083 / 1.073 and 1.032 / 1.036 for the sorted finished packs,
+fill 0.16 points lower; 1M at 64 ranks 1.003 / 1.051 and 1.006 / 1.025 against 1.086 / 1.067
+and 1.038 / 1.034. Planning 10M samples takes about 70 s (best fit alone: 2 s).
+
+The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
+permutes whole groups and draws the short last group from the free packs, so every step of
+the epoch is a made group or a group of free packs. Another world size is another plan
+(elastic resume re-plans for it: a pure function of the lengths, the config and the size).
+
+Worked by hand, ``group_size=2``, capacity 10, lengths ``[5, 5, 3, 3, 2, 2]`` with visual
+``[4, 3, 0, 0, 0, 0]`` (too few tokens for fillers). Best fit makes ``[0, 1]`` (attention
+``5^2 + 5^2 = 50``, all the vision) and ``[2, 3, 4, 5]`` (attention 26, no vision): one rank
+would wait for the other on both. Here the tuples are (4, 5) and (2, 3) (text-only, by
+length) and (1, 0) (images); their longest members, 2 + 3 + 5, fill one tuple-pack. The
+tuple (1, 0) is dealt first (the widest vision spread): sample 0 (4 visual tokens) to pack
+0, sample 1 (3) to pack 1, and the text-only tuples after it. Packs ``[0, 3, 5]`` and
+``[1, 2, 4]``: 10 tokens and attention 38 each, vision 4 against 3.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from neatpack.pipes.planning.balance import (
+    COST_TERMS,
+    balanced_order,
+    group_p95,
+    imbalance,
+    pack_cost_terms,
+    pack_costs,
+)
+from neatpack.pipes.planning.binpack import (
+    IntArray,
+    best_fit_decreasing,
+    best_fit_two_budgets,
+    within_budget,
+)
+
+__all__ = [
+    "FILLER_SHARE",
+    "FILL_SLACK",
+    "TUPLE_SPANS",
+    "GroupedPacks",
+    "group_packs",
+    "grouped_order",
+]
+
+#: Share of the tokens (the shortest samples) kept back to fill each pack's room.
+FILLER_SHARE: Final = 0.05
+#: How far below best fit's fill (a fraction of capacity) the plan may go: 0.18 points.
+FILL_SLACK: Final = 0.0018
+#: Windows (in tuples) of samples by length inside which tuples are cut by vision cost: each
+#: is tried, the best kept (1: by length alone).
+TUPLE_SPANS: Final = (1, 4, 16, 64)
+#: How much lower (in max/mean) made groups must score than best fit's packs to be kept.
+SCORE_MARGIN: Final = 0.01
+#: Packs per rank of the second step shape candidates are scored on.
+SCORE_PER_RANK: Final = 4
+#: Member trades per group after the deal, over its ``SWAP_TUPLES`` widest-spread tuples,
+#: ``SWAP_BLOCK`` groups at a time (bounded memory at 100M samples).
+SWAP_ROUNDS: Final = 16
+SWAP_TUPLES: Final = 16
+SWAP_BLOCK: Final = 1 << 15
+#: The vision encoder's linear weight per visual token (``balance.VISION_LINEAR``).
+_VISION_LINEAR: Final = 7680.0
+
+FloatArray = npt.NDArray[np.float64]
+#: (offsets, ids, order, grouped): CSR packs and their storage order; its first ``grouped``
+#: packs are the step groups as made (``group_size`` consecutive ones each), then the rest.
+GroupedPacks = tuple[IntArray, IntArray, IntArray, int]
+
+
+def _csr(sizes: npt.NDArray[Any]) -> IntArray:
+    out = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return out
+
+
+def _into_rooms(
+    used: IntArray, cand: IntArray, lengths: IntArray, capacity: int
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Best fit of samples ``cand`` into packs already holding ``used`` tokens: (pack of each
+    placed sample, placed ids, the ids that fit nowhere). Each pack is a unit of
+    ``capacity + 1 + used`` at ``2 * capacity + 1`` (``best_fit_two_budgets``' trick: no two
+    units share a pack, each leaves exactly its room)."""
+    n_packs = used.size
+    if cand.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    units = np.concatenate([capacity + 1 + used, lengths[cand]]).astype(np.int64)
+    b_off, items = best_fit_decreasing(units, 2 * capacity + 1)
+    bin_of = np.repeat(np.arange(b_off.size - 1), np.diff(b_off))
+    head = items[b_off[:-1]]
+    unit_of_bin = np.where(head < n_packs, head, -1)
+    is_sample = items >= n_packs
+    pack = unit_of_bin[bin_of[is_sample]].astype(np.int64)
+    ids = cand[items[is_sample] - n_packs].astype(np.int64)
+    return pack[pack >= 0], ids[pack >= 0], ids[pack < 0]
+
+
+def _tuples(visual: IntArray, vcost: FloatArray, order: IntArray, span: int) -> IntArray:
+    """``order`` (text-only samples, then those with images, each by length) re-sorted for
+    cutting into tuples: windows of ``span`` samples (a whole number of tuples, so no tuple
+    straddles two) sorted by vision cost inside. The classes stay apart (a tuple of both
+    could not be evened) but for the one tuple where they meet."""
+    if span <= 1:
+        return order
+    window = np.arange(order.size) // span
+    # one stable sort on (window, vision cost): below 2**30 while visual < 2**14
+    key = (window << 30) | np.minimum(vcost[order], 2**30 - 1).astype(np.int64)
+    return order[np.argsort(key, kind="stable")]
+
+
+def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
+            start_v: FloatArray) -> IntArray:  # fmt: skip
+    """Pack (0..size-1 within its group) of every member: rounds of one tuple per group, LPT;
+    then swaps of one tuple's members between the heaviest and the lightest pack."""
+    counts = np.bincount(tp_of, minlength=n_tp)
+    starts = _csr(counts)[:-1]
+    load = start_v.astype(np.float64)  # (a copy; bincount of nothing is int)
+    dest = np.empty_like(members)
+    vc = vcost[members]
+    for i in range(int(counts.max(initial=0))):
+        has = np.flatnonzero(counts > i)
+        rows = starts[has] + i
+        heavy = np.argsort(-vc[rows], axis=1, kind="stable")
+        light = np.argsort(load[has], axis=1, kind="stable")
+        d = np.empty((has.size, size), dtype=np.int64)
+        np.put_along_axis(d, heavy, light, axis=1)
+        dest[rows] = d
+        load[has[:, None], d] += vc[rows]
+    for g0 in range(0, n_tp, SWAP_BLOCK):
+        _swap(dest, vc, load, counts, starts, g0, min(n_tp, g0 + SWAP_BLOCK))
+    return dest
+
+
+def _swap(dest: IntArray, vc: FloatArray, load: FloatArray, counts: IntArray,
+          starts: IntArray, g0: int, g1: int) -> None:  # fmt: skip
+    """Groups ``g0:g1``: up to ``SWAP_ROUNDS`` times, trade one tuple's members between the
+    heaviest and the lightest pack, the tuple whose trade leaves them closest (in place)."""
+    size = dest.shape[1]
+    k = min(SWAP_TUPLES, int(counts[g0:g1].max(initial=0)))
+    if k == 0 or size < 2:
+        return
+    ng = g1 - g0
+    valid = np.arange(k)[None, :] < counts[g0:g1, None]  # [groups, k]
+    rows = np.where(valid, starts[g0:g1, None] + np.arange(k)[None, :], 0)
+    # cost[g, i, j]: vision of the member of tuple i in pack j (0 where no tuple i)
+    cost = np.zeros((ng, k, size))
+    np.put_along_axis(cost, dest[rows], np.where(valid[:, :, None], vc[rows], 0.0), axis=2)
+    lo_all = load[g0:g1]
+    gi = np.arange(ng)
+    for _ in range(SWAP_ROUNDS):
+        hi, lo = lo_all.argmax(axis=1), lo_all.argmin(axis=1)
+        gap = lo_all[gi, hi] - lo_all[gi, lo]
+        delta = cost[gi, :, hi] - cost[gi, :, lo]  # [groups, k]: hi's member minus lo's
+        after = np.abs(gap[:, None] - 2 * delta)
+        after[(delta <= 0) | ~valid] = np.inf
+        best = after.argmin(axis=1)
+        ok = after[gi, best] < gap * (1 - 1e-9)
+        if not ok.any():
+            break
+        g, i = gi[ok], best[ok]
+        h, low, d = hi[ok], lo[ok], delta[gi, best][ok]
+        cost[g, i, h], cost[g, i, low] = cost[g, i, low], cost[g, i, h]
+        lo_all[g, h] -= d
+        lo_all[g, low] += d
+        r = rows[g, i]
+        in_h, in_l = dest[r] == h[:, None], dest[r] == low[:, None]
+        dest[r] = np.where(in_h, low[:, None], np.where(in_l, h[:, None], dest[r]))
+
+
+def _split(lengths: IntArray, visual: IntArray) -> tuple[FloatArray, IntArray, IntArray]:
+    """(vision cost per sample, fillers, the other samples by (has images, length, visual)).
+    Fillers: ``FILLER_SHARE`` of the tokens, text-only samples first (no vision to even),
+    shortest first. One stable sort on a packed key (lengths < 2**24, visual <= length)."""
+    vcost = _VISION_LINEAR * visual + visual.astype(np.float64) ** 2
+    has = (visual > 0).astype(np.int64)
+    by_filler = np.argsort((has << 24) | lengths, kind="stable")
+    k = int(np.searchsorted(np.cumsum(lengths[by_filler]), FILLER_SHARE * lengths.sum()))
+    rest = np.sort(by_filler[k:])
+    key = (has[rest] << 48) | (lengths[rest] << 24) | visual[rest]
+    return vcost, by_filler[:k], rest[np.argsort(key, kind="stable")]
+
+
+def _build(
+    lengths: IntArray,
+    visual: IntArray,
+    capacity: int,
+    size: int,
+    max_visual: int | None,
+    span: int,
+    best_fit_packs: int,
+    split: tuple[FloatArray, IntArray, IntArray],
+) -> tuple[IntArray, IntArray, int] | None:
+    vcost, fillers, by_length = split
+    made = _groups(lengths, visual, vcost, capacity, size, max_visual, span, by_length, fillers)
+    if made is None:
+        return None
+    pack, ids, n_members, f_pack, f_ids, rest = made
+    n_packs = int(pack.max()) + 1
+    if rest.size >= size:  # fillers the rooms did not take: step groups of their own
+        key = ((visual[rest] > 0).astype(np.int64) << 48) | (lengths[rest] << 24) | visual[rest]
+        order = rest[np.argsort(key, kind="stable")]
+        more = _groups(lengths, visual, vcost, capacity, size, max_visual, span, order, rest[:0])
+        if more is not None:
+            pack2, ids2, n2, f_pack2, f_ids2, rest = more
+            pack = np.concatenate([pack, n_packs + pack2])
+            ids = np.concatenate([ids, ids2])
+            n_members += n2
+            f_pack = np.concatenate([f_pack, n_packs + f_pack2])  # (fillers after members)
+            f_ids = np.concatenate([f_ids, f_ids2])
+            n_packs += int(pack2.max()) + 1
+    pack, ids = np.concatenate([pack, f_pack]), np.concatenate([ids, f_ids])
+    if rest.size:  # 6. what is left, into each pack's own room
+        used = np.bincount(pack, weights=lengths[ids], minlength=n_packs).astype(np.int64)
+        p2, i2, rest = _into_rooms(used, rest, lengths, capacity)
+        pack, ids = np.concatenate([pack, p2]), np.concatenate([ids, i2])
+    return _finish(lengths, visual, capacity, size, max_visual, pack, ids, rest, n_members,
+                   best_fit_packs)  # fmt: skip
+
+
+def _groups(
+    lengths: IntArray,
+    visual: IntArray,
+    vcost: FloatArray,
+    capacity: int,
+    size: int,
+    max_visual: int | None,
+    span: int,
+    order: IntArray,
+    fillers: IntArray,
+) -> tuple[IntArray, IntArray, int, IntArray, IntArray, IntArray] | None:
+    """Steps 2-5 over ``order`` (ids by images or not, then length): (pack of each member,
+    members, their count, pack of each placed filler, placed fillers, samples left over)."""
+    big = _tuples(visual, vcost, order, span * size)
+    m = big.size // size * size
+    if m == 0:
+        return None
+    fillers = np.concatenate([fillers, big[m:]])
+    tup = big[:m].reshape(-1, size)
+    longest = lengths[tup].max(axis=1)
+    if max_visual is None:
+        t_off, t_ids = best_fit_decreasing(longest, capacity)
+    else:
+        t_off, t_ids = best_fit_two_budgets(longest, visual[tup].max(axis=1), capacity, max_visual)
+    n_tp = t_off.size - 1
+    tp_of = np.repeat(np.arange(n_tp), np.diff(t_off))
+    used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
+    # 4. fillers into the room every pack of a group shares
+    f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
+    start_v = np.bincount(f_pack, weights=vcost[f_ids], minlength=n_tp * size).astype(np.float64)
+    # 5. members to packs: widest vision spread first
+    members = tup[t_ids]
+    vc = vcost[members]
+    members = members[np.lexsort((-(vc.max(axis=1) - vc.min(axis=1)), tp_of))]
+    dest = _assign(members, vcost, tp_of, n_tp, size, start_v.reshape(n_tp, size))
+    pack = (tp_of[:, None] * size + dest).ravel()
+    return pack, members.ravel(), members.size, f_pack, f_ids, rest
+
+
+def _finish(
+    lengths: IntArray,
+    visual: IntArray,
+    capacity: int,
+    size: int,
+    max_visual: int | None,
+    pack: IntArray,
+    ids: IntArray,
+    rest: IntArray,
+    n_members: int,
+    best_fit_packs: int,
+) -> tuple[IntArray, IntArray, int] | None:
+    """Keep the groups the fill allows (worst filled go first), pack the rest by best fit."""
+    n_groups = int(pack.max(initial=-1)) // size + 1
+    total = float(lengths.sum())
+    floor_fill = total / (best_fit_packs * capacity) - FILL_SLACK
+    g_tok = np.bincount(pack // size, weights=lengths[ids], minlength=n_groups)
+    worst = np.argsort(g_tok, kind="stable")
+    keep = np.ones(n_groups, dtype=bool)
+    drop = 0
+    while True:  # a few rounds: the estimate assumes the free packs fill as best fit does
+        keep[:] = True
+        keep[worst[:drop]] = False
+        free = np.concatenate([rest, ids[~keep[pack // size]]])
+        if max_visual is None:
+            f_off, f_sub = best_fit_decreasing(lengths[free], capacity)
+        else:
+            f_off, f_sub = best_fit_two_budgets(lengths[free], visual[free], capacity, max_visual)
+        kept = int(keep.sum())
+        fill = total / ((kept * size + f_off.size - 1) * capacity)
+        if fill >= floor_fill or kept == 0:
+            break
+        drop = min(n_groups, max(drop + 1, 2 * drop))  # O(log groups) rounds of best fit
+    if kept == 0 or fill < floor_fill:
+        return None
+    renumber = np.cumsum(keep) - 1
+    in_kept = keep[pack // size]
+    n_members = int(in_kept[:n_members].sum())
+    pack = renumber[pack[in_kept] // size] * size + pack[in_kept] % size
+    ids = ids[in_kept]
+    g_off = _csr(np.bincount(pack, minlength=kept * size))
+    if max_visual is None:
+        g_ids = ids[_longest_first(pack, lengths[ids])]
+    else:  # fillers may break the budget: members first, so fillers move out (new packs)
+        g_ids = ids[np.lexsort((np.arange(ids.size) >= n_members, pack))]
+        g_off, g_ids = within_budget(g_off, g_ids, lengths, visual, capacity, max_visual)
+        pack_of = np.repeat(np.arange(g_off.size - 1), np.diff(g_off))
+        g_ids = g_ids[_longest_first(pack_of, lengths[g_ids])]
+    offsets = _csr(np.concatenate([np.diff(g_off), np.diff(f_off)]))
+    return offsets, np.concatenate([g_ids, free[f_sub]]).astype(np.int64), kept * size
+
+
+def _longest_first(pack: IntArray, length: IntArray) -> IntArray:
+    """The order by pack, longest sample first inside each (one stable sort, packed key)."""
+    return np.argsort((pack.astype(np.int64) << 32) - length, kind="stable")
+
+
+def group_packs(
+    lengths: npt.ArrayLike,
+    visual: npt.ArrayLike,
+    capacity: int,
+    group_size: int,
+    *,
+    max_visual: int | None = None,
+) -> GroupedPacks | None:
+    """Packs made ``group_size`` at a time (module docstring), every sample exactly once, each
+    within ``capacity`` tokens (and ``max_visual`` visual tokens when set; every sample must
+    fit both alone): ``GroupedPacks``. Where made groups do not beat them (or lose more
+    than ``FILL_SLACK`` of fill), best fit's packs in ``balanced_order("cost")`` with
+    ``grouped=0``. None for ``group_size < 2`` or fewer samples than that.
+
+    >>> offsets, ids, order, grouped = group_packs([5, 5, 3, 3, 2, 2], [4, 3, 0, 0, 0, 0], 10, 2)
+    >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])], order.tolist(), grouped
+    ([[0, 3, 5], [1, 2, 4]], [0, 1], 2)
+    """
+    tok = np.asarray(lengths).astype(np.int64, copy=False)
+    vis = np.asarray(visual).astype(np.int64, copy=False)
+    if group_size < 2 or tok.size < group_size:
+        return None
+    if max_visual is None:
+        bf_off, bf_ids = best_fit_decreasing(tok, capacity)
+    else:
+        bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
+    today = _scored(bf_off, bf_ids, 0, tok, vis, group_size)
+    best = (today[0] - SCORE_MARGIN, today[1])  # made groups must win clearly
+    split = _split(tok, vis)
+    for span in TUPLE_SPANS:
+        built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1, split)
+        if built is not None:
+            made = _scored(*built, tok, vis, group_size)
+            best = made if made[0] < best[0] else best
+    return best[1]
+
+
+def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:
+    """Storage order of packs from ``group_packs``: the step groups as made, then the free
+    packs in ``balanced_order("cost")`` among themselves."""
+    n = terms.shape[0]
+    free = terms[grouped:]
+    tokens = free[:, 0].astype(np.int64)
+    rest = balanced_order("cost", free, np.zeros(n - grouped, np.int64), tokens, group_size)
+    return np.concatenate([np.arange(grouped, dtype=np.int64), grouped + rest])
+
+
+def _scored(offsets: IntArray, ids: IntArray, grouped: int, lengths: IntArray,
+            visual: IntArray, group_size: int) -> tuple[float, GroupedPacks]:  # fmt: skip
+    """The packs in storage order, and what the candidates are chosen on: the worst p95 over
+    steps of max/mean attention or vision cost, with one pack per rank (a step group) and
+    with ``SCORE_PER_RANK`` (that many groups, drawn as an epoch's shuffle would: a few bad
+    groups then touch more steps)."""
+    terms = pack_cost_terms(offsets, ids, lengths, visual)
+    _, vision = pack_costs(terms)
+    order = grouped_order(terms, grouped, group_size)
+    n = order.size // group_size * group_size
+    groups = np.random.default_rng(0).permutation(n // group_size)  # fixed: a pure function
+    n4 = groups.size // SCORE_PER_RANK * SCORE_PER_RANK
+    score = 1.0
+    for col in (terms[order, COST_TERMS.index("attention")], vision[order]):
+        score = max(score, group_p95(col[:, None], group_size))
+        if n4:
+            by_rank = col[:n].reshape(-1, group_size)[groups[:n4]]
+            steps = by_rank.reshape(-1, SCORE_PER_RANK, group_size).sum(axis=1)
+            score = max(score, float(np.percentile(imbalance(steps), 95)))
+    return score, (offsets, ids, order, grouped)
