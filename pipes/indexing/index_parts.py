@@ -66,8 +66,9 @@ __all__ = [
 PIECE_RECORDS = 16_384
 PIECE_VERSION = 1
 IntArray = npt.NDArray[np.int64]
-#: ``(total, visual, [(sample id, fallback reasons)], media paths relative to the media root)``
-Part = tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
+#: ``(total, visual, images, [(sample id, fallback reasons)], media paths relative to the media
+#: root)``: ``images`` the media items of each sample
+Part = tuple[IntArray, IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
 
 
 @dataclass(frozen=True)
@@ -161,10 +162,10 @@ def save_piece(
 ) -> None:
     """Write ``piece`` 's lengths atomically; a cache that cannot be written is skipped (the
     build goes on; only its resume is lost)."""
-    total, visual, fallbacks, media = part
+    total, visual, images, fallbacks, media = part
     stamp = MediaStamp.of(media, root)
     arrays = {
-        "total": _narrow(total), "visual": _narrow(visual),
+        "total": _narrow(total), "visual": _narrow(visual), "images": _narrow(images),
         "fallback_at": np.asarray([sid - piece.lo for sid, _ in fallbacks], np.int64),
         **stamp.arrays(),
     }  # fmt: skip
@@ -180,9 +181,9 @@ def save_piece(
 def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None) -> Part | None:
     """``piece`` 's saved lengths, or None when the file is absent, torn, corrupt, another
     piece's, or measured media files that differ now (the piece is estimated again)."""
-    fields = ("meta", "total", "visual", "fallback_at", "media_paths", "media_sizes",
+    fields = ("meta", "total", "visual", "images", "fallback_at", "media_paths", "media_sizes",
               "media_mtimes")  # fmt: skip
-    try:
+    try:  # a piece saved before the media-item counts lacks "images": estimated again
         z = read_npz(piece_path(cache_dir, piece), fields, what="length index piece")
         meta = json.loads(z.pop("meta").tobytes())
         want = meta.pop("checksum")
@@ -192,7 +193,7 @@ def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None
             return None
         stamp = MediaStamp.from_arrays(meta["media_root"], z)
         at = z["fallback_at"].tolist()
-        if len(z["total"]) != piece.size or len(z["visual"]) != piece.size:
+        if any(len(z[k]) != piece.size for k in ("total", "visual", "images")):
             return None
         if len(at) != len(meta["reasons"]) or stamp.changes(root, limit=1):
             return None
@@ -200,7 +201,8 @@ def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None
         return None
     fallbacks = [(piece.lo + int(a), tuple(str(x) for x in r))
                  for a, r in zip(at, meta["reasons"], strict=True)]  # fmt: skip
-    return (z["total"].astype(np.int64), z["visual"].astype(np.int64), fallbacks, stamp.paths)
+    lengths = (z[k].astype(np.int64) for k in ("total", "visual", "images"))
+    return (*lengths, fallbacks, stamp.paths)
 
 
 def remove_pieces(cache_dir: str | os.PathLike[str], pieces: Sequence[Piece]) -> None:

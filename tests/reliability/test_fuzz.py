@@ -165,7 +165,7 @@ def test_jsonl_reader_on_random_json_lines() -> None:
 @given(st.lists(conversations, min_size=1, max_size=6))
 def _estimator_cases(raws: list[Any]) -> None:
     source = SequenceSource(raws)
-    fast_total, fast_visual, slow = ESTIMATOR.estimate_raw_batch(raws)
+    fast_total, fast_visual, _, slow = ESTIMATOR.estimate_raw_batch(raws)
     for sid in range(len(raws)):
         try:
             total, visual = ESTIMATOR.estimate(source[sid])
