@@ -197,7 +197,7 @@ class LengthIndex:
             "checksum": self._checksum(layout),
             "media_root": self.media.root,
         }
-        extra = {} if self.images is None else {"images": self.images}
+        extra: dict[str, Any] = {} if self.images is None else {"images": self.images}
         write_npz(
             path, total=self.total, visual=self.visual, fallback_ids=self.fallback_ids,
             meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **self.media.arrays(),

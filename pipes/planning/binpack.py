@@ -482,10 +482,10 @@ def within_budget(
     ``(values, budget)`` loads (media items per pack) kept the same way, all at once.
 
     In a pack over a budget, a sample stays while, for every load, it has none of it or the
-    running load (pack order, longest first) is within that budget; the rest move out. Moved samples are
-    packed again by ``best_fit_decreasing`` among themselves, and so on until none move: each
-    round every pack over the budget keeps at least its first loaded sample (no sample alone
-    exceeds the budget: ``check_budget`` first), so the rounds end. Packs within the budget
+    running load (pack order, longest first) is within that budget; the rest move out. Moved
+    samples are packed again by ``best_fit_decreasing`` among themselves, and so on until none
+    move: each round every pack over a budget keeps at least its first sample (no sample alone
+    exceeds a budget: ``check_budget`` first), so the rounds end. Packs within the budget
     are untouched, so without a binding budget the plan is ``best_fit_decreasing``'s.
 
     >>> offsets, ids = best_fit_decreasing([4, 4, 2], 10)
@@ -562,9 +562,7 @@ def best_fit_two_budgets(
     loads = [(np.asarray(v).astype(np.int64, copy=False), int(b)) for v, b in [(values, budget),
                                                                              *more]]  # fmt: skip
     offsets, ids = best_fit_decreasing(tok, capacity)
-    if ids.size == 0 or all(
-        np.add.reduceat(v[ids], offsets[:-1]).max() <= b for v, b in loads
-    ):
+    if ids.size == 0 or all(np.add.reduceat(v[ids], offsets[:-1]).max() <= b for v, b in loads):
         return offsets, ids
     has_load = loads[0][0] > 0
     for v, _ in loads[1:]:
