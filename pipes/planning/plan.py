@@ -55,6 +55,7 @@ __all__ = [
     "PackPlan",
     "greedy_knapsack_vt_balanced",
     "plan_fingerprint",
+    "plan_images",
     "plan_packs",
     "step_group_order",
 ]
@@ -201,14 +202,14 @@ def _fingerprint(
         h.update(b"|")
     else:
         _hash_int64(h, visual)
-    if images is not None:  # only when they change the plan: see _plan_images
+    if images is not None:  # only when they change the plan: see plan_images
         h.update(b"|images|")
         _hash_int64(h, images)
     h.update(json.dumps(params, sort_keys=True).encode())
     return h.hexdigest()
 
 
-def _plan_images(
+def plan_images(
     images: npt.NDArray[Any] | None, balance: str, max_images: int | None
 ) -> npt.NDArray[Any] | None:
     """The media-item counts the plan depends on (so its fingerprint covers them), or None:
@@ -327,7 +328,7 @@ def plan_fingerprint(
     imgs = None if images is None else np.asarray(images)
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
                      balance, max_visual, max_images)  # fmt: skip
-    return _fingerprint(total, vis, params, _plan_images(imgs, balance, max_images))
+    return _fingerprint(total, vis, params, plan_images(imgs, balance, max_images))
 
 
 def _check_params(
@@ -415,7 +416,7 @@ def plan_packs(
         over_budget = np.union1d(over_budget, over_images).astype(np.int64)
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
                      balance, max_visual, max_images)  # fmt: skip
-    fingerprint = _fingerprint(total, vis, params, _plan_images(imgs, balance, max_images))
+    fingerprint = _fingerprint(total, vis, params, plan_images(imgs, balance, max_images))
     dropped = np.flatnonzero(total > capacity).astype(np.int64)
     work = total  # the lengths the packer sees; a copy only where some must change
     if dropped.size or (total.size and int(total.max()) > plan_capacity):

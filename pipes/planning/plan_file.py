@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from neatpack.pipes.planning.plan import PackPlan, _plan_images, plan_fingerprint, plan_packs
+from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_images, plan_packs
 from neatpack.pipes.reading.npz_files import checksum, map_npz, write_npz
 
 __all__ = ["load_plan", "save_plan", "shared_plan"]
@@ -54,9 +54,9 @@ def _lengths_stamp(lengths: npt.ArrayLike, options: dict[str, Any]) -> list[int]
 
 
 def _relevant_images(options: dict[str, Any]) -> npt.NDArray[Any] | None:
-    """The media-item counts when the plan depends on them (``plan._plan_images``), else None."""
+    """The media-item counts when the plan depends on them (``plan.plan_images``), else None."""
     images = options.get("images")
-    return _plan_images(
+    return plan_images(
         None if images is None else np.asarray(images),
         str(options.get("balance", "tokens")),
         options.get("max_images"),

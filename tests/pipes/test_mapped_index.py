@@ -275,7 +275,8 @@ def test_the_media_item_counts_round_trip_through_save_and_map(tmp_path: Path) -
     with pytest.raises(ValueError, match="checksum"):
         LengthIndex.load(path)
     again = build_length_index(src, estimator, cache_dir=tmp_path, progress=False)
-    assert again.images is not None and again.images.tolist() == built.images.tolist()
+    assert again.images is not None
+    assert again.images.tolist() == built.images.tolist()
 
 
 def test_a_media_item_count_over_uint16_is_refused_naming_the_sample() -> None:
@@ -335,4 +336,5 @@ def test_an_index_file_without_media_item_counts_loads_and_refuses_only_the_imag
     budgeted = neat_vlm_graph(data, processor, config=dataclasses.replace(cfg, max_images=4))
     assert next(iter(budgeted))["input_ids"].shape[0] == 1
     rebuilt = LengthIndex.load(path)
-    assert rebuilt.images is not None and rebuilt.images.tolist() == new.images.tolist()
+    assert rebuilt.images is not None
+    assert rebuilt.images.tolist() == new.images.tolist()
