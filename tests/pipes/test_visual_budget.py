@@ -212,3 +212,7 @@ def test_the_images_option_is_checked_and_keyed_only_when_set() -> None:
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="max_images"):
             NeatVLMConfig(max_images=bad)  # type: ignore[arg-type]
+    from neatpack.graphs import NeatStreamConfig
+
+    with pytest.raises(ValueError, match=r"max_images=4\) is not available for a stream"):
+        NeatStreamConfig(max_images=4)
