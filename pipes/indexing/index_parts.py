@@ -12,7 +12,8 @@ that names what they are the lengths of:
   in it and the estimator config. Shards appended to the dataset, or one shard re-written,
   change the whole source's fingerprint but not the other shards' pieces: only the new or
   changed shards are estimated. The pieces are kept after the index is assembled (that is
-  what the next, grown, build reuses): about 8 bytes per sample on disk.
+  what the next, grown, build reuses): about 12 bytes per sample on disk
+  (int32 total, visual and media items).
 * **any other source** (one JSONL file, a list): the ranks' slices cut every
   ``PIECE_RECORDS`` records, keyed by the whole source's fingerprint and the ids. They serve
   only a restart of the same build (any change to the file changes every key; another world
