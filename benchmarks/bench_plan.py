@@ -16,6 +16,13 @@ at a fraction of the unbudgeted plan's mean visual tokens per pack: seconds, pac
 bound ``max(ceil(sum total / capacity), ceil(sum visual / budget))``, token fill, the largest
 pack's visual tokens.
 
+The images budget (``plan_packs(max_images=)``), under ``metrics["images_budget"]``: on the
+same lengths with their media items per sample (``vlm``: the 1-4 images drawn; ``corpus``: the
+length index's ``images``), budgets at a fraction of the unbudgeted plan's mean items per
+pack, alone and with the visual budget at ``x1.0``: the same columns, the lower bound
+``max(ceil(sum total / capacity), ceil(sum images / max_images)[, ceil(sum visual /
+max_visual)])`` and the largest pack's items.
+
     python benchmarks/bench_plan.py            # 1M and 10M samples, capacity 8192
     python benchmarks/bench_plan.py --quick    # 100k samples
 """
@@ -123,8 +130,8 @@ def run(
 BUDGET_FRACTIONS = (None, 1.25, 1.1, 1.0, 0.8)  # x the unbudgeted plan's mean visual per pack
 
 
-def vlm_lengths(n: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(total, visual) tokens: 35% text-only (median ~400 tokens), the rest 1-4 images of
+def vlm_lengths(n: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(total, visual, images): 35% text-only (median ~400 tokens), the rest 1-4 images of
     64..1280 visual tokens each plus ~150 text tokens; clipped to the capacity."""
     rng = np.random.default_rng([seed, 99])
     text_only = rng.random(n) < 0.35
@@ -132,12 +139,12 @@ def vlm_lengths(n: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarra
     visual = (rng.integers(64, 1281, size=(n, 4)) * (np.arange(4) < n_images[:, None])).sum(1)
     text = np.where(text_only, rng.lognormal(6.0, 0.9, n), rng.lognormal(5.0, 0.8, n))
     total = np.minimum(np.rint(text).astype(np.int64) + 1 + visual, capacity)
-    return total, np.minimum(visual, total).astype(np.int64)
+    return total, np.minimum(visual, total).astype(np.int64), n_images.astype(np.int64)
 
 
-def corpus_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(total, visual) of ``write_corpus(num_samples=n)`` from the tiny Qwen2-VL processor's
-    exact length index (the lengths ``neat_vlm_graph`` plans with)."""
+def corpus_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(total, visual, images) of ``write_corpus(num_samples=n)`` from the tiny Qwen2-VL
+    processor's exact length index (the lengths ``neat_vlm_graph`` plans with)."""
     import tempfile
 
     from neatpack.graphs import NeatVLMConfig
@@ -156,7 +163,8 @@ def corpus_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
             processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
         )
         index = build_length_index(source, est, progress=False)
-    return np.asarray(index.total), np.asarray(index.visual)
+    assert index.images is not None  # a fresh index counts them
+    return np.asarray(index.total), np.asarray(index.visual), np.asarray(index.images, np.int64)
 
 
 def budget_rows(
@@ -192,6 +200,58 @@ def budget_rows(
     return rows
 
 
+IMAGE_FRACTIONS = (None, 1.25, 1.0, 0.8)  # x the unbudgeted plan's mean items per pack
+
+
+def images_rows(
+    total: np.ndarray,
+    visual: np.ndarray,
+    images: np.ndarray,
+    capacity: int,
+    repeats: int,
+    world_size: int,
+) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    plain = plan_packs(total, capacity, visual=visual, overlong="drop", world_size=world_size)
+    mean_items = float(images[plain.ids].sum()) / max(len(plain), 1)
+    mean_visual = float(plain.visual.mean()) if len(plain) else 0.0
+    cases = [(f, None) for f in IMAGE_FRACTIONS] + [(1.0, 1.0)]
+    for frac, vfrac in cases:
+        max_images = None if frac is None else max(1, round(mean_items * frac))
+        max_visual = None if vfrac is None else int(mean_visual * vfrac)
+        t, plan, cpu = best_time(
+            partial(plan_packs, total, capacity, visual=visual, max_visual=max_visual,
+                    images=images, max_images=max_images, overlong="drop",
+                    world_size=world_size),
+            repeats,
+        )  # fmt: skip
+        kept = np.setdiff1d(np.arange(total.size), plan.dropped_ids)
+        bound = -(-int(total[kept].sum()) // capacity)
+        if max_images is not None:
+            bound = max(bound, -(-int(images[kept].sum()) // max_images))
+        if max_visual is not None:
+            bound = max(bound, -(-int(visual[kept].sum()) // max_visual))
+        per_pack = (
+            np.add.reduceat(images[plan.ids], plan.offsets[:-1]) if len(plan) else np.zeros(1)
+        )
+        name = "none" if frac is None else f"x{frac}" + ("" if vfrac is None else "+visual")
+        rows[name] = {
+            "max_images": max_images,
+            "max_visual": max_visual,
+            "plan_s": round(t, 4),
+            "plan_cpu_s": round(cpu, 4),
+            "packs": len(plan),
+            "lower_bound": bound,
+            "gap_pp": round((len(plan) - bound) / max(bound, 1) * 100, 3),
+            "utilization": round(plan.utilization(), 5),
+            "max_pack_images": int(per_pack.max()),
+            "mean_pack_images": round(float(per_pack.mean()), 2),
+            "max_pack_visual": int(plan.visual.max()) if len(plan) else 0,
+            "dropped": int(plan.dropped_ids.size),
+        }
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100k samples only")
@@ -206,16 +266,24 @@ def main(argv: list[str] | None = None) -> None:
     corpus_n = args.corpus or (100 if args.quick else 1944)
     metrics = run(sizes, args.capacity, args.repeats, args.greedy_timeout, args.seed)
     budget: dict[str, Any] = {}
+    items: dict[str, Any] = {}
     for n in sizes[:1]:
-        total, visual = vlm_lengths(n, args.capacity, args.seed)
+        total, visual, images = vlm_lengths(n, args.capacity, args.seed)
         budget[f"vlm/{n}"] = budget_rows(
             total, visual, args.capacity, args.repeats, args.world_size
         )
-    total, visual = corpus_lengths(corpus_n, args.seed)
+        items[f"vlm/{n}"] = images_rows(
+            total, visual, images, args.capacity, args.repeats, args.world_size
+        )
+    total, visual, images = corpus_lengths(corpus_n, args.seed)
     budget[f"corpus/{corpus_n}"] = budget_rows(
         total, visual, args.capacity, args.repeats, args.world_size
     )
+    items[f"corpus/{corpus_n}"] = images_rows(
+        total, visual, images, args.capacity, args.repeats, args.world_size
+    )
     metrics["visual_budget"] = budget
+    metrics["images_budget"] = items
     out = {
         "benchmark": "plan",
         "params": {
@@ -229,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
             "corpus_samples": corpus_n,
             "world_size": args.world_size,
             "budget_fractions": list(BUDGET_FRACTIONS),
+            "image_fractions": list(IMAGE_FRACTIONS),
         },
         "metrics": metrics,
         "env": machine(),

@@ -144,6 +144,7 @@ def packed_parts(
     world_size: int,
     data: dict[str, str] | None,
     visual: Any = None,
+    images: Any = None,
     hooks: Hooks,
     boundaries: bool,
     packing_ratio: float = 1.0,
@@ -154,7 +155,8 @@ def packed_parts(
     document for context parallelism; a stream gives its ``StreamPacker`` as ``stream`` and
     ``total=None`` instead), the ``Collater`` from the config's attention group plus
     ``collate_options``, the worker chain with the ``hooks``, and the CP splitter for their
-    ``cp_rank``. ``boundaries``: ``probe_boundaries``' answer, asked before any record is read."""
+    ``cp_rank``. ``boundaries``: ``probe_boundaries``' answer, asked before any record is read.
+    ``images``: media items per sample (the images budget and the vision cost's split)."""
     plan_for: Callable[[int], PackPlan] | None = None
     if stream is None:
         planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
@@ -182,6 +184,8 @@ def packed_parts(
                 shuffle=config.shuffle,
                 balance=config.balance,
                 max_visual=getattr(config, "max_visual_tokens", None),  # the VLM graph's option
+                images=images,
+                max_images=getattr(config, "max_images", None),  # the VLM graph's option
             )
 
         warn_dense_mask_on_cuda(
@@ -217,13 +221,15 @@ def packed_parts(
         step_cost=(
             None
             if stream is not None
-            else StepCost(functools.partial(_plan_terms, total=planned, visual=visual))
+            else StepCost(
+                functools.partial(_plan_terms, total=planned, visual=visual, images=images)
+            )
         ),
         stream=stream,
     )
 
 
-def _plan_terms(plan: PackPlan, packs: Any, *, total: Any, visual: Any) -> Any:
+def _plan_terms(plan: PackPlan, packs: Any, *, total: Any, visual: Any, images: Any = None) -> Any:
     """The cost terms (``balance.pack_cost_terms``) of the plan's packs ``packs``, for
     ``StepCost``: their samples' lengths gathered first, so a step touches only its own."""
     starts, ends = plan.offsets[packs], plan.offsets[packs + 1]
@@ -232,7 +238,8 @@ def _plan_terms(plan: PackPlan, packs: Any, *, total: Any, visual: Any) -> Any:
     offsets = np.concatenate([[0], np.cumsum(ends - starts)])
     local = np.arange(ids.size)
     vis = None if visual is None else np.asarray(visual[ids])
-    return pack_cost_terms(offsets, local, np.asarray(total[ids]), vis)
+    items = None if images is None else np.asarray(images[ids])
+    return pack_cost_terms(offsets, local, np.asarray(total[ids]), vis, items)
 
 
 def loader_of(

@@ -430,6 +430,13 @@ class NeatVLMConfig(
         "overlong (None: no such budget)",
         key=KEY_WHEN_SET,
     )
+    max_images: int | None = option(
+        None,
+        doc="a third budget per pack: at most this many media items (images and video clips: "
+        "the vision tower's per-image buffers); kept with max_visual_tokens, overflow goes into "
+        "another pack, a sample over it alone follows overlong (None: no such budget)",
+        key=KEY_WHEN_SET,
+    )
     # materializing
     overflow: OverflowPolicy = option(
         "truncate",
@@ -475,6 +482,15 @@ class NeatVLMConfig(
             raise ValueError(
                 f"{self.max_visual_tokens=} must be a positive int (visual tokens per pack), "
                 "or None for no visual budget"
+            )
+        if self.max_images is not None and (
+            isinstance(self.max_images, bool)
+            or not isinstance(self.max_images, int)
+            or self.max_images < 1
+        ):
+            raise ValueError(
+                f"{self.max_images=} must be a positive int (media items per pack), or None for "
+                "no images budget"
             )
         if self.pp_microbatches is not None and not 1 <= self.pp_microbatches <= self.batch_size:
             raise ValueError(
@@ -528,7 +544,7 @@ class NeatStreamConfig(NeatVLMConfig, StreamOptions):
     """Static choices of the streaming graph (``neat_stream_graph``): the VLM graph's options
     (its own ones too: the same estimate, materialize and family choices) plus
     ``StreamOptions``. What needs a length index of the whole epoch is refused by name:
-    ``max_packs``, a ``balance`` other than tokens, ``max_visual_tokens``,
+    ``max_packs``, a ``balance`` other than tokens, ``max_visual_tokens``, ``max_images``,
     ``estimate_mode="calibrated"``, ``on_bad_sample="replace"`` and ``tail="drop"``.
     ``shuffle`` shuffles the shards' order each epoch; the index options do nothing here."""
 
@@ -538,6 +554,10 @@ class NeatStreamConfig(NeatVLMConfig, StreamOptions):
             "balance": (self.balance != "tokens", "a stream has no plan to balance steps in"),
             "max_visual_tokens": (
                 self.max_visual_tokens is not None,
+                "the online packer keeps one budget (pack_size)",
+            ),
+            "max_images": (
+                self.max_images is not None,
                 "the online packer keeps one budget (pack_size)",
             ),
             "estimate_mode": (

@@ -129,6 +129,9 @@ def _record_sources(
         total=np.concatenate([i.total for i in indexes]).astype(np.int64),
         visual=np.concatenate([i.visual for i in indexes]).astype(np.int64),
         fingerprint=fingerprint,
+        images=None  # unknown when any source's cached index predates the counts
+        if any(i.images is None for i in indexes)
+        else np.concatenate([i.require_images("max_images") for i in indexes]),
     )
     return MixtureRecords(mix.names, sources), lengths
 
@@ -158,6 +161,8 @@ def _mixed(
     """``parts`` of the single-source graph over ``records``, with the mixture's pack source
     and the ``SourceTagger`` after the collater."""
     planned = lengths.total
+    max_images = getattr(cfg, "max_images", None)  # the VLM graph's option
+    images = lengths.images if max_images is None else lengths.require_images("max_images")
     if cfg.cp_size > 1:
         from neatpack.pipes.parallel.context_parallel import cp_padded_lengths
 
@@ -168,6 +173,8 @@ def _mixed(
         overlong=cfg.overlong, seed=cfg.seed, single_source=mix.single_source_packs,
         lengths_fingerprint=lengths.fingerprint, balance=cfg.balance,
         max_visual=getattr(cfg, "max_visual_tokens", None),  # the VLM graph's option
+        images=None if images is None else np.asarray(images, np.int64),
+        max_images=max_images,
     )  # fmt: skip
     pack_source = MixturePackSource(
         layout, mix.blend(), on_change=mix.on_change, rank=rank, world_size=world_size,

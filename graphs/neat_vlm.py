@@ -139,6 +139,8 @@ def neat_vlm_parts(
         graph="neat_vlm",
         total=index.total,
         visual=index.visual,
+        # the images budget needs the counts (an index cached before them says how to rebuild)
+        images=index.images if cfg.max_images is None else index.require_images("max_images"),
         packing_ratio=cfg.packing_ratio,
         lengths_fingerprint=index.fingerprint,
         materialize=PackMaterializer(materializer, index.total),

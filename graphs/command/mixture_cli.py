@@ -81,9 +81,11 @@ def mixture_plan_report(
     cache_dir: str | None = None,
     balance: BalancePolicy = "tokens",
     max_visual: int | None = None,
+    max_images: int | None = None,
 ) -> dict[str, Any]:
     """The report ``neatpack plan --mixture`` prints, as a dict (the plan with the graph's
-    ``balance`` and ``max_visual_tokens`` budget, as ``--balance`` / ``--max-visual-tokens``)."""
+    ``balance`` and ``max_visual_tokens`` / ``max_images`` budgets, as ``--balance`` /
+    ``--max-visual-tokens`` / ``--max-images``)."""
     from neatpack.graphs.open_data import open_source
     from neatpack.pipes.indexing.estimate import LengthEstimator
     from neatpack.pipes.indexing.lengths import build_length_index
@@ -99,7 +101,10 @@ def mixture_plan_report(
         visual=np.concatenate([i.visual for i in indexes]).astype(np.int64),
         capacity=pack_size, packing_ratio=1.0, overlong="drop", seed=seed,
         single_source=mix.single_source_packs, lengths_fingerprint="", balance=balance,
-        max_visual=max_visual,
+        max_visual=max_visual, max_images=max_images,
+        images=None if max_images is None else np.concatenate(
+            [i.require_images("--max-images") for i in indexes]
+        ),
     )  # fmt: skip
     blend = mix.blend()
     plan = layout.epoch_plan([(0, blend)], epoch, world_size)
@@ -162,6 +167,7 @@ def cmd_plan_mixture(args: argparse.Namespace) -> int:
         estimate_mode=args.estimate_mode, cache_dir=args.cache_dir,
         balance=getattr(args, "balance", "tokens"),
         max_visual=getattr(args, "max_visual_tokens", None),
+        max_images=getattr(args, "max_images", None),
     )  # fmt: skip
     print(json.dumps(report, indent=2) if args.json else _text(args.mixture, report))
     return 0

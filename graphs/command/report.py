@@ -71,14 +71,20 @@ def step_loads(plan: PackPlan, world_size: int, epoch: int = 0) -> tuple[Any, An
 
 
 def step_costs(
-    plan: PackPlan, total: npt.ArrayLike, visual: npt.ArrayLike, world_size: int, epoch: int = 0
+    plan: PackPlan,
+    total: npt.ArrayLike,
+    visual: npt.ArrayLike,
+    world_size: int,
+    epoch: int = 0,
+    images: npt.ArrayLike | None = None,
 ) -> dict[str, npt.NDArray[np.float64]]:
     """Each cost term of ``STEP_COSTS`` as ``[steps, world_size]``, steps cut as in
     :func:`step_loads`: ``lm`` (linear + attention), ``attention`` (sum of squared document
-    lengths), ``vision`` (patches + squared patches per image), from per-sample lengths."""
+    lengths), ``vision`` (patches + squared patches per image, a sample's ``images`` taken as
+    equal), from per-sample lengths."""
     tot = np.asarray(total, np.int64)
     vis = np.zeros_like(tot) if visual is None else np.asarray(visual, np.int64)
-    terms = pack_cost_terms(np.asarray(plan.offsets), np.asarray(plan.ids), tot, vis)
+    terms = pack_cost_terms(np.asarray(plan.offsets), np.asarray(plan.ids), tot, vis, images)
     lm, vision = pack_costs(terms)
     per_pack = {"lm": lm, "attention": terms[:, COST_TERMS.index("attention")], "vision": vision}
     order = np.asarray(plan.epoch_order(epoch))
@@ -119,7 +125,7 @@ def plan_report(index: LengthIndex, plan: PackPlan, *, world_size: int) -> dict[
     cap = max(int(plan.capacity * plan.packing_ratio), 1)
     bound = lower_bound(np.minimum(total[keep], cap), cap)
     vis, tot = step_loads(plan, world_size)
-    costs = step_costs(plan, total, index.visual, world_size)
+    costs = step_costs(plan, total, index.visual, world_size, images=index.images)
     packs = len(plan)
     fill = np.asarray(plan.totals, float) / plan.capacity * 100.0
     fallback_ids = np.asarray(index.fallback_ids, np.int64)
@@ -291,6 +297,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     budget = getattr(args, "max_visual_tokens", None)
     if budget is not None and budget < 1:
         raise UsageError(f"--max-visual-tokens {budget} must be >= 1 (visual tokens per pack)")
+    max_images = getattr(args, "max_images", None)
+    if max_images is not None and max_images < 1:
+        raise UsageError(f"--max-images {max_images} must be >= 1 (media items per pack)")
     with _output(args.png) as png:
         processor = load_processor(args.processor)
         index, reused = _length_index(args, processor, args.missing_media)
@@ -301,16 +310,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 f"{over.size} sample(s) over --max-visual-tokens {budget} on their own: samples "
                 f"{over[:FIRST_IDS].tolist()}; raise it, or pass --overlong drop to leave them out"
             )
+        images = index.images
+        if max_images is not None:
+            try:
+                images = index.require_images("--max-images")
+            except ValueError as e:
+                raise UsageError(str(e)) from e
+            many = np.flatnonzero(np.asarray(images) > max_images)
+            if many.size and args.overlong == "raise":
+                raise UsageError(
+                    f"{many.size} sample(s) over --max-images {max_images} on their own: samples "
+                    f"{many[:FIRST_IDS].tolist()}; raise it, or pass --overlong drop to leave "
+                    "them out"
+                )
         plan = plan_packs(
             index.total, args.pack_size, visual=index.visual, packing_ratio=args.packing_ratio,
             overlong=args.overlong, world_size=args.world_size, seed=args.seed,
-            balance=args.balance,
-            max_visual=budget,
+            balance=args.balance, max_visual=budget, images=images, max_images=max_images,
         )  # fmt: skip
         report = {"data": str(args.data), **plan_report(index, plan, world_size=args.world_size)}
         report["visual_per_pack"] = {  # the second budget (#27): its limit and the largest pack
             "max_visual_tokens": budget,
             "max": int(plan.visual.max()) if len(plan) else 0,
+        }
+        report["images_per_pack"] = {  # the third budget: media items (None: index has none)
+            "max_images": max_images,
+            "max": _max_items(plan, images),
         }
         report["length_index_reused"] = reused
         report["overlong"].update(overlong.as_dict())
@@ -327,13 +352,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 vis[:PICTURE_STEPS], tot[:PICTURE_STEPS], title=title,
                 step_cost={
                     k: imbalance(v[:PICTURE_STEPS])
-                    for k, v in step_costs(plan, index.total, index.visual, args.world_size).items()
+                    for k, v in step_costs(
+                        plan, index.total, index.visual, args.world_size, images=images
+                    ).items()
                 },
             )  # fmt: skip
             img.save(png, format="PNG")
             report["png"] = {"path": str(png), "width": img.width, "height": img.height}
     print(json.dumps(report, indent=2) if args.json else _plan_text(report))
     return 0
+
+
+def _max_items(plan: PackPlan, images: npt.ArrayLike | None) -> int | None:
+    """The most media items in one pack of ``plan`` (None: the counts are unknown)."""
+    if images is None:
+        return None
+    if not len(plan):
+        return 0
+    per_sample = np.asarray(images, np.int64)[np.asarray(plan.ids)]
+    return int(np.add.reduceat(per_sample, np.asarray(plan.offsets)[:-1]).max())
 
 
 def _plan_text(r: dict[str, Any]) -> str:
@@ -378,6 +415,8 @@ def _plan_text(r: dict[str, Any]) -> str:
         ),
         f"  visual per pack     max {r['visual_per_pack']['max']}"
         f" (budget {r['visual_per_pack']['max_visual_tokens'] or 'none'})",
+        f"  images per pack     max {r['images_per_pack']['max']}"
+        f" (budget {r['images_per_pack']['max_images'] or 'none'})",
         f"  length index        {'reused from cache' if r['length_index_reused'] else 'built'}",
     ]
     if "png" in r:
@@ -504,6 +543,12 @@ def add_report_commands(sub: Any) -> None:
         type=int,
         default=None,
         help="a second budget per pack: at most this many image and video tokens",
+    )
+    plan.add_argument(
+        "--max-images",
+        type=int,
+        default=None,
+        help="a third budget per pack: at most this many media items (images and video clips)",
     )
     plan.add_argument(
         "--missing-media",

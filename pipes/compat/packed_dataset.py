@@ -226,7 +226,7 @@ def neat_pack_dataset_vlm(
     if ds_raw is not None:
         source = ds_raw if hasattr(ds_raw, "content_fingerprint") else SequenceSource(ds_raw)
         # the length index's block estimator: raw records on its fast path, the rest one by one
-        totals, visuals, fallbacks = estimate_slice(source, est, 0, len(source), progress=False)
+        totals, visuals, _, fallbacks = estimate_slice(source, est, 0, len(source), progress=False)
         for sid, reasons in fallbacks:
             est.fallbacks.add(sid, reasons)
         for i, (total, vt) in enumerate(zip(totals.tolist(), visuals.tolist(), strict=True)):

@@ -32,23 +32,26 @@ __all__ = ["estimate_raw_batch"]
 
 def estimate_raw_batch(
     est: LengthEstimator, raws: Sequence[Any]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
-    """``(total, visual, slow)``: ``slow`` lists the positions this path does not decide
-    (exact mode, missing or irregular metadata, fallbacks, any malformed input); estimate those
-    with ``est.estimate_sample`` on the full Record, which also raises the proper errors.
-    Decided entries equal ``estimate_sample`` exactly."""
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
+    """``(total, visual, items, slow)``: ``items`` the media items (image and video blocks) of
+    each record; ``slow`` lists the positions this path does not decide (exact mode, missing or
+    irregular metadata, fallbacks, any malformed input); estimate those with
+    ``est.estimate_sample`` on the full Record, which also raises the proper errors. Decided
+    entries equal ``estimate_sample`` exactly."""
     n = len(raws)
     if est.mode == "exact":
-        return np.zeros(n, np.int64), np.zeros(n, np.int64), list(range(n))
+        zeros = np.zeros(n, np.int64)
+        return zeros, zeros.copy(), zeros.copy(), list(range(n))
     with paused_gc():  # see paused_gc: no cycles are made here
         return _estimate(est, raws)
 
 
 def _estimate(
     est: LengthEstimator, raws: Sequence[Any]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
     n = len(raws)
     texts = [0] * n
+    items = [0] * n
     videos: dict[int, int] = {}
     frame_text: dict[int, int] = {}
     slow: list[int] = []
@@ -67,6 +70,7 @@ def _estimate(
             slow.append(k)
             continue
         chars, n_sys, n_user, n_asst, n_img, n_vid, first_sys = st
+        items[k] = n_img + n_vid
         nested = "mm_inputs_meta" in raw
         if ("_media_tokens" in raw or nested) and raw_meta(raw, "_media_tokens") is not None:
             slow.append(k)  # a precomputed visual count: the full path reads and checks it
@@ -147,4 +151,4 @@ def _estimate(
             tok[np.isin(at, bad)] = 0
         np.add.at(visual, at, tok)
     total = np.maximum(total + visual - 1, 0)
-    return total, visual, sorted(set(slow))
+    return total, visual, np.asarray(items, np.int64), sorted(set(slow))

@@ -145,6 +145,12 @@ def record_media(record: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
     return images, videos
 
 
+def media_items(record: Mapping[str, Any]) -> int:
+    """Media items of a Record: its image and video blocks (a video clip is one item)."""
+    images, videos = record_media(record)
+    return len(images) + len(videos)
+
+
 def aligned_meta(record: Mapping[str, Any], key: str, n: int, sid: int) -> list[Any]:
     meta = record.get(key)
     if meta is None:

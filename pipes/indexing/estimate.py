@@ -203,9 +203,10 @@ class LengthEstimator:
 
     def estimate_raw_batch(
         self, raws: Sequence[Any]
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
-        """Fast path over raw (unconverted) records: ``(total, visual, slow)``, where ``slow``
-        lists the positions it leaves undecided (see ``_estimate_raw.estimate_raw_batch``)."""
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
+        """Fast path over raw (unconverted) records: ``(total, visual, items, slow)``, where
+        ``items`` counts each record's media items and ``slow`` lists the positions it leaves
+        undecided (see ``_estimate_raw.estimate_raw_batch``)."""
         from neatpack.pipes.indexing._estimate_raw import estimate_raw_batch
 
         return estimate_raw_batch(self, raws)

@@ -141,10 +141,10 @@ class HandlerEstimator:
 
     def estimate_raw_batch(
         self, raws: Sequence[Any]
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
         """No raw fast path: every record goes through ``estimate_sample``."""
         n = len(raws)
-        return np.zeros(n, np.int64), np.zeros(n, np.int64), list(range(n))
+        return np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), list(range(n))
 
     def estimate(self, record: Mapping[str, Any]) -> tuple[int, int]:
         out = self.estimate_sample(record)

@@ -12,9 +12,9 @@ that names what they are the lengths of:
   in it and the estimator config. Shards appended to the dataset, or one shard re-written,
   change the whole source's fingerprint but not the other shards' pieces: only the new or
   changed shards are estimated. The pieces are kept after the index is assembled (that is
-  what the next, grown, build reuses): about 8 bytes per sample on disk; those of shards
-  re-written or deleted since are removed then (``prune_pieces``; pieces of another
-  estimator config, another model's, are left alone).
+  what the next, grown, build reuses): about 12 bytes per sample on disk (int32 total,
+  visual and media items); those of shards re-written or deleted since are removed then
+  (``prune_pieces``; pieces of another estimator config, another model's, are left alone).
 * **any other source** (one JSONL file, a list): the ranks' slices cut every
   ``PIECE_RECORDS`` records, keyed by the whole source's fingerprint and the ids. They serve
   only a restart of the same build (any change to the file changes every key; another world
@@ -70,8 +70,9 @@ __all__ = [
 PIECE_RECORDS = 16_384
 PIECE_VERSION = 1
 IntArray = npt.NDArray[np.int64]
-#: ``(total, visual, [(sample id, fallback reasons)], media paths relative to the media root)``
-Part = tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
+#: ``(total, visual, images, [(sample id, fallback reasons)], media paths relative to the media
+#: root)``: ``images`` the media items of each sample
+Part = tuple[IntArray, IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
 
 
 @dataclass(frozen=True)
@@ -176,10 +177,10 @@ def save_piece(
 ) -> None:
     """Write ``piece`` 's lengths atomically; a cache that cannot be written is skipped (the
     build goes on; only its resume is lost)."""
-    total, visual, fallbacks, media = part
+    total, visual, images, fallbacks, media = part
     stamp = MediaStamp.of(media, root)
     arrays = {
-        "total": _narrow(total), "visual": _narrow(visual),
+        "total": _narrow(total), "visual": _narrow(visual), "images": _narrow(images),
         "fallback_at": np.asarray([sid - piece.lo for sid, _ in fallbacks], np.int64),
         **stamp.arrays(),
     }  # fmt: skip
@@ -198,9 +199,9 @@ def save_piece(
 def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None) -> Part | None:
     """``piece`` 's saved lengths, or None when the file is absent, torn, corrupt, another
     piece's, or measured media files that differ now (the piece is estimated again)."""
-    fields = ("meta", "total", "visual", "fallback_at", "media_paths", "media_sizes",
+    fields = ("meta", "total", "visual", "images", "fallback_at", "media_paths", "media_sizes",
               "media_mtimes")  # fmt: skip
-    try:
+    try:  # a piece saved before the media-item counts lacks "images": estimated again
         z = read_npz(piece_path(cache_dir, piece), fields, what="length index piece")
         meta = json.loads(z.pop("meta").tobytes())
         want = meta.pop("checksum")
@@ -210,7 +211,7 @@ def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None
             return None
         stamp = MediaStamp.from_arrays(meta["media_root"], z)
         at = z["fallback_at"].tolist()
-        if len(z["total"]) != piece.size or len(z["visual"]) != piece.size:
+        if any(len(z[k]) != piece.size for k in ("total", "visual", "images")):
             return None
         if len(at) != len(meta["reasons"]) or stamp.changes(root, limit=1):
             return None
@@ -218,7 +219,8 @@ def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None
         return None
     fallbacks = [(piece.lo + int(a), tuple(str(x) for x in r))
                  for a, r in zip(at, meta["reasons"], strict=True)]  # fmt: skip
-    return (z["total"].astype(np.int64), z["visual"].astype(np.int64), fallbacks, stamp.paths)
+    lengths = (z[k].astype(np.int64) for k in ("total", "visual", "images"))
+    return (*lengths, fallbacks, stamp.paths)
 
 
 def remove_pieces(cache_dir: str | os.PathLike[str], pieces: Sequence[Piece]) -> None:

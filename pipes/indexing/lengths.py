@@ -6,14 +6,16 @@ file it sized from the file: a cached index is reused only while those files are
 re-estimates only its new shards.
 
 ``total[i]`` is sample ``i``'s estimated length after the shift (``L - 1``); ``visual[i]`` the
-image + video tokens inside it (``docs/data_contracts.md`` section 2).
+image + video tokens inside it (``docs/data_contracts.md`` section 2); ``images[i]`` its media
+items (images plus video clips: what ``plan_packs(max_images=)`` budgets and the vision cost
+splits its patches over).
 
 >>> from neatpack.pipes.reading.read import SequenceSource
 >>> from neatpack.pipes.indexing.estimate import LengthEstimator
 >>> src = SequenceSource([{"messages": [{"role": "user", "content": "x" * 30}]}])
 >>> index = build_length_index(src, LengthEstimator(), progress=False)
->>> index.total.tolist(), index.visual.tolist()  # 30 // 3 + 5 (message) + 11 (system) - 1
-([25], [0])
+>>> index.total.tolist(), index.visual.tolist(), index.images.tolist()  # 30 // 3 + 5 + 11 - 1
+([25], [0], [0])
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from neatpack.pipes.indexing._media_meta import media_items
 from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.index_parts import (
     Part,
@@ -66,11 +69,15 @@ IntArray = npt.NDArray[np.int64]
 
 
 #: How the arrays lie in the cache file. 1 (the first files): int64, checksum over int64;
-#: 2: int32 lengths, checksum over the stored bytes, mapped on load. Not in the fingerprint:
-#: a layout-1 file keeps its fingerprint (saved loader states still match) and is rewritten
-#: once as layout 2 when loaded.
-LAYOUT = 2
+#: 2: int32 lengths, checksum over the stored bytes, mapped on load; 3: plus ``images``
+#: (uint16 media items per sample). Not in the fingerprint: a layout-1 file keeps its
+#: fingerprint (saved loader states still match) and is rewritten once as layout 2 when
+#: loaded. A layout-1 or 2 file loads with ``images=None`` (unknown: they cannot be derived
+#: from the lengths); only the images budget needs them, and it says how to rebuild the file.
+LAYOUT = 3
+_NO_IMAGES_LAYOUT = 2  # what an index without media-item counts is saved as
 _INT32_MAX = int(np.iinfo(np.int32).max)
+_UINT16_MAX = int(np.iinfo(np.uint16).max)
 _CHUNK = 1 << 20  # elements hashed at a time: the int64 view of a chunk, not of the index
 
 
@@ -94,6 +101,23 @@ def _narrow(name: str, values: Any) -> npt.NDArray[Any]:
     return arr.astype(np.int32)
 
 
+def _narrow_images(values: Any) -> npt.NDArray[np.uint16]:
+    """``values`` as uint16 (2 bytes a sample); a count over 65,535 items raises naming the
+    sample."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(values)
+    if arr.dtype == np.uint16:
+        return arr
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"LengthIndex.images must hold ints, got dtype {arr.dtype}")
+    if arr.size and (int(arr.max()) > _UINT16_MAX or int(arr.min()) < 0):
+        i = int(np.argmax(arr) if int(arr.max()) > _UINT16_MAX else np.argmin(arr))
+        raise ValueError(
+            f"LengthIndex.images: sample {i} has {int(arr[i])} media items, outside uint16 "
+            f"(0..{_UINT16_MAX}), the index's dtype: split that record into several"
+        )
+    return arr.astype(np.uint16)
+
+
 def _hash_arrays(h: Any, arrays: Any, as_int64: bool) -> None:
     for a in arrays:
         if not as_int64:  # layout 2: the bytes as stored (little-endian), no conversion
@@ -108,10 +132,12 @@ class LengthIndex:
     """Per-sample lengths of one source under one estimator config.
 
     ``total`` and ``visual`` are int32 (any other integer input is narrowed, and a value over
-    int32 raises naming its sample). A loaded index maps them read-only from its cache file
-    (``map_npz``): every process of a node that loads one file shares its pages, and a worker
-    that receives the index by pickle maps it again. Bytes per sample: 8 (two int32), once
-    per node (docs/scale.md).
+    int32 raises naming its sample); ``images`` (media items) uint16, or None where unknown
+    (an index built by hand without them, or a cache file written before they were counted:
+    ``require_images`` says how to rebuild it). A loaded index maps them read-only from its
+    cache file (``map_npz``): every process of a node that loads one file shares its pages,
+    and a worker that receives the index by pickle maps it again. Bytes per sample: 10 (two
+    int32 and one uint16), once per node (docs/scale.md).
     """
 
     total: npt.NDArray[Any]  # int32 (any integer input is narrowed in __post_init__)
@@ -121,6 +147,7 @@ class LengthIndex:
     fallback_counts: dict[str, int] = field(default_factory=dict)
     # the media files the lengths were read from (none for an index built by hand)
     media: MediaStamp = field(default_factory=MediaStamp.empty)
+    images: npt.NDArray[np.uint16] | None = None  # media items per sample; None: unknown
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "total", _narrow("total", self.total))
@@ -129,6 +156,22 @@ class LengthIndex:
             raise ValueError(
                 f"total {self.total.shape} and visual {self.visual.shape} must be equal 1-D"
             )
+        if self.images is not None:
+            object.__setattr__(self, "images", _narrow_images(self.images))
+            if self.images.shape != self.total.shape:
+                raise ValueError(f"images {self.images.shape} must equal total {self.total.shape}")
+
+    def require_images(self, who: str) -> npt.NDArray[np.uint16]:
+        """``images``, or a ``ValueError`` naming ``who`` (the option that needs them) and the
+        fix when they are unknown."""
+        if self.images is not None:
+            return self.images
+        raise ValueError(
+            f"{who} needs the media items per sample, and this length index has none: it was "
+            f"loaded from a cache file written before they were counted ({self.fingerprint}.npz "
+            "in the cache folder), or built by hand. Fix: delete that file so the index is "
+            "built again with them (or give LengthIndex(images=...)), or unset the images budget"
+        )
 
     def __len__(self) -> int:
         return int(self.total.shape[0])
@@ -137,23 +180,29 @@ class LengthIndex:
         h = hashlib.sha256(self.fingerprint.encode())
         media = self.media.arrays()
         _hash_arrays(h, (self.total, self.visual), as_int64=layout < 2)
+        if layout >= 3 and self.images is not None:
+            _hash_arrays(h, (self.images,), as_int64=False)
         _hash_arrays(h, (self.fallback_ids, *media.values()), as_int64=True)
         h.update(json.dumps(self.fallback_counts, sort_keys=True).encode())
         return h.hexdigest()
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Atomic write (``write_npz``), uncompressed so ``load`` maps it."""
+        """Atomic write (``write_npz``), uncompressed so ``load`` maps it. An index without
+        ``images`` is written as layout 2 (no such column), as it was loaded."""
+        layout = LAYOUT if self.images is not None else _NO_IMAGES_LAYOUT
         meta = {
             "format_version": FORMAT_VERSION,
-            "layout": LAYOUT,
+            "layout": layout,
             "fingerprint": self.fingerprint,
             "fallback_counts": self.fallback_counts,
-            "checksum": self._checksum(),
+            "checksum": self._checksum(layout),
             "media_root": self.media.root,
         }
+        extra: dict[str, Any] = {} if self.images is None else {"images": self.images}
         write_npz(
             path, total=self.total, visual=self.visual, fallback_ids=self.fallback_ids,
             meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **self.media.arrays(),
+            **extra,
         )  # fmt: skip
 
     @classmethod
@@ -163,13 +212,16 @@ class LengthIndex:
         before the media stamp existed lacks its fields: unreadable too, so it is rebuilt once
         (same fingerprint). A file of layout 1 (int64, written before the index was mapped) is
         read, verified, and rewritten once as layout 2 (where the folder is writable), so the
-        next load maps it."""
+        next load maps it. A file of layout 1 or 2 has no media-item counts: it loads with
+        ``images=None`` (``require_images`` refuses the images budget, naming the fix)."""
         fields = ("meta", "total", "visual", "fallback_ids", "media_paths", "media_sizes",
                   "media_mtimes")  # fmt: skip
         z = map_npz(path, fields, what="length index file")
         try:
             meta = json.loads(bytes(z["meta"]))
             layout = int(meta.get("layout", 1))
+            if layout >= 3:
+                z.update(map_npz(path, ("images",), what="length index file"))
             index = cls(
                 total=z["total"],
                 visual=z["visual"],
@@ -177,10 +229,11 @@ class LengthIndex:
                 fallback_ids=np.array(z["fallback_ids"], np.int64),
                 fallback_counts={str(k): int(v) for k, v in meta["fallback_counts"].items()},
                 media=MediaStamp.from_arrays(meta.get("media_root"), z),
+                images=z.get("images"),
             )
         except (ValueError, KeyError) as e:
             raise ValueError(f"length index file {path} is unreadable: {e!r}") from e
-        if meta.get("format_version") != FORMAT_VERSION or layout not in (1, LAYOUT):
+        if meta.get("format_version") != FORMAT_VERSION or layout not in (1, 2, LAYOUT):
             raise ValueError(
                 f"{path}: format {meta.get('format_version')} layout {layout}, not "
                 f"{FORMAT_VERSION} / {LAYOUT}"
@@ -189,7 +242,7 @@ class LengthIndex:
             raise ValueError(f"{path}: fingerprint {index.fingerprint} is not {fingerprint}")
         if index._checksum(layout) != meta["checksum"]:
             raise ValueError(f"{path}: checksum mismatch (corrupt file)")
-        if layout < LAYOUT:
+        if layout < _NO_IMAGES_LAYOUT:
             try:
                 index.save(path)
             except OSError:
@@ -228,8 +281,9 @@ def estimate_slice(
     progress: bool,
     on_error: str = "raise",
     media: list[str] | None = None,
-) -> tuple[IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
-    """Fast path (``estimate_raw_batch``) per block of 8192; the records it leaves undecided go
+) -> tuple[IntArray, IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
+    """``(total, visual, images, fallbacks)``: ``images`` the media items of each record.
+    Fast path (``estimate_raw_batch``) per block of 8192; the records it leaves undecided go
     through ``source[id]`` and ``estimate_sample`` (errors, fallbacks, header reads); the paths
     of the media files those may read (no metadata sizes them) are appended to ``media``.
     ``on_error="skip"``: a record that cannot be read or estimated (``RecordError``) gets length
@@ -240,6 +294,7 @@ def estimate_slice(
     n = stop - start
     total = np.empty(n, np.int64)
     visual = np.empty(n, np.int64)
+    images = np.empty(n, np.int64)
     fallbacks: list[tuple[int, tuple[str, ...]]] = []
     k = 0
     # One pause for the whole slice: re-enabling the collector after each block started a
@@ -251,27 +306,29 @@ def estimate_slice(
         ) as bar,
     ):
         for block in _raw_blocks(source, start, stop, 8192):
-            t, v, slow = estimator.estimate_raw_batch(block)
-            for j, (tj, vj, reasons) in zip(
+            t, v, m, slow = estimator.estimate_raw_batch(block)
+            for j, (tj, vj, reasons, mj) in zip(
                 slow,
                 _estimate_ids(source, estimator, [start + k + j for j in slow], on_error, media),
                 strict=True,
             ):
-                t[j], v[j] = tj, vj
+                t[j], v[j], m[j] = tj, vj, mj
                 if reasons:
                     fallbacks.append((start + k + j, reasons))
             total[k : k + len(block)], visual[k : k + len(block)] = t, v
+            images[k : k + len(block)] = m
             k += len(block)
             bar.update(len(block))
     if k != n:
         raise RuntimeError(f"source yielded {k} records for ids {start}..{stop - 1}, not {n}")
-    return total, visual, fallbacks
+    return total, visual, images, fallbacks
 
 
 def _estimate_ids(
     source: Any, estimator: Any, ids: list[int], on_error: str, media: list[str] | None = None
-) -> list[tuple[int, int, tuple[str, ...]]]:
-    """``(total, visual, fallback reasons)`` of ``source[id]`` for each id. An estimator with
+) -> list[tuple[int, int, tuple[str, ...], int]]:
+    """``(total, visual, fallback reasons, media items)`` of ``source[id]`` for each id (the
+    items counted from the record's blocks, ``media_items``). An estimator with
     ``estimate_samples`` (``exact`` mode: one template and one tokenizer call for the lot) gets
     them all at once; any record error there redoes the ids one by one, so which record raises
     (or is skipped as ``record_error``) is decided exactly as the one-by-one loop decides it."""
@@ -279,23 +336,27 @@ def _estimate_ids(
     if batch is not None and len(ids) > 1 and getattr(estimator, "mode", "") == "exact":
         try:
             records = [source[sid] for sid in ids]
-            done = [tuple(s) for s in batch(records)]
+            done = [
+                (s[0], s[1], s[2], media_items(r))
+                for s, r in zip(batch(records), records, strict=True)
+            ]
             if media is not None:
                 media.extend(p for r in records for p in unsized_media_paths(r))
             return done
         except RecordError:
             pass  # one by one below: the same error, or the same skips, as without batching
-    out: list[tuple[int, int, tuple[str, ...]]] = []
+    out: list[tuple[int, int, tuple[str, ...], int]] = []
     for sid in ids:
         try:
             record = source[sid]
             if media is not None:  # a record refused for its media is stamped too
                 media.extend(unsized_media_paths(record))
-            out.append(tuple(estimator.estimate_sample(record)))
+            t, v, reasons = estimator.estimate_sample(record)
+            out.append((t, v, reasons, media_items(record)))
         except RecordError:
             if on_error == "raise":
                 raise
-            out.append((0, 0, ("record_error",)))
+            out.append((0, 0, ("record_error",), 0))
     return out
 
 
@@ -426,14 +487,15 @@ def build_length_index(
     ordered = [got[i] for i in range(len(pieces))]
     total = np.concatenate([empty, *(p[0] for p in ordered)])
     visual = np.concatenate([empty, *(p[1] for p in ordered)])
-    fallbacks = [f for p in ordered for f in p[2]]
-    media = [m for p in ordered for m in p[3]]
+    images = np.concatenate([empty, *(p[2] for p in ordered)])
+    fallbacks = [f for p in ordered for f in p[3]]
+    media = [m for p in ordered for m in p[4]]
     counts: Counter[str] = Counter(r for _, reasons in fallbacks for r in reasons)
     index = LengthIndex(
         total=total, visual=visual, fingerprint=fp,
         fallback_ids=np.asarray([sid for sid, _ in fallbacks], np.int64),
         fallback_counts=dict(sorted(counts.items())),
-        media=MediaStamp.of(media, root),
+        media=MediaStamp.of(media, root), images=images,
     )  # fmt: skip
     for sid, reasons in fallbacks:
         estimator.fallbacks.add(sid, reasons)
@@ -519,8 +581,11 @@ def _slice_with_media(
     source: Any, estimator: LengthEstimator, lo: int, hi: int, progress: bool, on_error: str
 ) -> Part:
     media: list[str] = []
-    total, visual, fallbacks = estimate_slice(source, estimator, lo, hi, progress, on_error, media)
-    return total, visual, fallbacks, relative_to(media, getattr(source, "media_root", None))
+    total, visual, images, fallbacks = estimate_slice(
+        source, estimator, lo, hi, progress, on_error, media
+    )
+    root = getattr(source, "media_root", None)
+    return total, visual, images, fallbacks, relative_to(media, root)
 
 
 def _try_load(path: Path | None, fp: str, root: str | None) -> LengthIndex | None:

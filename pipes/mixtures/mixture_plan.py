@@ -170,11 +170,14 @@ def _plan_entries(
     single_source: bool,
     balance: BalancePolicy = "tokens",
     max_visual: int | None = None,
+    images: IntArray | None = None,
+    max_images: int | None = None,
 ) -> tuple[IntArray, IntArray, IntArray]:
     """Packs of ``entries`` (global ids, repeats allowed) as CSR, and the overlong ones left
     out. One ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``, so no pack
     holds a sample twice), and per source with ``single_source``. ``balance`` and
-    ``max_visual`` are ``plan_packs``' own: each part's packs keep the visual budget and come
+    ``max_visual`` (``images`` / ``max_images``) are ``plan_packs``' own: each part's packs keep
+    the budgets and come
     in its balance order, and ``mix_order`` cuts step groups from neighbours in that order."""
     rounds = _use_index(entries)
     src = np.searchsorted(bounds, entries, side="right") - 1
@@ -198,6 +201,8 @@ def _plan_entries(
             seed=seed,
             balance=balance,
             max_visual=max_visual,
+            images=None if images is None else images[part],
+            max_images=max_images,
         )
         offs.append(plan.offsets[1:] + offs[-1][-1] if len(offs) else plan.offsets[1:])
         ids.append(part[plan.ids])
@@ -244,7 +249,9 @@ def _finish(
     return all_offsets.astype(np.int64), all_ids.astype(np.int64), full
 
 
-def _set_options(balance: str, max_visual: int | None) -> list[object]:
+def _set_options(
+    balance: str, max_visual: int | None, max_images: int | None = None
+) -> list[object]:
     """The plan options set away from their defaults (plans without them keep their
     fingerprints, so states saved before them still load)."""
     out: list[object] = []
@@ -252,6 +259,8 @@ def _set_options(balance: str, max_visual: int | None) -> list[object]:
         out.append(f"balance={balance}")
     if max_visual is not None:
         out.append(f"max_visual={int(max_visual)}")
+    if max_images is not None:
+        out.append(f"max_images={int(max_images)}")
     return out
 
 
@@ -277,6 +286,8 @@ def plan_mixture(
     single_source: bool = False,
     balance: BalancePolicy = "tokens",
     max_visual: int | None = None,
+    images: npt.ArrayLike | None = None,
+    max_images: int | None = None,
 ) -> MixturePlan:
     """Epoch ``epoch``'s plan: ``counts[s][i]`` uses of sample ``i`` of source ``s``
     (``mixture.epoch_counts``); ``total`` / ``visual`` are the concatenated length indexes.
@@ -289,6 +300,7 @@ def plan_mixture(
     """
     tot = np.asarray(total, dtype=np.int64)
     vis = np.asarray(visual, dtype=np.int64)
+    imgs = None if images is None else np.asarray(images, dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum([c.size for c in counts])]).astype(np.int64)
     if int(bounds[-1]) != tot.size or vis.shape != tot.shape:
         raise ValueError(
@@ -301,7 +313,7 @@ def plan_mixture(
     offsets, ids, dropped = _plan_entries(
         entries, tot, vis, bounds, capacity=capacity, packing_ratio=packing_ratio,
         overlong=overlong, group_size=group_size, seed=seed, single_source=single_source,
-        balance=balance, max_visual=max_visual,
+        balance=balance, max_visual=max_visual, images=imgs, max_images=max_images,
     )  # fmt: skip
     rng = np.random.default_rng([seed, epoch, 1])
     empty = np.zeros(1, np.int64)
@@ -310,7 +322,7 @@ def plan_mixture(
     )
     fp = _fingerprint(
         "mixture-plan/1", epoch, group_size, capacity, packing_ratio, overlong, seed,
-        single_source, offsets, ids, order, *_set_options(balance, max_visual),
+        single_source, offsets, ids, order, *_set_options(balance, max_visual, max_images),
     )  # fmt: skip
     return MixturePlan(
         offsets=offsets, ids=ids, order=order, bounds=bounds, epoch=epoch,
@@ -334,6 +346,8 @@ def replan_from_cursor(
     single_source: bool = False,
     balance: BalancePolicy = "tokens",
     max_visual: int | None = None,
+    images: npt.ArrayLike | None = None,
+    max_images: int | None = None,
 ) -> MixturePlan:
     """``plan`` with ``order[:cursor]`` kept (served) and the rest planned for ``targets``
     (uses per source in the whole epoch, e.g. ``source_targets`` of the new blend).
@@ -348,6 +362,7 @@ def replan_from_cursor(
     """
     tot = np.asarray(total, dtype=np.int64)
     vis = np.asarray(visual, dtype=np.int64)
+    imgs = None if images is None else np.asarray(images, dtype=np.int64)
     if not 0 <= cursor <= len(plan):
         raise ValueError(f"{cursor=} must lie in [0, {len(plan)}] (the plan's packs)")
     served = plan.order[:cursor]
@@ -383,7 +398,8 @@ def replan_from_cursor(
     offsets, ids, overlong_out = _plan_entries(
         np.concatenate(entries), tot, vis, bounds, capacity=capacity,
         packing_ratio=packing_ratio, overlong=overlong, group_size=plan.group_size, seed=seed,
-        single_source=single_source, balance=balance, max_visual=max_visual,
+        single_source=single_source, balance=balance, max_visual=max_visual, images=imgs,
+        max_images=max_images,
     )  # fmt: skip
     rng = np.random.default_rng([seed, plan.epoch, 2, cursor])
     offsets, ids, order = _finish(

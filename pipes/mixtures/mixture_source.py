@@ -101,6 +101,8 @@ class MixtureLayout:
     lengths_fingerprint: str
     balance: BalancePolicy = "tokens"  # plan_packs' step balance, inside each plan part
     max_visual: int | None = None  # plan_packs' visual-token budget per pack
+    images: IntArray | None = None  # media items per sample (None: unknown)
+    max_images: int | None = None  # plan_packs' media-item budget per pack
 
     @property
     def tokens(self) -> list[int]:
@@ -113,6 +115,8 @@ class MixtureLayout:
                self.seed, self.single_source, self.lengths_fingerprint]  # fmt: skip
         if self.balance != "tokens" or self.max_visual is not None:  # older keys unchanged
             key += [self.balance, self.max_visual]
+        if self.max_images is not None:  # the same
+            key += [self.max_images]
         return hashlib.sha256(("mixture/1" + json.dumps(key)).encode()).hexdigest()
 
     def targets(self, blend: Blend) -> IntArray:
@@ -127,7 +131,7 @@ class MixtureLayout:
             counts, self.total, self.visual, epoch=epoch, group_size=group_size,
             capacity=self.capacity, packing_ratio=self.packing_ratio, overlong=self.overlong,
             seed=self.seed, single_source=self.single_source, balance=self.balance,
-            max_visual=self.max_visual,
+            max_visual=self.max_visual, images=self.images, max_images=self.max_images,
         )  # fmt: skip
         for cursor, blend in segments[1:]:
             if cursor < len(plan):
@@ -135,7 +139,8 @@ class MixtureLayout:
                     plan, cursor, self.targets(blend), self.names, self.total, self.visual,
                     capacity=self.capacity, packing_ratio=self.packing_ratio,
                     overlong=self.overlong, seed=self.seed, single_source=self.single_source,
-                    balance=self.balance, max_visual=self.max_visual,
+                    balance=self.balance, max_visual=self.max_visual, images=self.images,
+                    max_images=self.max_images,
                 )  # fmt: skip
         return plan
 

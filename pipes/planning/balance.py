@@ -37,7 +37,8 @@ Example, four packs of like tokens, two ranks (``k = 1`` strip is best here)::
 With many packs ``k`` grows and the groups grow alike in both (``bench_step_balance.py``).
 
 The cost columns come from per-sample lengths: the samples of a pack are its documents, and
-visual tokens stand in for an image's patches (one image per sample).
+visual tokens stand in for an image's patches, split over the sample's media items as equal
+images where the length index counts them (``pack_cost_terms``), else one image per sample.
 """
 
 from __future__ import annotations
@@ -87,10 +88,16 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def pack_cost_terms(
-    offsets: IntArray, ids: IntArray, total: IntArray, visual: IntArray | None
+    offsets: IntArray,
+    ids: IntArray,
+    total: IntArray,
+    visual: IntArray | None,
+    images: npt.ArrayLike | None = None,
 ) -> FloatArray:
     """Per-pack cost columns ``[n_packs, 4]`` in ``COST_TERMS`` order, from per-sample lengths
-    (``visual=None``: no visual tokens, the vision columns are 0).
+    (``visual=None``: no visual tokens, the vision columns are 0). ``images``: media items per
+    sample (``LengthIndex.images``): a sample's visual tokens are split over them as equal
+    images, ``visual^2 / images`` (exact for equal images); None: one image per sample.
 
     >>> pack_cost_terms(np.array([0, 2, 3]), np.array([0, 1, 2]),
     ...                 np.array([3, 4, 5]), np.array([0, 2, 1])).tolist()
@@ -98,7 +105,7 @@ def pack_cost_terms(
     """
     # the cost model's own terms (pipes/planning/cost.py); the index's visual tokens stand in
     # for patches (merge=1: the balance weights below are per visual token)
-    return pack_terms(offsets, ids, total, visual, merge=1)
+    return pack_terms(offsets, ids, total, visual, merge=1, images=images)
 
 
 def pack_costs(terms: FloatArray) -> tuple[FloatArray, FloatArray]:

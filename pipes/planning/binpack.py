@@ -440,11 +440,17 @@ def add_arange(a: npt.NDArray[Any], first: int = 0) -> None:
 
 
 def check_budget(
-    lengths: IntArray, values: npt.ArrayLike, budget: int, overlong: str, who: str, kw: str
+    lengths: IntArray,
+    values: npt.ArrayLike,
+    budget: int,
+    overlong: str,
+    who: str,
+    kw: str,
+    fix: str = "shrink their media (the image processor's max_pixels)",
 ) -> IntArray:
     """Validate a second per-sample load (``values``, e.g. visual tokens) against its per-pack
     ``budget``: ids of the samples whose load alone exceeds it, or a ``ValueError`` naming them
-    under ``overlong="raise"``."""
+    under ``overlong="raise"`` (``fix``: what else than raising the budget helps)."""
     if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 1:
         raise ValueError(f"{who}: {kw} must be a positive int or None, got {budget=!r}")
     arr = np.asarray(values).astype(np.int64, copy=False)
@@ -455,8 +461,8 @@ def check_budget(
         shown = ", ".join(f"sample {i} ({arr[i]})" for i in bad[:5].tolist())
         raise ValueError(
             f"{who}: {bad.size} sample(s) over the per-pack budget {kw}={budget} on their own: "
-            f"{shown}{' ...' if bad.size > 5 else ''}. Fix: raise {kw}, shrink their media "
-            f"(the image processor's max_pixels), or pass overlong='drop' to leave them out."
+            f"{shown}{' ...' if bad.size > 5 else ''}. Fix: raise {kw}, {fix}, or pass "
+            "overlong='drop' to leave them out."
         )
     return bad.astype(np.int64)
 
@@ -468,15 +474,18 @@ def within_budget(
     values: IntArray,
     capacity: int,
     budget: int,
+    *,
+    more: Sequence[tuple[IntArray, int]] = (),
 ) -> tuple[IntArray, IntArray]:
     """Packs (CSR from ``best_fit_decreasing``) whose ``values`` (a second load: visual tokens)
-    sum to at most ``budget`` each, with every sample kept exactly once.
+    sum to at most ``budget`` each, with every sample kept exactly once. ``more``: further
+    ``(values, budget)`` loads (media items per pack) kept the same way, all at once.
 
-    In a pack over the budget, samples with no load stay, and loaded ones stay while the running
-    load (pack order, longest first) is within the budget; the rest move out. Moved samples are
-    packed again by ``best_fit_decreasing`` among themselves, and so on until none move: each
-    round every pack over the budget keeps at least its first loaded sample (no sample alone
-    exceeds the budget: ``check_budget`` first), so the rounds end. Packs within the budget
+    In a pack over a budget, a sample stays while, for every load, it has none of it or the
+    running load (pack order, longest first) is within that budget; the rest move out. Moved
+    samples are packed again by ``best_fit_decreasing`` among themselves, and so on until none
+    move: each round every pack over a budget keeps at least its first sample (no sample alone
+    exceeds a budget: ``check_budget`` first), so the rounds end. Packs within the budget
     are untouched, so without a binding budget the plan is ``best_fit_decreasing``'s.
 
     >>> offsets, ids = best_fit_decreasing([4, 4, 2], 10)
@@ -486,19 +495,23 @@ def within_budget(
     """
     done_sizes: list[IntArray] = []
     done_ids: list[IntArray] = []
+    loads = [(values, budget), *more]
     while ids.size:
         starts = offsets[:-1]
         sizes = np.diff(offsets)
-        load = values[ids]
-        pack_load = np.add.reduceat(load, starts)
-        if not (pack_load > budget).any():
+        over = np.zeros(sizes.size, dtype=bool)
+        keep = np.ones(ids.size, dtype=bool)
+        for vals, cap in loads:
+            load = vals[ids]
+            over |= np.add.reduceat(load, starts) > cap
+            running = np.cumsum(load)
+            running -= np.repeat(running[starts] - load[starts], sizes)  # within each pack
+            keep &= (load == 0) | (running <= cap)
+        if not over.any():
             done_sizes.append(sizes)
             done_ids.append(ids)
             break
         pack_of = np.repeat(np.arange(sizes.size), sizes)
-        running = np.cumsum(load)
-        running -= np.repeat(running[starts] - load[starts], sizes)  # cumsum within each pack
-        keep = (load == 0) | (running <= budget)
         kept_sizes = np.bincount(pack_of[keep], minlength=sizes.size)
         done_sizes.append(kept_sizes[kept_sizes > 0])
         done_ids.append(ids[keep])
@@ -513,17 +526,25 @@ def within_budget(
 
 
 def best_fit_two_budgets(
-    lengths: npt.ArrayLike, values: npt.ArrayLike, capacity: int, budget: int
+    lengths: npt.ArrayLike,
+    values: npt.ArrayLike,
+    capacity: int,
+    budget: int,
+    *,
+    more: Sequence[tuple[npt.ArrayLike, int]] = (),
 ) -> tuple[IntArray, IntArray]:
     """Packs within ``capacity`` tokens and ``budget`` of a second load each (``values``:
     visual tokens), as CSR like ``best_fit_decreasing``; every sample exactly once. Every
-    sample must fit both alone (``check_lengths``, ``check_budget``).
+    sample must fit both alone (``check_lengths``, ``check_budget``). ``more``: further
+    ``(values, budget)`` loads (media items per pack), kept by every pack too.
 
     When ``best_fit_decreasing``'s packs already keep the budget they are the answer (the plan
     does not change). Otherwise two phases, both on the fast packer:
 
-    1. the loaded samples, packed by load (``budget`` per pack) and made to fit the tokens
-       (``within_budget`` with the roles swapped): each such pack is close to the budget;
+    1. the loaded samples (any load), packed by load (``budget`` per pack) and made to fit the
+       tokens (``within_budget`` with the roles swapped) and the ``more`` loads: each such pack
+       is close to the budget. With ``more``, the load packed by is the one whose total is the
+       most budgets (the binding one: many small images under an images budget);
     2. their packs as units of ``capacity + 1 + tokens``, plus empty units of ``capacity + 1``
        (fresh packs), plus the samples with no load, packed at ``2 * capacity + 1``: no two
        units share a pack (each is over half of it), a unit leaves exactly its real room, and
@@ -538,15 +559,24 @@ def best_fit_two_budgets(
     [[0, 3, 2], [1]]
     """
     tok = np.asarray(lengths).astype(np.int64, copy=False)
-    load = np.asarray(values).astype(np.int64, copy=False)
+    loads = [(np.asarray(v).astype(np.int64, copy=False), int(b)) for v, b in [(values, budget),
+                                                                             *more]]  # fmt: skip
     offsets, ids = best_fit_decreasing(tok, capacity)
-    if ids.size == 0 or np.add.reduceat(load[ids], offsets[:-1]).max() <= budget:
+    if ids.size == 0 or all(np.add.reduceat(v[ids], offsets[:-1]).max() <= b for v, b in loads):
         return offsets, ids
-    loaded = np.flatnonzero(load > 0)
-    free = np.flatnonzero(load == 0)
-    # 1. loaded samples: by load, then within the tokens
+    has_load = loads[0][0] > 0
+    for v, _ in loads[1:]:
+        has_load |= v > 0
+    loaded = np.flatnonzero(has_load)
+    free = np.flatnonzero(~has_load)
+    # 1. loaded samples: by the binding load, then within the tokens and the other loads
+    p = int(np.argmax([int(v.sum()) / b for v, b in loads])) if more else 0
+    load, budget = loads[p]
+    others = [(v[loaded], b) for k, (v, b) in enumerate(loads) if k != p]
     v_off, v_sub = best_fit_decreasing(load[loaded], budget)
-    v_off, v_sub = within_budget(v_off, v_sub, load[loaded], tok[loaded], budget, capacity)
+    v_off, v_sub = within_budget(
+        v_off, v_sub, load[loaded], tok[loaded], budget, capacity, more=others
+    )
     v_ids = loaded[v_sub]
     v_fill = np.add.reduceat(tok[v_ids], v_off[:-1])
     # 2. units (loaded packs, fresh packs) and load-free samples, best fit at 2 * capacity + 1

@@ -66,6 +66,7 @@ def pack_terms(
     merge: int = 4,
     image_offsets: Any = None,
     image_patches: Any = None,
+    images: Any = None,
 ) -> FloatArray:
     """Per-pack cost terms ``[n_packs, 4]`` (columns ``TERMS``) of packs in CSR form.
 
@@ -74,8 +75,15 @@ def pack_terms(
     language model's image and video tokens). A visual token is ``merge`` patches in the tower
     (Qwen-VL: ``spatial_merge_size ** 2`` = 4). Where the per-image patch counts are known,
     ``image_patches[image_offsets[s]:image_offsets[s + 1]]`` are sample ``s``'s (see
-    ``grid_patches``) and give both vision columns exactly; otherwise a sample's visual tokens
-    count as one image, which overstates ``patch_attention`` for samples with several images.
+    ``grid_patches``) and give both vision columns exactly. Otherwise ``images[s]`` (sample
+    ``s``'s media items, ``LengthIndex.images``) splits its patches ``P`` into that many equal
+    images: ``patch_attention`` is ``P^2 / images``, exact for equal images and a lower bound
+    for unequal ones (``sum p_i^2 >= P^2 / n``); without ``images`` (or for a sample with 0
+    items) the sample counts as one image, which overstates it for several images.
+
+    >>> pack_terms(np.array([0, 1]), np.array([0]), np.array([9]), np.array([4]),
+    ...            images=np.array([2])).tolist()  # 16 patches as 2 images of 8: 2 * 8^2
+    [[9.0, 81.0, 16.0, 128.0]]
     """
     idx = np.asarray(ids, dtype=np.int64)
     length = np.asarray(lengths, dtype=np.float64)[idx]
@@ -94,7 +102,10 @@ def pack_terms(
     elif visual is not None:
         patches = np.asarray(visual, dtype=np.float64)[idx] * merge
         out[:, 2] = _pack_sums(offsets, patches)
-        out[:, 3] = _pack_sums(offsets, patches * patches)
+        pairs = patches * patches
+        if images is not None:
+            pairs /= np.maximum(np.asarray(images)[idx], 1)
+        out[:, 3] = _pack_sums(offsets, pairs)
     return out
 
 

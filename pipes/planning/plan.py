@@ -56,6 +56,7 @@ __all__ = [
     "PackPlan",
     "greedy_knapsack_vt_balanced",
     "plan_fingerprint",
+    "plan_images",
     "plan_packs",
     "step_group_order",
 ]
@@ -201,7 +202,10 @@ def _hash_int64(h: Any, a: npt.NDArray[Any]) -> None:
 
 
 def _fingerprint(
-    total: npt.NDArray[Any], visual: npt.NDArray[Any] | None, params: Mapping[str, object]
+    total: npt.NDArray[Any],
+    visual: npt.NDArray[Any] | None,
+    params: Mapping[str, object],
+    images: npt.NDArray[Any] | None = None,
 ) -> str:
     h = hashlib.sha256(PLAN_VERSION.encode())
     _hash_int64(h, total)
@@ -209,8 +213,38 @@ def _fingerprint(
         h.update(b"|")
     else:
         _hash_int64(h, visual)
+    if images is not None:  # only when they change the plan: see plan_images
+        h.update(b"|images|")
+        _hash_int64(h, images)
     h.update(json.dumps(params, sort_keys=True).encode())
     return h.hexdigest()
+
+
+def plan_images(
+    images: npt.NDArray[Any] | None, balance: str, max_images: int | None
+) -> npt.NDArray[Any] | None:
+    """The media-item counts the plan depends on (so its fingerprint covers them), or None:
+    under ``max_images``, or when a vision cost is balanced and some sample has several items
+    (one item each prices a sample as before the counts existed: saved states keep matching)."""
+    if images is None:
+        return None
+    if max_images is not None:
+        return images
+    if balance in ("cost", "vision") and images.size and int(images.max()) > 1:
+        return images
+    return None
+
+
+def _check_images(images: npt.ArrayLike, total: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    arr = np.asarray(images)
+    if arr.dtype not in (np.uint16, np.int32, np.int64):  # a LengthIndex's uint16 as it is
+        arr = arr.astype(np.int64)
+    if arr.shape != total.shape:
+        raise ValueError(f"images has shape {arr.shape}, lengths {total.shape}: one per sample")
+    if arr.size and int(arr.min()) < 0:
+        i = int(np.argmin(arr))
+        raise ValueError(f"images (media items per sample) must be >= 0: sample {i} has {arr[i]}")
+    return arr
 
 
 def _pack_sums(values: npt.NDArray[Any], offsets: IntArray, ids: npt.NDArray[Any]) -> IntArray:
@@ -258,7 +292,7 @@ def _check_visual(vis: npt.NDArray[Any], total: npt.NDArray[Any]) -> None:
 
 def _params(
     capacity: int, packing_ratio: float, max_packs: int | None, overlong: str, world_size: int,
-    seed: int, shuffle: bool, balance: str, max_visual: int | None,
+    seed: int, shuffle: bool, balance: str, max_visual: int | None, max_images: int | None = None,
 ) -> dict[str, object]:  # fmt: skip
     params: dict[str, object] = {
         "capacity": int(capacity),
@@ -275,6 +309,8 @@ def _params(
         params["packs"] = "grouped"  # state or plan file from the sorted-packs plan is refused
     if max_visual is not None:  # only when set: plans without it keep their fingerprint
         params["max_visual"] = int(max_visual)
+    if max_images is not None:  # the same
+        params["max_images"] = int(max_images)
     return params
 
 
@@ -291,6 +327,8 @@ def plan_fingerprint(
     shuffle: bool = True,
     balance: BalancePolicy = "tokens",
     max_visual: int | None = None,
+    images: npt.ArrayLike | None = None,
+    max_images: int | None = None,
 ) -> str:
     """The ``fingerprint`` ``plan_packs`` gives these arguments, without planning (hashing the
     lengths only: a plan file is looked up by it, ``plan_file.shared_plan``).
@@ -300,9 +338,10 @@ def plan_fingerprint(
     """
     total = np.asarray(lengths)
     vis = None if visual is None else np.asarray(visual)
+    imgs = None if images is None else np.asarray(images)
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
-                     balance, max_visual)  # fmt: skip
-    return _fingerprint(total, vis, params)
+                     balance, max_visual, max_images)  # fmt: skip
+    return _fingerprint(total, vis, params, plan_images(imgs, balance, max_images))
 
 
 def _check_params(
@@ -335,6 +374,8 @@ def plan_packs(
     shuffle: bool = True,
     balance: BalancePolicy = "tokens",
     max_visual: int | None = None,
+    images: npt.ArrayLike | None = None,
+    max_images: int | None = None,
 ) -> PackPlan:
     """Plan packs of at most ``capacity`` tokens, grouped for ``world_size`` ranks.
 
@@ -357,6 +398,11 @@ def plan_packs(
     dropped; a sample whose visual tokens alone exceed it follows ``overlong`` like a sample
     longer than the pack. None (the default) leaves the plan as it was.
 
+    ``max_images`` is a third budget: at most that many media items (images and video clips,
+    ``images[i]`` per sample: ``LengthIndex.images``) per pack, kept the same way and together
+    with ``max_visual``. ``images`` also prices the vision encoder under ``balance="cost"`` /
+    ``"vision"``: a sample's patches split over its items (``cost.pack_terms``).
+
     >>> plan = plan_packs([5, 4, 3, 3, 2], 8)
     >>> len(plan), plan.packs(), plan.totals.tolist()
     (3, [[4], [1, 3], [0, 2]], [2, 7, 8])
@@ -372,39 +418,54 @@ def plan_packs(
         if vis.shape != total.shape:
             raise ValueError(f"visual has shape {vis.shape}, lengths {total.shape}: one per sample")
         _check_visual(vis, total)
+    imgs = None if images is None else _check_images(images, total)
     over_budget = np.zeros(0, dtype=np.int64)
     if max_visual is not None:
         if vis is None:
             raise ValueError(f"plan_packs: {max_visual=} needs visual= (visual tokens per sample)")
         over_budget = check_budget(total, vis, max_visual, overlong, "plan_packs", "max_visual")
+    if max_images is not None:
+        if imgs is None:
+            raise ValueError(f"plan_packs: {max_images=} needs images= (media items per sample)")
+        over_images = check_budget(total, imgs, max_images, overlong, "plan_packs",
+                                   "max_images", fix="split those records")  # fmt: skip
+        over_budget = np.union1d(over_budget, over_images).astype(np.int64)
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
-                     balance, max_visual)  # fmt: skip
-    fingerprint = _fingerprint(total, vis, params)
+                     balance, max_visual, max_images)  # fmt: skip
+    fingerprint = _fingerprint(total, vis, params, plan_images(imgs, balance, max_images))
     dropped = np.flatnonzero(total > capacity).astype(np.int64)
     work = total  # the lengths the packer sees; a copy only where some must change
     if dropped.size or (total.size and int(total.max()) > plan_capacity):
         work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] alone
         work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
-    grouped = _group_packs(work, vis, dropped, over_budget, plan_capacity, world_size,
-                           max_visual) if balance == "cost" else None  # fmt: skip
+    # packs made for their step groups (group_pack.py) keep the visual budget; with an images
+    # budget the cost plan orders best fit's packs instead
+    grouped = None
+    if balance == "cost" and max_images is None:
+        grouped = _group_packs(work, vis, dropped, over_budget, plan_capacity, world_size,
+                               max_visual)  # fmt: skip
+    budgets = [(v, b) for v, b in ((vis, max_visual), (imgs, max_images)) if b is not None]
     if grouped is not None:
         offsets, ids, by_load, free_from = grouped
         dropped = np.union1d(dropped, over_budget).astype(np.int64)
-    elif max_visual is None or vis is None:  # (vis is set whenever max_visual is)
+    elif not budgets:
         offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
     else:
         dropped = np.union1d(dropped, over_budget).astype(np.int64)
         placed = np.ones(total.size, dtype=bool)
         placed[dropped] = False
         kept = np.flatnonzero(placed).astype(id_dtype(total.size))
-        offsets, sub = best_fit_two_budgets(work[kept], vis[kept], plan_capacity, max_visual)
+        (v0, b0), *more = [(np.asarray(v)[kept], int(b)) for v, b in budgets]
+        offsets, sub = best_fit_two_budgets(work[kept], v0, plan_capacity, b0, more=more)
         ids = kept[sub]
     del work
     tot_p = _pack_sums(total, offsets, ids)
     vis_p = _pack_sums(vis, offsets, ids) if vis is not None else np.zeros_like(tot_p)
     # the cost terms only when a step is balanced on them (the token order needs none)
     terms = (
-        pack_cost_terms(offsets, ids, total, vis if vis is not None else np.zeros_like(total))
+        pack_cost_terms(
+            offsets, ids, total, vis if vis is not None else np.zeros_like(total), images=imgs
+        )
         if balance != "tokens" and grouped is None
         else np.zeros((0, 4))
     )

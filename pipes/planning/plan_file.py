@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_packs
+from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_images, plan_packs
 from neatpack.pipes.reading.npz_files import checksum, locked, map_npz, write_npz
 
 __all__ = ["load_plan", "save_plan", "shared_plan"]
@@ -46,7 +46,19 @@ def _lengths_stamp(lengths: npt.ArrayLike, options: dict[str, Any]) -> list[int]
     total = np.asarray(lengths)
     visual = options.get("visual")
     vis_sum = -1 if visual is None else int(np.asarray(visual).sum())
-    return [int(total.shape[0]), int(total.sum()), vis_sum]
+    images = _relevant_images(options)
+    tail = [] if images is None else [int(images.sum(dtype=np.int64))]  # older stamps unchanged
+    return [int(total.shape[0]), int(total.sum()), vis_sum, *tail]
+
+
+def _relevant_images(options: dict[str, Any]) -> npt.NDArray[Any] | None:
+    """The media-item counts when the plan depends on them (``plan.plan_images``), else None."""
+    images = options.get("images")
+    return plan_images(
+        None if images is None else np.asarray(images),
+        str(options.get("balance", "tokens")),
+        options.get("max_images"),
+    )
 
 
 def save_plan(plan: PackPlan, path: str | os.PathLike[str], stamp: list[int] | None = None) -> None:
@@ -107,8 +119,10 @@ def shared_plan(
         fp = plan_fingerprint(lengths, capacity, **options)
     else:
         fp = None
-        named = {k: v for k, v in options.items() if k != "visual"}  # the key covers them
-        named["visual"] = options.get("visual") is not None
+        named = {k: v for k, v in options.items() if k not in ("visual", "images")}
+        named["visual"] = options.get("visual") is not None  # the key covers the arrays
+        if _relevant_images(options) is not None:  # only then: older plan files keep their name
+            named["images"] = True
         name = json.dumps({"key": key, "capacity": capacity, **named}, sort_keys=True)
         key = hashlib.sha256(name.encode()).hexdigest()
     path = Path(cache_dir) / f"plan-{fp or key}.npz"

@@ -128,7 +128,7 @@ def estimate_lengths(
     # Unreadable records come back as length 0 with the reason "record_error"; each is read
     # again here: an empty conversation keeps its 0 (the seed's heuristic, counted as
     # "empty_conversation"), any other error is raised with the way out.
-    total, _, fallbacks = estimate_slice(
+    total, _, _, fallbacks = estimate_slice(
         source, estimator, 0, len(source), progress=False, on_error="skip"
     )
     for sid, reasons in fallbacks:

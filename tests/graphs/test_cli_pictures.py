@@ -200,16 +200,20 @@ def test_plan_png_balance_cost_draws_each_steps_cost(
         open_source(data, None), LengthEstimator.from_processor(load_tiny_processor()),
         progress=False,
     )  # fmt: skip
-    plan = plan_packs(index.total, 4096, visual=index.visual, world_size=world, balance="cost")
+    assert index.images is not None
+    assert int(index.images.max()) > 1  # multi-image records: the vision cost splits them
+    plan = plan_packs(index.total, 4096, visual=index.visual, images=index.images,
+                      world_size=world, balance="cost")  # fmt: skip
     assert report["balance"] == "cost"
     assert report["packs"] == len(plan)
     tot, vis = np.asarray(index.total, float), np.asarray(index.visual, float)
+    items = np.maximum(np.asarray(index.images, float), 1.0)  # a sample's images taken as equal
     per_pack = {"lm": [], "attention": [], "vision": []}
     for g in range(len(plan)):
         s = plan.pack(g)
         per_pack["attention"].append(float((tot[s] ** 2).sum()))
         per_pack["lm"].append(24576.0 * tot[s].sum() + float((tot[s] ** 2).sum()))
-        per_pack["vision"].append(7680.0 * vis[s].sum() + float((vis[s] ** 2).sum()))
+        per_pack["vision"].append(7680.0 * vis[s].sum() + float((vis[s] ** 2 / items[s]).sum()))
     order = plan.epoch_order(0)
     steps = order[: order.size // world * world].reshape(-1, world)
     ratios = {}

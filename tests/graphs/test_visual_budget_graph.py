@@ -1,6 +1,7 @@
-"""``NeatVLMConfig(max_visual_tokens=)`` through ``neat_vlm_graph`` on a generated image/text
-corpus with the tiny Qwen2-VL processor: no materialized pack holds more image tokens (or their
-patches) than the budget, no sample is dropped, and resume and elastic resume stay exact."""
+"""``NeatVLMConfig(max_visual_tokens=)`` and ``NeatVLMConfig(max_images=)`` through
+``neat_vlm_graph`` on a generated image/text corpus (records of 0 to 3 images) with the tiny
+Qwen2-VL processor: no materialized pack holds more image tokens (or their patches), or more
+images, than its budget, no sample is dropped, and resume and elastic resume stay exact."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from neatpack.pipes.testing.tiny import load_tiny_processor
 
 N = 40
 BUDGET = 700  # image tokens per pack; the corpus's largest sample has 684, packs reach ~1,400
+IMAGES = 3  # images per pack; the corpus's records hold up to 3, packs reach more
+#: the budgets each test runs under, as config options
+BUDGETS = {
+    "visual": {"max_visual_tokens": BUDGET},
+    "images": {"max_images": IMAGES},
+    "both": {"max_visual_tokens": BUDGET, "max_images": IMAGES},
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +39,30 @@ def processor() -> Any:
     return load_tiny_processor()
 
 
-def config(corpus: Path, budget: int | None, **kw: Any) -> NeatVLMConfig:
+def config(corpus: Path, budget: int | None = None, **kw: Any) -> NeatVLMConfig:
+    kw.setdefault("max_visual_tokens", budget)
     return NeatVLMConfig(
-        pack_size=2048, max_visual_tokens=budget, media_root=str(corpus / "media"),
-        cache_dir=str(corpus / "cache"), num_workers=0, **kw,
+        pack_size=2048, media_root=str(corpus / "media"), cache_dir=str(corpus / "cache"),
+        num_workers=0, **kw,
     )  # fmt: skip
+
+
+def media_items(batch: dict[str, Any], processor: Any) -> list[int]:
+    """Images (and video clips) of each row (pack) of a batch, counted in the batch itself: one
+    ``<|vision_start|>`` each, and one ``image_grid_thw`` / ``video_grid_thw`` row each."""
+    start = processor.tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    rows = (batch["input_ids"] == start).sum(dim=1).tolist()
+    grids = sum(batch[k].shape[0] for k in ("image_grid_thw", "video_grid_thw") if k in batch)
+    assert grids == sum(rows)
+    return [int(r) for r in rows]
+
+
+def within(batch: dict[str, Any], processor: Any, budgets: dict[str, int]) -> bool:
+    """Every row of ``batch`` keeps ``budgets`` (config options, as in ``BUDGETS``)."""
+    tokens, items = image_tokens(batch, processor), media_items(batch, processor)
+    return max(tokens) <= budgets.get("max_visual_tokens", BUDGET * 100) and max(items) <= (
+        budgets.get("max_images", IMAGES * 100)
+    )
 
 
 def image_tokens(batch: dict[str, Any], processor: Any) -> list[int]:
@@ -51,29 +78,35 @@ def sample_ids(batches: list[dict[str, Any]]) -> list[int]:
     return [int(i) for b in batches for m in b["packs"] for i in m["sample_ids"]]
 
 
-def test_no_pack_exceeds_the_vision_budget_and_none_is_dropped(
-    corpus: Path, processor: Any
+@pytest.mark.parametrize("name", BUDGETS)
+def test_no_pack_exceeds_the_vision_budgets_and_none_is_dropped(
+    corpus: Path, processor: Any, name: str
 ) -> None:
     data = corpus / "data.jsonl"
-    plain = list(neat_vlm_graph(data, processor, config=config(corpus, None)))
+    budgets = BUDGETS[name]
+    plain = list(neat_vlm_graph(data, processor, config=config(corpus)))
     assert max(t for b in plain for t in image_tokens(b, processor)) > BUDGET
-    loader = neat_vlm_graph(data, processor, config=config(corpus, BUDGET, batch_size=2))
+    assert max(t for b in plain for t in media_items(b, processor)) > IMAGES  # both bind
+    loader = neat_vlm_graph(data, processor, config=config(corpus, batch_size=2, **budgets))
     batches = list(loader)
-    assert max(t for b in batches for t in image_tokens(b, processor)) <= BUDGET
-    real = [  # the packs of the epoch, without the tail's repeats (tail="pad")
-        t
-        for b in batches
-        for t, m in zip(image_tokens(b, processor), b["packs"], strict=True)
-        if not m["padded"]
-    ]
-    assert sum(real) == sum(t for b in plain for t in image_tokens(b, processor))
+    assert all(within(b, processor, budgets) for b in batches)
+    for count in (image_tokens, media_items):
+        real = [  # the packs of the epoch, without the tail's repeats (tail="pad")
+            t
+            for b in batches
+            for t, m in zip(count(b, processor), b["packs"], strict=True)
+            if not m["padded"]
+        ]
+        assert sum(real) == sum(t for b in plain for t in count(b, processor))
     ledger = loader.ledgers[0]
     assert_exactly_once(ledger.consumed, range(N), excused=ledger.tail_dropped)
 
 
-def test_resume_with_the_budget_is_exact(corpus: Path, processor: Any) -> None:
+@pytest.mark.parametrize("name", BUDGETS)
+def test_resume_with_the_budget_is_exact(corpus: Path, processor: Any, name: str) -> None:
     data = corpus / "data.jsonl"
-    cfg = config(corpus, BUDGET)
+    budgets = BUDGETS[name]
+    cfg = config(corpus, **budgets)
     reference = list(neat_vlm_graph(data, processor, config=cfg))
     first = neat_vlm_graph(data, processor, config=cfg)
     it = iter(first)
@@ -83,15 +116,20 @@ def test_resume_with_the_budget_is_exact(corpus: Path, processor: Any) -> None:
     rest = list(resumed)
     assert same_item(head + rest, reference)
     assert_exactly_once(sample_ids(head) + resumed.ledgers[0].consumed, range(N))
-    with pytest.raises(ValueError, match="max_visual_tokens"):  # another budget: another plan
-        neat_vlm_graph(data, processor, config=config(corpus, 900)).load_state_dict(
+    other = {k: v + 1 for k, v in budgets.items()}  # another budget: another plan
+    with pytest.raises(ValueError, match=next(iter(budgets))):
+        neat_vlm_graph(data, processor, config=config(corpus, **other)).load_state_dict(
             first.state_dict()
         )
 
 
-def test_elastic_resume_two_to_three_ranks_with_the_budget(corpus: Path, processor: Any) -> None:
+@pytest.mark.parametrize("name", ["visual", "both"])
+def test_elastic_resume_two_to_three_ranks_with_the_budget(
+    corpus: Path, processor: Any, name: str
+) -> None:
     data = corpus / "data.jsonl"
-    cfg = config(corpus, BUDGET)
+    budgets = BUDGETS[name]
+    cfg = config(corpus, **budgets)
     loaders = [neat_vlm_graph(data, processor, config=cfg, rank=r, world_size=2) for r in (0, 1)]
     its = [iter(x) for x in loaders]
     seen = [next(it) for it in its]
@@ -102,7 +140,7 @@ def test_elastic_resume_two_to_three_ranks_with_the_budget(corpus: Path, process
     rest = [list(x) for x in resumed]
     assert len({len(b) for b in rest}) == 1, "every rank yields the same number of batches"
     for b in seen + [b for bs in rest for b in bs]:
-        assert max(image_tokens(b, processor)) <= BUDGET
+        assert within(b, processor, budgets)
     consumed = [i for x in loaders for i in x.ledgers[0].consumed]
     consumed += [i for x in resumed for i in x.ledgers[0].consumed]
     dropped = [i for x in resumed for i in x.ledgers[0].tail_dropped]
@@ -137,3 +175,35 @@ def test_neatpack_plan_reports_and_keeps_the_budget(
     assert "over --max-visual-tokens 600 on their own: samples [25]" in capsys.readouterr().err
     assert main(["plan", *base, "--max-visual-tokens", "600", "--overlong", "drop"]) == 0
     assert json.loads(capsys.readouterr().out)["overlong"]["first_ids"] == [25]
+
+
+def test_neatpack_plan_keeps_the_images_budget(
+    corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from neatpack.graphs.command.cli import main
+
+    base = [str(corpus / "data.jsonl"), "--processor", "qwen2_vl", "--pack-size", "2048",
+            "--media-root", str(corpus / "media"), "--json"]  # fmt: skip
+    reports = []
+    for extra in (
+        [],
+        ["--max-images", str(IMAGES)],
+        ["--max-images", str(IMAGES), "--max-visual-tokens", str(BUDGET)],
+    ):
+        assert main(["plan", *base, *extra]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    plain, budgeted, both = reports
+    assert plain["images_per_pack"]["max_images"] is None
+    assert plain["images_per_pack"]["max"] > IMAGES
+    for r in (budgeted, both):
+        assert r["images_per_pack"] == {"max_images": IMAGES, "max": IMAGES}
+        assert r["packs"] >= plain["packs"]
+    assert both["visual_per_pack"]["max"] <= BUDGET
+    assert main(["plan", *base, "--max-images", "2"]) == 2  # records of 3 images alone
+    assert "over --max-images 2 on their own" in capsys.readouterr().err
+    assert main(["plan", *base, "--max-images", "2", "--overlong", "drop"]) == 0
+    dropped = json.loads(capsys.readouterr().out)
+    assert dropped["images_per_pack"]["max"] <= 2
+    assert dropped["overlong"]["first_ids"]  # the records of 3 images, left out

@@ -515,3 +515,31 @@ def test_a_mixture_keeps_the_visual_budget_and_takes_the_cost_balance(
         legacy = dataclasses.replace(cfg, mixture=mix)
     assert _visual_per_row(neat_vlm_graph(None, world["processor"], config=legacy),
                            image_token) == (rows, ids)  # fmt: skip
+
+
+def test_a_mixture_keeps_the_images_budget(world: dict[str, Any]) -> None:
+    """``max_images`` through a mixture's plan, with ``max_visual_tokens`` and the cost balance:
+    no pack row holds more images (counted in the batch: one ``<|vision_start|>`` each) than
+    the budget, and the same uses of the same samples are served as without it."""
+    tok = world["processor"].tokenizer
+    image_token = tok.convert_tokens_to_ids("<|image_pad|>")
+    start = tok.convert_tokens_to_ids("<|vision_start|>")
+    mix = _mixture(world)
+    base = NeatVLMConfig(pack_size=1024, cache_dir=str(world["root"] / "cache"))
+
+    def served(cfg: NeatVLMConfig) -> tuple[list[int], list[int], list[int]]:
+        items, visual, ids = [], [], []
+        for batch in neat_vlm_graph(mix, world["processor"], config=cfg):
+            items += (batch["input_ids"] == start).sum(dim=1).tolist()
+            visual += (batch["input_ids"] == image_token).sum(dim=1).tolist()
+            ids += [i for m in batch["packs"] for i in m["sample_ids"]]
+        return items, visual, ids
+
+    plain_items, _, plain_ids = served(base)
+    assert max(plain_items) > 3  # the budget binds
+    cfg = dataclasses.replace(base, max_images=3, max_visual_tokens=530, balance="cost")
+    items, visual, ids = served(cfg)
+    assert max(items) <= 3
+    assert max(visual) <= 530
+    assert Counter(ids) == Counter(plain_ids)  # every use served, none dropped or repeated
+    assert sum(items) == sum(plain_items)

@@ -59,3 +59,16 @@ def test_plan_mixture_errors_are_one_line(
     both = ["plan", "x.jsonl", "--mixture", str(mix_json), "--processor", "qwen2_vl"]
     assert main([*both, "--pack-size", "1024"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_plan_mixture_takes_the_images_budget(
+    mix_json: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["plan", "--mixture", str(mix_json), "--processor", "qwen2_vl", "--pack-size", "1024",
+            "--json"]  # fmt: skip
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--max-images", "3"]) == 0  # tighter than the packs hold: more packs
+    budgeted = json.loads(capsys.readouterr().out)
+    assert budgeted["packs"] > plain["packs"]
+    assert [r["uses"] for r in budgeted["sources"]] == [r["uses"] for r in plain["sources"]]

@@ -203,7 +203,7 @@ def test_bad_text_tokens_are_refused_naming_the_sample(tmp_path: Path, bad: Any)
     with pytest.raises(EstimateError, match=r"sample_id=\d+: _text_tokens=.* is not a token count"):
         est.estimate(r)
     raw = {"messages": [{"role": "user", "content": "Hi"}], "_text_tokens": bad}
-    _, _, slow = est.estimate_raw_batch([raw])
+    _, _, _, slow = est.estimate_raw_batch([raw])
     assert slow == [0]  # the fast path leaves it to the full path, which raises
     path = tmp_path / "d.jsonl"
     good = {"messages": [{"role": "user", "content": "Hi"}], "_text_tokens": 5}
@@ -343,7 +343,7 @@ def raw_records(draw: st.DrawFn) -> dict[str, Any]:
 @given(st.lists(raw_records(), min_size=1, max_size=8))
 def test_fast_path_equals_full_path(raws: list[dict[str, Any]]) -> None:
     est = LengthEstimator(image=ImageTokenConfig(**QWEN3), on_missing_media="fallback")
-    total, visual, slow = est.estimate_raw_batch(raws)
+    total, visual, _, slow = est.estimate_raw_batch(raws)
     for k, raw in enumerate(raws):
         try:
             expected: tuple[int, int] | None = est.estimate(to_record(raw, k, None))
@@ -508,6 +508,6 @@ def test_exact_mode_video_equals_processor_length(family: str) -> None:
         visual = int(out["video_grid_thw"].prod()) // 4
         assert exact.estimate(r) == (out["input_ids"].shape[1] - 1, visual)
         assert est.estimate(r) == exact.estimate(r)  # no free text: the template is exact
-        fast_total, fast_visual, slow = est.estimate_raw_batch([raw])
+        fast_total, fast_visual, _, slow = est.estimate_raw_batch([raw])
         assert slow == []
         assert (int(fast_total[0]), int(fast_visual[0])) == est.estimate(r)

@@ -118,6 +118,11 @@ def source(data: Path) -> ParquetSource:
 def same(a: LengthIndex, b: LengthIndex) -> None:
     np.testing.assert_array_equal(a.total, b.total)
     np.testing.assert_array_equal(a.visual, b.visual)
+    assert a.images is not None
+    assert b.images is not None
+    np.testing.assert_array_equal(a.images, b.images)
+    assert a.images.dtype == np.uint16
+    assert 0 < int(a.images.sum()) < len(a)  # rows(): one image in two of three records
     np.testing.assert_array_equal(a.fallback_ids, b.fallback_ids)
     assert a.fallback_counts == b.fallback_counts
     assert a.fallback_counts  # the corpus has fallbacks: they went through the pieces too

@@ -3,6 +3,7 @@ from their cache files, and give exactly what the in-memory arrays gave."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import multiprocessing as mp
@@ -223,3 +224,122 @@ def test_spawned_workers_map_the_index_and_give_the_same_batches(
     )
     # the mapped index reaches the worker (PackMaterializer) as its place in the file
     assert _batches(neat_vlm_graph(corpus / "data.jsonl", processor, config=spawned), 4) == want
+
+
+def _media_records() -> list[dict[str, Any]]:
+    """Records of 0, 1, 3 images, 2 videos, an image and a video, LLaVA form with 2 <image>,
+    and one the fast path leaves to the full one (an image without size nor file)."""
+    img = {"type": "image", "image": "a.jpg"}
+    vid = {"type": "video", "video": "v.mp4"}
+
+    def conv(*blocks: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": [*blocks, {"type": "text", "text": "hi there"}]},
+                {"role": "assistant", "content": "ok"}]  # fmt: skip
+
+    vmeta = [16, 224, 224, 8.0, 2.0]  # frames, height, width, fps, duration
+    return [
+        {"messages": conv()},
+        {"messages": conv(img), "images_meta": [[280, 560]]},
+        {"messages": conv(img, img, img), "images_meta": [[280, 560], [56, 56], [560, 280]]},
+        {"messages": conv(vid, vid), "videos_meta": [vmeta, vmeta]},
+        {"messages": conv(img, vid), "images_meta": [[280, 560]], "videos_meta": [vmeta]},
+        {
+            "conversations": [
+                {"from": "human", "value": "<image>\n<image>\nboth?"},
+                {"from": "gpt", "value": "yes"},
+            ],
+            "images": ["a.jpg", "b.jpg"],
+            "images_meta": [[56, 56], [56, 56]],
+        },
+        {"messages": conv({"type": "image"}, {"type": "image"})},  # sizes unknown: full path
+    ]
+
+
+def test_the_media_item_counts_round_trip_through_save_and_map(tmp_path: Path) -> None:
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.indexing.lengths import build_length_index
+    from neatpack.pipes.reading.read import SequenceSource
+
+    estimator = LengthEstimator.from_processor(load_tiny_processor(), mode="estimate")
+    src = SequenceSource(_media_records())
+    built = build_length_index(src, estimator, cache_dir=tmp_path, progress=False)
+    assert built.images is not None
+    assert built.images.tolist() == [0, 1, 3, 2, 2, 2, 2]
+    assert built.fallback_counts  # the last record went through the full path
+    (path,) = tmp_path.glob("*.npz")
+    loaded = LengthIndex.load(path, fingerprint=built.fingerprint)
+    assert isinstance(loaded.images, MappedArray)
+    assert loaded.images.dtype == np.uint16
+    assert loaded.images.tolist() == built.images.tolist()
+    assert pickle.loads(pickle.dumps(loaded.images)).tolist() == built.images.tolist()
+    # the checksum covers the column: one flipped count is a corrupt file, rebuilt
+    data = bytearray(path.read_bytes())
+    at = data.index(np.asarray([0, 1, 3, 2], np.uint16).tobytes())
+    data[at + 4] ^= 0x01  # 3 -> 2
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="checksum"):
+        LengthIndex.load(path)
+    again = build_length_index(src, estimator, cache_dir=tmp_path, progress=False)
+    assert again.images is not None
+    assert again.images.tolist() == built.images.tolist()
+
+
+def test_a_media_item_count_over_uint16_is_refused_naming_the_sample() -> None:
+    with pytest.raises(ValueError, match=r"images: sample 1 has 65536 media items.*split"):
+        LengthIndex(total=np.array([1, 2]), visual=np.zeros(2, int), fingerprint="f",
+                    images=np.array([3, 65536]))  # fmt: skip
+
+
+def _layout2_save(path: Path, index: LengthIndex) -> None:
+    """The length index file as neatpack wrote it before the media-item counts (layout 2:
+    int32 lengths, checksum over the stored bytes, no ``images``)."""
+    h = hashlib.sha256(index.fingerprint.encode())
+    for a in (index.total, index.visual):
+        h.update(np.ascontiguousarray(a, dtype="<i4").data)
+    media = index.media.arrays()
+    for a in (index.fallback_ids, *media.values()):
+        h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+    h.update(json.dumps(index.fallback_counts, sort_keys=True).encode())
+    meta = {"format_version": 1, "layout": 2, "fingerprint": index.fingerprint,
+            "fallback_counts": index.fallback_counts, "checksum": h.hexdigest(),
+            "media_root": index.media.root}  # fmt: skip
+    write_npz(
+        path, total=np.asarray(index.total), visual=np.asarray(index.visual),
+        fallback_ids=index.fallback_ids, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+        **media,
+    )  # fmt: skip
+
+
+def test_an_index_file_without_media_item_counts_loads_and_refuses_only_the_images_budget(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """A cache file written before the counts: it loads as it is (same fingerprint, so saved
+    states resume and the same batches come), with ``images`` unknown; ``max_images`` then
+    refuses naming the file and the fix, and deleting the file rebuilds it with the counts."""
+    processor = load_tiny_processor()
+    data = corpus / "data.jsonl"
+    cfg = NeatVLMConfig(pack_size=1024, media_root=str(corpus / "media"), cache_dir=str(tmp_path))
+    first = neat_vlm_graph(data, processor, config=cfg)
+    want = _batches(first, 3)
+    state = first.state_dict()
+    path = next(p for p in tmp_path.glob("*.npz") if len(p.stem) == 64)
+    new = LengthIndex.load(path)
+    _layout2_save(path, new)
+    for plan_file in tmp_path.glob("plan-*.npz"):
+        plan_file.unlink()  # planned again from the old file
+    old = LengthIndex.load(path, fingerprint=new.fingerprint)
+    assert old.images is None
+    assert old.total.tolist() == new.total.tolist()
+    assert json.loads(bytes(read_npz(path, ("meta",), what="t")["meta"]))["layout"] == 2  # kept
+    again = neat_vlm_graph(data, processor, config=cfg)
+    assert _batches(again, 3) == want
+    resumed = neat_vlm_graph(data, processor, config=cfg)
+    resumed.load_state_dict(state)  # the plan's fingerprint is unchanged
+    with pytest.raises(ValueError, match=rf"max_images needs .*{path.name}.*delete that file"):
+        neat_vlm_graph(data, processor, config=dataclasses.replace(cfg, max_images=4))
+    path.unlink()
+    budgeted = neat_vlm_graph(data, processor, config=dataclasses.replace(cfg, max_images=4))
+    assert next(iter(budgeted))["input_ids"].shape[0] == 1
+    rebuilt = LengthIndex.load(path)
+    assert rebuilt.images is not None
+    assert rebuilt.images.tolist() == new.images.tolist()

@@ -140,7 +140,7 @@ def test_fast_raw_estimate_agrees_on_placeholder_records(processor: Any) -> None
         _seed_record(),  # no metadata: the full path decides (a fallback)
         _seed_record([[280, 560]], _media_tokens=9),
     ]
-    total, visual, slow = est.estimate_raw_batch(records)
+    total, visual, _, slow = est.estimate_raw_batch(records)
     assert slow == [2, 3]  # [0] and [1] decided on the fast path
     for k in (0, 1):
         full = est.estimate_sample(to_record(records[k], k, None))

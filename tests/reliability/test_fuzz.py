@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neatpack.pipes.collating.collate import neat_packed_vlm_collater
+from neatpack.pipes.indexing._media_meta import media_items
 from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
 from neatpack.pipes.materializing.pack import build_pack
@@ -165,7 +166,7 @@ def test_jsonl_reader_on_random_json_lines() -> None:
 @given(st.lists(conversations, min_size=1, max_size=6))
 def _estimator_cases(raws: list[Any]) -> None:
     source = SequenceSource(raws)
-    fast_total, fast_visual, slow = ESTIMATOR.estimate_raw_batch(raws)
+    fast_total, fast_visual, fast_items, slow = ESTIMATOR.estimate_raw_batch(raws)
     for sid in range(len(raws)):
         try:
             total, visual = ESTIMATOR.estimate(source[sid])
@@ -177,6 +178,7 @@ def _estimator_cases(raws: list[Any]) -> None:
         assert 0 <= visual <= total + 1
         if sid not in slow:  # the fast path agrees exactly with the full path
             assert (int(fast_total[sid]), int(fast_visual[sid])) == (total, visual)
+            assert int(fast_items[sid]) == media_items(source[sid])  # images + videos
         OUTCOMES["accepted"] += 1
 
 
