@@ -148,6 +148,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "register_varlen_attention",
         "varlen_attention",
     ),
+    "collating.attention_choice": (
+        "check_attention_inputs",
+        "choose_attention_format",
+        "use_varlen_attention",
+    ),
     "collating.boundaries": (
         "add_boundaries",
         "boundary_kwargs",
@@ -243,6 +248,15 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
         register_varlen_attention as register_varlen_attention,
     )
     from neatpack.pipes.collating.varlen_attention import varlen_attention as varlen_attention
+    from neatpack.pipes.collating.attention_choice import (
+        check_attention_inputs as check_attention_inputs,
+    )
+    from neatpack.pipes.collating.attention_choice import (
+        choose_attention_format as choose_attention_format,
+    )
+    from neatpack.pipes.collating.attention_choice import (
+        use_varlen_attention as use_varlen_attention,
+    )
     from neatpack.pipes.compat.packed_dataset import PackedDatasetWrapper as PackedDatasetWrapper
     from neatpack.pipes.compat.packed_dataset import neat_pack_dataset_vlm as neat_pack_dataset_vlm
     from neatpack.pipes.compat.seed_compat import _estimate_image_tokens as _estimate_image_tokens
