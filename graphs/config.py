@@ -251,6 +251,8 @@ class AttentionOptions(Options):
 
     def _check(self) -> None:
         resolve_mask_format(self.attn_implementation)  # the collate's own check, at construction
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"{self.pad_to_multiple_of=} must be >= 1, or None")
 
     def with_attention(self, *, model: Any = None, block_causal: bool = True) -> Any:
         """This config with ``attn_implementation="auto"`` resolved for this machine, the
@@ -266,8 +268,6 @@ class AttentionOptions(Options):
         if fmt == self.attn_implementation:
             return self
         return dataclasses.replace(self, attn_implementation=fmt)
-        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
-            raise ValueError(f"{self.pad_to_multiple_of=} must be >= 1, or None")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -203,6 +203,15 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDEs
+    from neatpack.pipes.collating.attention_choice import (
+        check_attention_inputs as check_attention_inputs,
+    )
+    from neatpack.pipes.collating.attention_choice import (
+        choose_attention_format as choose_attention_format,
+    )
+    from neatpack.pipes.collating.attention_choice import (
+        use_varlen_attention as use_varlen_attention,
+    )
     from neatpack.pipes.collating.block_mask import to_block_mask as to_block_mask
     from neatpack.pipes.collating.boundaries import add_boundaries as add_boundaries
     from neatpack.pipes.collating.boundaries import boundary_kwargs as boundary_kwargs
@@ -248,15 +257,6 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
         register_varlen_attention as register_varlen_attention,
     )
     from neatpack.pipes.collating.varlen_attention import varlen_attention as varlen_attention
-    from neatpack.pipes.collating.attention_choice import (
-        check_attention_inputs as check_attention_inputs,
-    )
-    from neatpack.pipes.collating.attention_choice import (
-        choose_attention_format as choose_attention_format,
-    )
-    from neatpack.pipes.collating.attention_choice import (
-        use_varlen_attention as use_varlen_attention,
-    )
     from neatpack.pipes.compat.packed_dataset import PackedDatasetWrapper as PackedDatasetWrapper
     from neatpack.pipes.compat.packed_dataset import neat_pack_dataset_vlm as neat_pack_dataset_vlm
     from neatpack.pipes.compat.seed_compat import _estimate_image_tokens as _estimate_image_tokens

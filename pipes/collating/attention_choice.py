@@ -42,7 +42,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from neatpack.pipes.collating.mask_format import FLASH_FORMATS
 from neatpack.pipes.collating.varlen_attention import VARLEN_ATTENTION, register_varlen_attention
 
 __all__ = [
@@ -185,9 +184,7 @@ def check_attention_inputs(model: Any, batch: Mapping[str, Any]) -> None:
     fmt = batch_format_of(batch)
     if impl is None or fmt == "other":
         return
-    fix_batch = (
-        "build the graph with attn_implementation='auto' (on CUDA) or 'flash_attention_2'"
-    )
+    fix_batch = "build the graph with attn_implementation='auto' (on CUDA) or 'flash_attention_2'"
     if attends_by_boundaries(impl):
         if fmt != "boundaries":
             raise ValueError(
@@ -224,11 +221,12 @@ def _check_isolated(model: Any, impl: str, batch: Mapping[str, Any]) -> None:
         model.train(training)
     if report.leaks:
         worst = max(report.layers, key=lambda x: x.max_change)
+        shown = "absent" if layout is None else f"of shape {tuple(batch['position_ids'].shape)}"
         raise PackingLeakError(
             f"the batch carries document boundaries (cu_seq_lens_q) and no mask, but the "
             f"model's attention {impl!r} ignores them: its documents attend to each other "
             f"(changing one moved the others by {worst.max_change:.2e} at layer {worst.index}; "
-            f"position_ids {'absent' if layout is None else f'of shape {tuple(positions.shape)}'}"
+            f"position_ids {shown}"
             " do not restart where the documents do). Fix: neatpack.pipes.use_varlen_attention("
             "model) on CUDA (or model.set_attn_implementation(neatpack.pipes."
             "register_varlen_attention())), or build the graph with attn_implementation='sdpa' "

@@ -104,7 +104,8 @@ def test_auto_on_cpu_is_sdpa_same_batches_key_and_resume(corpus: Path, proc: Any
     default, sdpa = _config(corpus), _config(corpus, attn_implementation="sdpa")
     assert default.attn_implementation == "auto"
     a, b = neat_vlm_graph(corpus, proc, config=default), neat_vlm_graph(corpus, proc, config=sdpa)
-    assert a.config == b.config and a.config["attn_implementation"] == "sdpa"
+    assert a.config == b.config
+    assert a.config["attn_implementation"] == "sdpa"
     for x, y in zip(a, b, strict=True):
         assert x.keys() == y.keys()
         for k in x:
@@ -117,7 +118,8 @@ def test_auto_on_cpu_is_sdpa_same_batches_key_and_resume(corpus: Path, proc: Any
     rest = [z["sample_ids"] for z in it]
     resumed = neat_vlm_graph(corpus, proc, config=default)
     resumed.load_state_dict(state)
-    assert [z["sample_ids"] for z in resumed] == rest and rest
+    assert [z["sample_ids"] for z in resumed] == rest
+    assert rest
 
 
 def _config_with(impl: str) -> Qwen2Config:
@@ -159,14 +161,16 @@ def test_cuda_default_graph_and_helper_train_each_document_as_alone(
     loader = neat_vlm_graph(corpus, proc, config=_config(corpus))
     assert loader.config["attn_implementation"] == "flash_attention_2"
     batch = _packed(loader)
-    assert batch["attention_mask"] is None and batch["cu_seq_lens_q"].numel() > 2
+    assert batch["attention_mask"] is None
+    assert batch["cu_seq_lens_q"].numel() > 2
     model = tiny_model("qwen2_vl", processor=proc)
     assert use_varlen_attention(model) == "neatpack_varlen"
     assert model.config._attn_implementation == "neatpack_varlen"
     with torch.no_grad():
         got = float(model(**model_inputs(batch, model=model)).loss)
     layers = model.config.text_config.num_hidden_layers
-    assert varlen_calls.count(True) == layers and varlen_calls.count(False) > 0
+    assert varlen_calls.count(True) == layers
+    assert varlen_calls.count(False) > 0
     want = _alone_loss(model, corpus, proc, batch["sample_ids"][0])
     assert abs(got - want) <= TOL * max(1.0, abs(want)), (got, want)
 
@@ -267,7 +271,9 @@ def test_neat_trainer_is_varlen_by_default_on_cuda(
     assert kept.config._attn_implementation == "sdpa"
 
 
-def test_neat_trainer_leaves_the_model_alone_on_cpu(corpus: Path, proc: Any, tmp_path: Path) -> None:
+def test_neat_trainer_leaves_the_model_alone_on_cpu(
+    corpus: Path, proc: Any, tmp_path: Path
+) -> None:
     model = tiny_model("qwen2_vl", processor=proc)
     _trainer(model, neat_vlm_graph(corpus, proc, config=_config(corpus)), tmp_path)
     assert model.config._attn_implementation == "sdpa"
