@@ -277,3 +277,17 @@ def test_neat_trainer_leaves_the_model_alone_on_cpu(
     model = tiny_model("qwen2_vl", processor=proc)
     _trainer(model, neat_vlm_graph(corpus, proc, config=_config(corpus)), tmp_path)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_auto_keeps_a_mask_for_a_family_whose_mask_is_not_block_causal(
+    on_cuda: None, proc: Any
+) -> None:
+    """Gemma 3's image runs attend both ways: no boundaries express that, so "auto" keeps
+    sdpa's mask there on CUDA too (the family check would refuse flash_attention_2)."""
+    from support import tiny
+
+    from neatpack.graphs.families import family_attention
+
+    gemma = tiny.load_tiny_gemma3_processor()
+    assert family_attention(gemma, NeatVLMConfig()).attn_implementation == "sdpa"
+    assert family_attention(proc, NeatVLMConfig()).attn_implementation == "flash_attention_2"
