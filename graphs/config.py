@@ -267,7 +267,10 @@ class AttentionOptions(Options):
         )
         if fmt == self.attn_implementation:
             return self
-        return dataclasses.replace(self, attn_implementation=fmt)
+        resolved = dataclasses.replace(self, attn_implementation=fmt)
+        if hasattr(self, "_mixture"):  # LegacyMixture's, kept off the fields: carried over
+            object.__setattr__(resolved, "_mixture", self._mixture)
+        return resolved
 
 
 @dataclass(frozen=True, kw_only=True)
