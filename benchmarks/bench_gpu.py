@@ -33,6 +33,7 @@ Real tokens are the batch's non-padding tokens (``doc_ids > 0``; the grouped gra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -170,13 +171,11 @@ def timed_row(model: Any, batches: list[dict[str, Any]], warmup: int, device: st
     return row
 
 
-def balance_row(model: Any, graph: Any, base: Any, balance: str, ranks: int, steps: int,
-                device: str, dtype: torch.dtype) -> dict[str, Any]:  # fmt: skip
-    """The varlen path on ``ranks`` simulated ranks: each step lasts its slowest rank."""
-    import dataclasses
-
-    cfg = dataclasses.replace(base, balance=balance, attn_implementation="flash_attention_2")
-    per_rank = [collect(graph(cfg, r, ranks), steps) for r in range(ranks)]
+def balance_row(model: Any, per_rank: list[list[dict[str, Any]]], device: str,
+                dtype: torch.dtype) -> dict[str, Any]:  # fmt: skip
+    """The varlen path on simulated ranks (``per_rank[r]``: rank r's first batches): each
+    step lasts its slowest rank."""
+    ranks = len(per_rank)
     steps = min(len(b) for b in per_rank)
     try:
         step_seconds(model, per_rank[0][0], device, dtype)  # warm: this row's shapes
@@ -243,10 +242,11 @@ def main() -> None:
 
     t_start = time.perf_counter()
     processor = load_tiny_processor("qwen2_vl")
-    model = build_model(processor, TINY if smoke else QWEN2_VL_2B, device, dtype)
-    params = sum(p.numel() for p in model.parameters())
     metrics: dict[str, Any] = {}
     resolved: dict[str, str] = {}
+    rows: dict[str, Any] = {}  # name -> batches (a row), or per-rank batches (a balance row)
+    # Every batch is built before the model touches the GPU: the length index and the loader
+    # fork worker processes, which must not inherit a CUDA context.
     with tempfile.TemporaryDirectory() as tmp:
         corpus = write_corpus(tmp, num_samples=samples, seed=0)
         media = str(Path(tmp) / "media")
@@ -257,46 +257,56 @@ def main() -> None:
         def graph(cfg: Any, rank: int = 0, world: int = 1) -> Any:
             return neat_vlm_graph(corpus, processor, config=cfg, rank=rank, world_size=world)
 
-        def over_budget(name: str) -> bool:
-            if time.perf_counter() - t_start <= args.budget_s:
-                return False
-            metrics[name] = {"skipped": f"over --budget-s {args.budget_s}"}
-            return True
-
-        # default: what a user gets (the graph's "auto", the model as NeatTrainer prepares it)
-        loader = graph(base)
-        resolved["default"] = loader.config["attn_implementation"]
-        model.set_attn_implementation("sdpa")
-        resolved["default_model"] = use_varlen_attention_for(model, loader)
-        metrics["default"] = timed_row(model, collect(loader, n), warmup, device, dtype)
-
-        import dataclasses
-
-        if not over_budget("dense_sdpa"):
-            model.set_attn_implementation("sdpa")
-            cfg = dataclasses.replace(base, attn_implementation="sdpa")
-            metrics["dense_sdpa"] = timed_row(model, collect(graph(cfg), n), warmup, device, dtype)
-
-        if resolved["default"] == "flash_attention_2" and resolved["default_model"] != "sdpa":
-            metrics["varlen"] = {"same_as": "default"}
-        elif not over_budget("varlen"):
-            model.set_attn_implementation(register_varlen_attention())
-            cfg = dataclasses.replace(base, attn_implementation="flash_attention_2")
-            metrics["varlen"] = timed_row(model, collect(graph(cfg), n), warmup, device, dtype)
-
-        if not over_budget("grouped"):
-            model.set_attn_implementation("sdpa")
-            gcfg = GroupedConfig(batch_size=grouped_batch, media_root=media, shuffle=False,
-                                 cache_dir=f"{tmp}/cache-grouped", num_workers=workers)  # fmt: skip
-            grouped = collect(grouped_vlm_graph(corpus, processor, config=gcfg), n)
-            metrics["grouped"] = timed_row(model, grouped, warmup, device, dtype)
-
-        model.set_attn_implementation(register_varlen_attention())
+        default_loader = graph(base)  # what a user gets: the graph's "auto"
+        resolved["default"] = default_loader.config["attn_implementation"]
+        rows["default"] = collect(default_loader, n)
+        rows["dense_sdpa"] = collect(
+            graph(dataclasses.replace(base, attn_implementation="sdpa")), n
+        )
+        if resolved["default"] != "flash_attention_2":
+            varlen = dataclasses.replace(base, attn_implementation="flash_attention_2")
+            rows["varlen"] = collect(graph(varlen), n)
+        gcfg = GroupedConfig(batch_size=grouped_batch, media_root=media, shuffle=False,
+                             cache_dir=f"{tmp}/cache-grouped", num_workers=workers)  # fmt: skip
+        rows["grouped"] = collect(grouped_vlm_graph(corpus, processor, config=gcfg), n)
         for balance in ("tokens", "cost"):
-            name = f"balance_{balance}"
-            if not over_budget(name):
-                metrics[name] = balance_row(model, graph, base, balance, ranks, balance_steps,
-                                            device, dtype)  # fmt: skip
+            cfg = dataclasses.replace(
+                base, balance=balance, attn_implementation="flash_attention_2"
+            )
+            rows[f"balance_{balance}"] = [
+                collect(graph(cfg, r, ranks), balance_steps) for r in range(ranks)
+            ]
+        metrics["batches_built_s"] = round(time.perf_counter() - t_start, 1)
+
+    model = build_model(processor, TINY if smoke else QWEN2_VL_2B, device, dtype)
+    params = sum(p.numel() for p in model.parameters())
+    varlen_name = register_varlen_attention()
+
+    def over_budget(name: str) -> bool:
+        if time.perf_counter() - t_start <= args.budget_s:
+            return False
+        metrics[name] = {"skipped": f"over --budget-s {args.budget_s}"}
+        return True
+
+    # the model as NeatTrainer prepares it for the default loader
+    resolved["default_model"] = use_varlen_attention_for(model, default_loader)
+    metrics["default"] = timed_row(model, rows["default"], warmup, device, dtype)
+    if not over_budget("dense_sdpa"):
+        model.set_attn_implementation("sdpa")
+        metrics["dense_sdpa"] = timed_row(model, rows["dense_sdpa"], warmup, device, dtype)
+    if "varlen" not in rows:
+        metrics["varlen"] = {"same_as": "default"}
+    elif not over_budget("varlen"):
+        model.set_attn_implementation(varlen_name)
+        metrics["varlen"] = timed_row(model, rows["varlen"], warmup, device, dtype)
+    if not over_budget("grouped"):
+        model.set_attn_implementation("sdpa")
+        metrics["grouped"] = timed_row(model, rows["grouped"], warmup, device, dtype)
+    model.set_attn_implementation(varlen_name)
+    for balance in ("tokens", "cost"):
+        name = f"balance_{balance}"
+        if not over_budget(name):
+            metrics[name] = balance_row(model, rows[name], device, dtype)
 
     default = metrics["default"].get("real_tokens_per_s")
     for name in ("dense_sdpa", "grouped"):

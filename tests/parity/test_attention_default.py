@@ -291,3 +291,17 @@ def test_auto_keeps_a_mask_for_a_family_whose_mask_is_not_block_causal(
     gemma = tiny.load_tiny_gemma3_processor()
     assert family_attention(gemma, NeatVLMConfig()).attn_implementation == "sdpa"
     assert family_attention(proc, NeatVLMConfig()).attn_implementation == "flash_attention_2"
+
+
+def test_a_state_saved_with_another_format_names_the_format_to_resume_with(
+    corpus: Path, proc: Any, on_cuda: None
+) -> None:
+    """A state saved with sdpa batches (before "auto", or on CPU) loaded into a default graph
+    on CUDA (varlen batches): refused by name, with the value that resumes it."""
+    from neatpack.graphs import StateMismatchError
+
+    saved = neat_vlm_graph(corpus, proc, config=_config(corpus, attn_implementation="sdpa"))
+    next(iter(saved))
+    fresh = neat_vlm_graph(corpus, proc, config=_config(corpus))
+    with pytest.raises(StateMismatchError, match=r"pass attn_implementation='sdpa' to resume"):
+        fresh.load_state_dict(saved.state_dict())
