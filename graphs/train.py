@@ -45,7 +45,7 @@ Without a flash-attn build, ``flash_attention_2`` batches run on PyTorch's own v
 through ``neatpack.pipes.use_varlen_attention(model)`` (on CUDA: ``model.set_attn_implementation(
 register_varlen_attention())``), which checks that each call's boundaries are its own tensor's
 (``neatpack.pipes.collating.varlen_attention``). ``model_inputs(batch, model=model)`` checks the
-pair first (``neatpack.pipes.collating.attention_choice``).
+pair first (``neatpack.pipes.collating.attention_check``).
 """
 
 from __future__ import annotations
@@ -57,11 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from neatpack.pipes.collating.attention_choice import (
-    check_attention_inputs,
-    model_attention,
-    use_varlen_attention,
-)
+from neatpack.pipes.collating.attention_check import check_attention_inputs
+from neatpack.pipes.collating.attention_choice import model_attention, use_varlen_attention
 from neatpack.pipes.collating.mask_format import FLASH_FORMATS
 from neatpack.pipes.materializing.loss import CROSS_ENTROPY_IGNORE_IDX, LOSS_COUNT_KEYS
 
@@ -106,7 +103,7 @@ def model_inputs(
     ``labels`` and ``shift_labels``, so the model's loss is next-token cross-entropy.
     ``num_items_in_batch`` (from :func:`step_normalizer`) turns the model's per-batch mean into
     ``sum / num_items_in_batch``. ``model``: checked first against the batch's attention inputs
-    (``attention_choice.check_attention_inputs``): a batch its attention would let documents
+    (``attention_check.check_attention_inputs``): a batch its attention would let documents
     see each other in, or cannot take, raises naming the fix.
 
     >>> model_inputs({"input_ids": 1, "doc_ids": 2, "labels": 3, "packs": []})

@@ -148,11 +148,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "register_varlen_attention",
         "varlen_attention",
     ),
-    "collating.attention_choice": (
-        "check_attention_inputs",
-        "choose_attention_format",
-        "use_varlen_attention",
-    ),
+    "collating.attention_choice": ("choose_attention_format", "use_varlen_attention"),
+    "collating.attention_check": ("check_attention_inputs",),
     "collating.boundaries": (
         "add_boundaries",
         "boundary_kwargs",
@@ -203,7 +200,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDEs
-    from neatpack.pipes.collating.attention_choice import (
+    from neatpack.pipes.collating.attention_check import (
         check_attention_inputs as check_attention_inputs,
     )
     from neatpack.pipes.collating.attention_choice import (
