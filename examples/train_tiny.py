@@ -60,7 +60,7 @@ def main() -> None:
             n = step_normalizer(micro)  # label tokens of the whole step (all ranks, if any)
             step_loss = 0.0
             for b in micro:
-                loss = model(**model_inputs(b, num_items_in_batch=n)).loss
+                loss = model(**model_inputs(b, num_items_in_batch=n, model=model)).loss
                 loss.backward()
                 step_loss += float(loss.detach())
             optimizer.step()

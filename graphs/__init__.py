@@ -29,7 +29,12 @@ from neatpack.graphs.runtime.loader import (
     StateMismatchError,
 )
 from neatpack.graphs.runtime.stages import GraphParts, map_stage
-from neatpack.graphs.train import model_inputs, packed_loss, step_normalizer
+from neatpack.graphs.train import (
+    model_inputs,
+    packed_loss,
+    step_normalizer,
+    use_varlen_attention_for,
+)
 
 __all__ = [
     "AttentionOptions",
@@ -63,4 +68,5 @@ __all__ = [
     "open_source",
     "packed_loss",
     "step_normalizer",
+    "use_varlen_attention_for",
 ]

@@ -42,6 +42,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import Any, Final, Literal
 
 from neatpack.graphs.runtime.stages import WorkerMethod, check_start_method
+from neatpack.pipes.collating.attention_choice import choose_attention_format
 from neatpack.pipes.collating.mask_format import resolve_mask_format
 from neatpack.pipes.indexing.estimate import EstimateMode
 from neatpack.pipes.indexing.index_workers import IndexStartMethod, index_start_method
@@ -227,10 +228,13 @@ class AttentionOptions(Options):
     """The collated batch's attention inputs: format, padding, boundaries."""
 
     attn_implementation: str = option(
-        "sdpa",
-        doc="the batch's attention format: the model's attn_implementation (sdpa, eager, "
-        "flash_attention_2, flex_attention) or position_ids, thd, doc_ids "
-        "(pipes/collating/mask_format.py MASK_FORMATS)",
+        "auto",
+        doc="the batch's attention format: auto (flash_attention_2 batches on CUDA, for "
+        "use_varlen_attention(model); sdpa's dense mask on CPU; the format of the graph's "
+        "model= when given: pipes/collating/attention_choice.py), the model's "
+        "attn_implementation (sdpa, eager, flash_attention_2, flex_attention) or position_ids, "
+        "thd, doc_ids (pipes/collating/mask_format.py MASK_FORMATS); the key holds the "
+        "resolved format",
         key=True,
     )
     pad_to_multiple_of: int | None = option(
@@ -250,6 +254,24 @@ class AttentionOptions(Options):
         resolve_mask_format(self.attn_implementation)  # the collate's own check, at construction
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
             raise ValueError(f"{self.pad_to_multiple_of=} must be >= 1, or None")
+
+    def with_attention(self, *, model: Any = None, block_causal: bool = True) -> Any:
+        """This config with ``attn_implementation="auto"`` resolved for this machine, the
+        graph's ``model`` and the family (``block_causal``: its mask is block-causal), by
+        ``choose_attention_format``: what a graph builds its batches and its checkpoint key
+        from. A config that names its format is returned as it is."""
+        fmt = choose_attention_format(
+            self.attn_implementation,
+            model=model,
+            block_causal=block_causal,
+            cp_size=getattr(self, "cp_size", 1),
+        )
+        if fmt == self.attn_implementation:
+            return self
+        resolved = dataclasses.replace(self, attn_implementation=fmt)
+        if hasattr(self, "_mixture"):  # LegacyMixture's, kept off the fields: carried over
+            object.__setattr__(resolved, "_mixture", self._mixture)
+        return resolved
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,6 +349,8 @@ def _fields(config: Any) -> Iterator[dataclasses.Field[Any]]:
 def checkpoint_key(config: Any) -> dict[str, Any]:
     """The fields a checkpoint must agree on, for any graph's config: those declared
     ``key=True``, and those declared ``key=KEY_WHEN_SET`` whose value is not the default."""
+    if isinstance(config, AttentionOptions):
+        config = config.with_attention()  # "auto" as a graph without model= resolves it
     key: dict[str, Any] = {}
     for f in _fields(config):
         value = getattr(config, f.name)  # not asdict: it would deep-copy

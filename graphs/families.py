@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neatpack.graphs.assemble import cp_alignment
-from neatpack.pipes.collating.collate_family import check_family_mask_format
+from neatpack.pipes.collating.attention_choice import AUTO_ATTENTION
+from neatpack.pipes.collating.collate_family import (
+    check_family_mask_format,
+    family_mask_is_block_causal,
+)
 from neatpack.pipes.collating.mask_format import resolve_mask_format
 from neatpack.pipes.families import Handler, get_handler
 from neatpack.pipes.indexing.handler_lengths import check_estimate_mode, handler_estimator
@@ -35,7 +39,7 @@ from neatpack.pipes.materializing.materialize import MaterializeConfig
 from neatpack.pipes.parallel.pp_family_media import check_pp_split
 from neatpack.pipes.steps import PPMediaSplitter
 
-__all__ = ["FamilyPlan", "plan_family"]
+__all__ = ["FamilyPlan", "family_attention", "plan_family"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,17 @@ class FamilyPlan:
         if not config.pp_microbatches:
             return []
         return [PPMediaSplitter(config.pp_microbatches, handler=self.handler.name)]
+
+
+def family_attention(processor: Any, config: Any, model: Any = None) -> Any:
+    """``config`` with ``attn_implementation="auto"`` resolved (``AttentionOptions.
+    with_attention``) for ``model``, this machine and the processor's family: a family whose
+    packed mask is not block-causal (Gemma 3's image runs) keeps sdpa's 4D mask."""
+    if config.attn_implementation != AUTO_ATTENTION:
+        return config
+    handler = get_handler(processor, config.handler)
+    causal = family_mask_is_block_causal(handler, config.mask_options)
+    return config.with_attention(model=model, block_causal=causal)
 
 
 def plan_family(processor: Any, config: Any) -> FamilyPlan:

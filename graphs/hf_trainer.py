@@ -48,7 +48,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from neatpack.graphs.checkpoint_dirs import atomic_file, json_problem, newest_complete
 from neatpack.graphs.runtime.dist import resolve_rank
-from neatpack.graphs.train import model_inputs
+from neatpack.graphs.train import model_inputs, use_varlen_attention_for
 
 __all__ = [
     "NeatTrainer",
@@ -79,8 +79,9 @@ class TrainerBatches:
     one, as the Trainer's epoch count expects; the Trainer would stop on an empty epoch.
     """
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, model: Any = None) -> None:
         self.loader = loader
+        self.model = model  # checked against each batch's attention inputs (model_inputs)
         self._resumed = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -99,7 +100,7 @@ class TrainerBatches:
 
     def inputs(self, batch: Any) -> dict[str, Any]:
         """One batch as the trainer's ``compute_loss`` takes it (a subclass adds keys)."""
-        out: dict[str, Any] = model_inputs(batch)
+        out: dict[str, Any] = model_inputs(batch, model=self.model)
         return out
 
     def __len__(self) -> int:
@@ -164,15 +165,25 @@ def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str:
 
 class NeatTrainer(Trainer):
     """``transformers.Trainer`` fed by a neatpack loader (``train_loader=``), checkpointed with
-    the trainer. Everything else is the Trainer's own behaviour."""
+    the trainer. Everything else is the Trainer's own behaviour.
 
-    def __init__(self, *args: Any, train_loader: Any, **kwargs: Any) -> None:
+    ``varlen_attention=True`` (default): when the loader's batches carry document boundaries
+    (``flash_attention_2``, what ``attn_implementation="auto"`` gives on CUDA), the model is
+    switched to neatpack's varlen attention on CUDA (:func:`use_varlen_attention_for`); False
+    keeps the model's attention as it is. Either way each batch is checked against the model's
+    attention before it trains (``model_inputs(batch, model=...)``)."""
+
+    def __init__(
+        self, *args: Any, train_loader: Any, varlen_attention: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         parallel = getattr(self.accelerator, "parallelism_config", None)
         ranks = self.args.world_size if parallel is None else parallel.data_parallel_size
         check_loader_ranks(train_loader, ranks)
+        if varlen_attention:
+            use_varlen_attention_for(self.model, train_loader)
         self.train_loader = train_loader
-        self.train_batches = TrainerBatches(train_loader)
+        self.train_batches = TrainerBatches(train_loader, self.model)
 
     def get_train_dataloader(self) -> Any:
         return self.train_batches

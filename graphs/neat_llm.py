@@ -81,7 +81,7 @@ def neat_llm_parts(
     ``2 * cp_size``; ``cp_rank`` then makes every batch that context-parallel rank's shard
     (``pipes/parallel/context_parallel.py``).
     """
-    cfg = config or NeatLLMConfig()
+    cfg = (config or NeatLLMConfig()).with_attention(model=model)  # "auto" -> a format
     hooks = Hooks(pack_transform, batch_transform, model, cp_rank)
     mixed = mixture_parts(data, None, config=cfg, lengths=lengths, build_parts=neat_llm_parts,
                           rank=rank, world_size=world_size, **hooks._asdict())  # fmt: skip

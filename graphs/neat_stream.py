@@ -42,7 +42,7 @@ from typing import Any
 
 from neatpack.graphs.assemble import Hooks, cp_alignment, loader_of, packed_parts, probe_boundaries
 from neatpack.graphs.config import NeatStreamConfig
-from neatpack.graphs.families import plan_family
+from neatpack.graphs.families import family_attention, plan_family
 from neatpack.graphs.neat_vlm import pad_id_of
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX
 from neatpack.graphs.runtime.dist import resolve_rank
@@ -142,7 +142,7 @@ def neat_stream_parts(
     ``source``: a ``StreamSource`` (``pipes/reading/stream.py``: shards re-readable from a
     position). The hooks, ``model`` and ``cp_rank`` are ``neat_vlm_parts``'; ``parts.source``
     is this rank's ``StreamPacker``."""
-    cfg = config or NeatStreamConfig()
+    cfg = family_attention(processor, config or NeatStreamConfig(), model)  # "auto" -> a format
     if not isinstance(source, StreamSource):
         raise TypeError(
             f"neat_stream_graph reads a StreamSource (shards(), open(shard, start), "

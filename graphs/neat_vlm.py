@@ -38,7 +38,7 @@ from neatpack.graphs.assemble import (
     probe_boundaries,
 )
 from neatpack.graphs.config import NeatVLMConfig
-from neatpack.graphs.families import FamilyPlan, plan_family
+from neatpack.graphs.families import FamilyPlan, family_attention, plan_family
 from neatpack.graphs.mixture import mixture_parts
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
@@ -91,7 +91,7 @@ def neat_vlm_parts(
     packs documents padded to a multiple of ``2 * cp_size``; ``cp_rank`` then makes every
     batch that context-parallel rank's shard.
     """
-    cfg = config or NeatVLMConfig()
+    cfg = family_attention(processor, config or NeatVLMConfig(), model)  # "auto" -> a format
     hooks = Hooks(pack_transform, batch_transform, model, cp_rank)
     mixed = mixture_parts(data, processor, config=cfg, lengths=lengths,
                           build_parts=neat_vlm_parts, rank=rank, world_size=world_size,

@@ -28,7 +28,8 @@ by the world size (``Trainer`` does so itself when ``average_tokens_across_devic
         loss = model(**model_inputs(b, num_items_in_batch=n)).loss * world_size
         loss.backward()
 
-Which mask format for which attention implementation (``NeatVLMConfig.attn_implementation``):
+Which mask format for which attention implementation (``NeatVLMConfig.attn_implementation``;
+its default ``"auto"`` gives ``flash_attention_2`` batches on CUDA and ``sdpa`` ones on CPU):
 
 =====================  =========================================  ======================
 model attention        batch["attention_mask"] / extra kwargs     note
@@ -41,9 +42,10 @@ model attention        batch["attention_mask"] / extra kwargs     note
 =====================  =========================================  ======================
 
 Without a flash-attn build, ``flash_attention_2`` batches run on PyTorch's own varlen kernel
-through ``model.set_attn_implementation(neatpack.pipes.register_varlen_attention())``, which
-checks that each call's boundaries are its own tensor's
-(``neatpack.pipes.collating.varlen_attention``).
+through ``neatpack.pipes.use_varlen_attention(model)`` (on CUDA: ``model.set_attn_implementation(
+register_varlen_attention())``), which checks that each call's boundaries are its own tensor's
+(``neatpack.pipes.collating.varlen_attention``). ``model_inputs(batch, model=model)`` checks the
+pair first (``neatpack.pipes.collating.attention_check``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from neatpack.pipes.collating.attention_check import check_attention_inputs
+from neatpack.pipes.collating.attention_choice import model_attention, use_varlen_attention
+from neatpack.pipes.collating.mask_format import FLASH_FORMATS
 from neatpack.pipes.materializing.loss import CROSS_ENTROPY_IGNORE_IDX, LOSS_COUNT_KEYS
 
 __all__ = [
@@ -63,6 +68,7 @@ __all__ = [
     "model_inputs",
     "packed_loss",
     "step_normalizer",
+    "use_varlen_attention_for",
 ]
 
 LOSS_CONVENTIONS = ("token", "document")
@@ -88,6 +94,7 @@ def model_inputs(
     *,
     keep_labels: bool = True,
     num_items_in_batch: int | Tensor | None = None,
+    model: Any = None,
 ) -> dict[str, Any]:
     """The keyword arguments for ``model(**model_inputs(batch))``.
 
@@ -95,11 +102,15 @@ def model_inputs(
     document boundaries carried by ``position_ids``) and passes the (already shifted) labels as
     ``labels`` and ``shift_labels``, so the model's loss is next-token cross-entropy.
     ``num_items_in_batch`` (from :func:`step_normalizer`) turns the model's per-batch mean into
-    ``sum / num_items_in_batch``.
+    ``sum / num_items_in_batch``. ``model``: checked first against the batch's attention inputs
+    (``attention_check.check_attention_inputs``): a batch its attention would let documents
+    see each other in, or cannot take, raises naming the fix.
 
     >>> model_inputs({"input_ids": 1, "doc_ids": 2, "labels": 3, "packs": []})
     {'input_ids': 1, 'labels': 3, 'use_cache': False, 'shift_labels': 3}
     """
+    if model is not None:
+        check_attention_inputs(model, batch)
     out = {k: v for k, v in batch.items() if k not in BOOKKEEPING_KEYS and v is not None}
     if not keep_labels:
         out.pop("labels", None)
@@ -114,6 +125,16 @@ def model_inputs(
     if num_items_in_batch is not None:
         out["num_items_in_batch"] = num_items_in_batch
     return out
+
+
+def use_varlen_attention_for(model: Any, loader: Any, *, cuda: bool | None = None) -> str:
+    """``use_varlen_attention(model)`` when ``loader``'s batches carry document boundaries (its
+    checkpoint key's ``attn_implementation`` is a flash one); the model's attention otherwise
+    (a dense-mask loader keeps a mask-taking model). Returns the implementation in use."""
+    fmt = dict(getattr(loader, "config", None) or {}).get("attn_implementation")
+    if fmt not in FLASH_FORMATS:
+        return model_attention(model) or ""
+    return use_varlen_attention(model, cuda=cuda)
 
 
 def _check_convention(convention: str) -> str:

@@ -148,6 +148,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "register_varlen_attention",
         "varlen_attention",
     ),
+    "collating.attention_choice": ("choose_attention_format", "use_varlen_attention"),
+    "collating.attention_check": ("check_attention_inputs",),
     "collating.boundaries": (
         "add_boundaries",
         "boundary_kwargs",
@@ -198,6 +200,15 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDEs
+    from neatpack.pipes.collating.attention_check import (
+        check_attention_inputs as check_attention_inputs,
+    )
+    from neatpack.pipes.collating.attention_choice import (
+        choose_attention_format as choose_attention_format,
+    )
+    from neatpack.pipes.collating.attention_choice import (
+        use_varlen_attention as use_varlen_attention,
+    )
     from neatpack.pipes.collating.block_mask import to_block_mask as to_block_mask
     from neatpack.pipes.collating.boundaries import add_boundaries as add_boundaries
     from neatpack.pipes.collating.boundaries import boundary_kwargs as boundary_kwargs

@@ -3,14 +3,14 @@
     accelerator = Accelerator()                      # first: it starts the process group
     loader = neat_vlm_graph(data, processor, config=config)   # reads this rank and world size
     model, optimizer = accelerator.prepare(model, optimizer)  # not the loader
-    batches = prepare_loader(accelerator, loader)    # checks ranks, registers the state
+    batches = prepare_loader(accelerator, loader, model=model)  # ranks, state, varlen on CUDA
     step = 0
     accelerator.load_state(last_complete_state("ckpt"))   # on resume: the newest complete one
     while batches.epoch < epochs:
         for batch in batches:
             step += 1
             n = step_normalizer([batch], device=accelerator.device)
-            loss = model(**model_inputs(batch, num_items_in_batch=n)).loss
+            loss = model(**model_inputs(batch, num_items_in_batch=n, model=model)).loss
             accelerator.backward(loss * loss_scale(accelerator))
             optimizer.step(); optimizer.zero_grad()
             batches.log_data_metrics(step)           # wait, fill, ... to the trackers
@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from neatpack.graphs.checkpoint_dirs import atomic_file, json_problem, newest_complete
+from neatpack.graphs.train import use_varlen_attention_for
 
 __all__ = [
     "COMPLETE",
@@ -75,10 +76,18 @@ COMPLETE = "neatpack_complete.json"
 _NUMBERED = re.compile(r"^\D*(\d+)$")
 
 
-def prepare_loader(accelerator: Any, loader: Any) -> AcceleratorBatches:
+def prepare_loader(
+    accelerator: Any, loader: Any, *, model: Any = None, varlen_attention: bool = True
+) -> AcceleratorBatches:
     """``loader`` for an ``accelerate`` loop: its rank and world size checked against the
     accelerator's processes, its state registered with ``accelerator.register_for_checkpointing``
-    (``save_state`` / ``load_state`` carry it), batches moved to ``accelerator.device``."""
+    (``save_state`` / ``load_state`` carry it), batches moved to ``accelerator.device``.
+    ``model`` with ``varlen_attention`` (default): a loader of boundary batches
+    (``attn_implementation="auto"`` on CUDA) switches it to neatpack's varlen attention on CUDA
+    (``train.use_varlen_attention_for``); check each batch with ``model_inputs(batch,
+    model=model)``."""
+    if model is not None and varlen_attention:
+        use_varlen_attention_for(accelerator.unwrap_model(model), loader)
     source = loader.source
     want = (accelerator.process_index, accelerator.num_processes)
     if (source.rank, source.world_size) != want:

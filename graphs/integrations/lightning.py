@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from neatpack.graphs.hf_trainer import TrainerBatches
 from neatpack.graphs.runtime.dist import resolve_rank
-from neatpack.graphs.train import step_normalizer
+from neatpack.graphs.train import step_normalizer, use_varlen_attention_for
 
 __all__ = [
     "RANKS_KEY",
@@ -87,8 +87,8 @@ class LightningBatches(TrainerBatches):
     batches trained; the resume fetches the window again and goes on after those.
     """
 
-    def __init__(self, loader: Any, trainer: Any = None) -> None:
-        super().__init__(loader)
+    def __init__(self, loader: Any, trainer: Any = None, model: Any = None) -> None:
+        super().__init__(loader, model)
         self.trainer = trainer
         # Inside a window the loader is ahead of training, so the state saved there is the
         # loader's state before the window plus how many of its batches were trained.
@@ -164,11 +164,20 @@ class LightningBatches(TrainerBatches):
 class NeatDataModule(pl.LightningDataModule):
     """A ``LightningDataModule`` over one neatpack loader, built by ``build_loader()`` when
     Lightning first asks for the train dataloader (after the process group starts) and closed
-    (threads, workers) at teardown. ``self.loader`` is the loader (its ledger, stats)."""
+    (threads, workers) at teardown. ``self.loader`` is the loader (its ledger, stats).
 
-    def __init__(self, build_loader: Callable[[], Any]) -> None:
+    ``model``: the transformers model the module trains. Each batch is then checked against its
+    attention (``model_inputs(batch, model=model)``), and with ``varlen_attention`` (default)
+    a loader of boundary batches (``attn_implementation="auto"`` on CUDA) switches it to
+    neatpack's varlen attention on CUDA (``hf_trainer.use_varlen_attention_for``)."""
+
+    def __init__(
+        self, build_loader: Callable[[], Any], *, model: Any = None, varlen_attention: bool = True
+    ) -> None:
         super().__init__()
         self.build_loader = build_loader
+        self.model = model
+        self.varlen_attention = varlen_attention
         self.loader: Any = None
         self.batches: LightningBatches | None = None
 
@@ -177,7 +186,9 @@ class NeatDataModule(pl.LightningDataModule):
         # with the loader's next epoch instead of building the graph again.
         if self.batches is None:
             self.loader = self.build_loader()
-            self.batches = LightningBatches(self.loader, self.trainer)
+            if self.model is not None and self.varlen_attention:
+                use_varlen_attention_for(self.model, self.loader)
+            self.batches = LightningBatches(self.loader, self.trainer, self.model)
         return self.batches
 
     def teardown(self, stage: str) -> None:

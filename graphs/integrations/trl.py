@@ -54,7 +54,7 @@ class SFTBatches(TrainerBatches):
     metric: ``doc_ids`` is ``1..k`` on the k documents of a row, ``0`` on its padding."""
 
     def inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = model_inputs(batch)
+        out: dict[str, Any] = model_inputs(batch, model=self.model)
         if out.get("attention_mask", 0) is None:
             del out["attention_mask"]  # the same to the model; TRL would call None.sum()
         if "doc_ids" in batch:  # a padded (unpacked) batch's 2D mask counts right already
@@ -125,7 +125,7 @@ class NeatSFTTrainer(NeatTrainer, SFTTrainer):
             processing_class=processing_class,
             **kwargs,
         )
-        self.train_batches = SFTBatches(train_loader)
+        self.train_batches = SFTBatches(train_loader, self.model)
 
     def compute_loss(
         self,

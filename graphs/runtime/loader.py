@@ -679,6 +679,12 @@ def _mismatch_message(
         if "lengths" in changed
         else ""
     )
+    if "attn_implementation" in changed:  # "auto" resolves per machine (attention_choice.py)
+        saved = state["config"].get("attn_implementation")
+        what += (
+            f" (attn_implementation='auto', the default, picks the format for this machine and "
+            f"model: pass attn_implementation={saved!r} to resume this state)"
+        )
     return (
         f"the loader config changed since the state was saved: {changed} "
         f"(saved {[state['config'].get(k) for k in changed]}, now "

@@ -85,19 +85,24 @@ def resolve_mask_format(
     mask_format: str | None = None,
     materialize_4d_mask: bool = True,
 ) -> str:
-    """The mask format to build: ``mask_format`` wins, then ``attn_implementation``, then sdpa.
+    """The mask format to build: ``mask_format`` wins, then ``attn_implementation``, then sdpa;
+    ``"auto"`` is resolved for this machine (``attention_choice.choose_attention_format``).
 
     ``materialize_4d_mask=False`` turns the 4D formats (sdpa, eager) into ``doc_ids`` (the
     seed's behaviour, used with context parallelism where the mask is built per shard).
     """
     name = mask_format if mask_format is not None else attn_implementation
     name = "sdpa" if name is None else name
+    if name == "auto":  # attention_choice.py: flash_attention_2 on CUDA, sdpa elsewhere
+        from neatpack.pipes.collating.attention_choice import choose_attention_format
+
+        name = choose_attention_format(name)
     if name not in MASK_FORMATS:
         raise ValueError(
             f"unknown mask format {name!r} (from {attn_implementation=}, {mask_format=}); "
-            f"valid: {', '.join(MASK_FORMATS)}. Fix: pass one of them: the model's own attention "
-            "implementation when listed, else doc_ids (per-token document ids) or thd "
-            "(cu_seqlens, no mask)"
+            f"valid: {', '.join(MASK_FORMATS)}, or auto. Fix: pass one of them: auto (the "
+            "fastest exact one here), the model's own attention implementation when listed, else "
+            "doc_ids (per-token document ids) or thd (cu_seqlens, no mask)"
         )
     if not materialize_4d_mask and name in ("sdpa", "eager"):
         return "doc_ids"
@@ -212,9 +217,10 @@ def warn_dense_mask_on_cuda(fmt: str, lengths: Any, pack_size: int) -> None:
         f"attn_implementation={fmt!r} gives every packed row a dense [{pack_size}, {pack_size}] "
         f"mask: on this data attention computes about {ratio:.1f}x the documents' own "
         "(notes: a pack of 8,192 trained 1.21x faster through varlen attention on an H200, "
-        "2.23x at 32,768). Fix: attn_implementation='flash_attention_2' and "
-        "model.set_attn_implementation(neatpack.pipes.register_varlen_attention()) (PyTorch's "
-        "own varlen kernel, no flash-attn build), or keep sdpa for a model that needs it",
+        "2.23x at 32,768). Fix: attn_implementation='auto' (the default; flash_attention_2 "
+        "batches here) and neatpack.pipes.use_varlen_attention(model) (PyTorch's own varlen "
+        "kernel, no flash-attn build; NeatTrainer calls it), or keep sdpa for a model that "
+        "needs it",
         UserWarning,
         stacklevel=4,
     )

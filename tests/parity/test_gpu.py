@@ -212,3 +212,93 @@ def test_pin_memory_pins_every_tensor_and_resumes_exactly() -> None:
     resumed.load_state_dict(state)
     assert [b["sample_ids"] for b in resumed] == rest
     assert rest
+
+
+def _alone_inputs(smp: dict[str, Any]) -> dict[str, Any]:
+    one = {"input_ids": smp["input_ids"][None], "labels": smp["labels"][None]}
+    if "pixel_values" in smp:
+        one["pixel_values"] = smp["pixel_values"].to(torch.bfloat16)
+        one["image_grid_thw"] = smp["image_grid_thw"]
+        if "mm_token_type_ids" in smp:
+            one["mm_token_type_ids"] = smp["mm_token_type_ids"][None]
+    return one
+
+
+def test_default_graph_and_helper_train_packed_as_separate_in_bf16(
+    kernel_calls: list[tuple[bool, int, list[int]]], tmp_path: Path
+) -> None:
+    """#27: the default config on CUDA gives flash_attention_2 batches (``"auto"``), and
+    ``use_varlen_attention`` puts the real tiny Qwen2-VL (bf16) on neatpack's varlen function:
+    every text layer goes through PyTorch's varlen kernel with the pack's boundaries, each
+    document's logits match the sample run alone (sdpa, unpacked) and so does the loss."""
+    from neatpack.pipes import use_varlen_attention
+    from neatpack.pipes.collating.attention_choice import cuda_training
+
+    if not cuda_training():
+        pytest.skip("no varlen kernel (torch.nn.attention.varlen) and no flash-attn")
+    proc = load_tiny_processor("qwen2_vl")
+    corpus = write_corpus(tmp_path, num_samples=10, seed=3)
+    media = str(corpus.parent / "media")
+    loader = neat_vlm_graph(corpus, proc, config=NeatVLMConfig(pack_size=1024, media_root=media,
+                                                               prefetch=0))  # fmt: skip
+    assert loader.config["attn_implementation"] == "flash_attention_2"
+    model = tiny_model("qwen2_vl", processor=proc).to("cuda", torch.bfloat16)
+    assert use_varlen_attention(model) == "neatpack_varlen"
+    source = JsonlSource(corpus, media)
+    layers = model.config.text_config.num_hidden_layers
+    checked = 0
+    for batch in loader:
+        ids = batch["sample_ids"][0]
+        if len(ids) < 2:
+            continue
+        assert batch["attention_mask"] is None
+        model.set_attn_implementation("neatpack_varlen")  # the sdpa runs below switched it
+        inputs = model_inputs(_on(batch), model=model)
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+        kernel_calls.clear()
+        with torch.no_grad():
+            out = model(**inputs)
+        text_cu = batch["cu_seq_lens_q"].tolist()
+        assert [c for c in kernel_calls if c[0]] == [(True, text_cu[-1], text_cu)] * layers
+        samples = [_alone_inputs(tokenize_conversation(source[sid], proc)) for sid in ids]
+        model.set_attn_implementation("sdpa")
+        doc = batch["doc_ids"][0]
+        for j, one in enumerate(samples, start=1):
+            where = (doc == j).nonzero().flatten()
+            assert torch.equal(batch["input_ids"][0, where], one["input_ids"][0])
+            with torch.no_grad():
+                alone = model(**_on(one), use_cache=False).logits[0].float()
+            packed = out.logits[0, where.cuda()].float()
+            cos = torch.nn.functional.cosine_similarity(packed.flatten(), alone.flatten(), dim=0)
+            assert float(cos) > 0.999, (j, float(cos))
+            assert float((packed - alone).abs().mean()) <= 2e-2 * float(alone.abs().mean()) + 1e-3
+        _close(float(out.loss), _reference_loss(model, samples))
+        checked += 1
+    assert checked >= 2
+
+
+def test_default_boundary_batches_on_a_kept_sdpa_model_pass_the_check(tmp_path: Path) -> None:
+    """``varlen_attention=False`` (the model kept on sdpa) with the default CUDA batches: the
+    check probes the bf16 model once, finds the documents apart (transformers rebuilds the mask
+    from the text positions) and the loss is the varlen path's."""
+    from neatpack.pipes import use_varlen_attention
+    from neatpack.pipes.collating.attention_choice import cuda_training
+
+    if not cuda_training():
+        pytest.skip("no varlen kernel (torch.nn.attention.varlen) and no flash-attn")
+    proc = load_tiny_processor("qwen2_vl")
+    corpus = write_corpus(tmp_path, num_samples=10, seed=3)
+    media = str(corpus.parent / "media")
+    loader = neat_vlm_graph(corpus, proc, config=NeatVLMConfig(pack_size=1024, media_root=media,
+                                                               prefetch=0))  # fmt: skip
+    batch = next(b for b in loader if len(b["sample_ids"][0]) > 1)
+    model = tiny_model("qwen2_vl", processor=proc).to("cuda", torch.bfloat16)
+    inputs = model_inputs(_on(batch), model=model)  # sdpa: probed, passes
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+    with torch.no_grad():
+        kept = float(model(**inputs).loss)
+        use_varlen_attention(model)
+        varlen = float(model(**inputs).loss)
+    _close(kept, varlen)
