@@ -21,11 +21,9 @@ planning in memory.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ import numpy.typing as npt
 
 from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_packs
 from neatpack.pipes.reading.npz_files import checksum, map_npz, write_npz
+from neatpack.pipes.reading.verified import locked, verify_once
 
 __all__ = ["load_plan", "save_plan", "shared_plan"]
 
@@ -80,16 +79,13 @@ def load_plan(
     if stamp is not None and meta.get("lengths") != stamp:
         raise ValueError(f"{path}: planned from lengths {meta.get('lengths')}, not {stamp}")
     arrays = {name: z[name] for name in _ARRAYS}
-    if checksum(arrays, meta) != want:
-        raise ValueError(f"{path}: checksum mismatch (corrupt plan file)")
+
+    def check() -> None:
+        if checksum(arrays, meta) != want:
+            raise ValueError(f"{path}: checksum mismatch (corrupt plan file)")
+
+    verify_once(path, arrays, check)  # once per node (verified.py)
     return PackPlan(**arrays, **scalars)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
-        yield
 
 
 def shared_plan(
@@ -123,7 +119,7 @@ def shared_plan(
     with contextlib.ExitStack() as stack:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(_locked(path.with_suffix(".lock")))
+            stack.enter_context(locked(path.with_suffix(".lock")))
         except OSError:
             return plan_packs(lengths, capacity, **options)  # a folder we cannot write
         with contextlib.suppress(ValueError):
