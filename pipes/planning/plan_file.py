@@ -41,13 +41,24 @@ _SCALARS = ("capacity", "packing_ratio", "group_size", "seed", "shuffle", "finge
 _LAYOUT = 1
 
 
+# the stamps of mapped lengths, by their place in their cache file (file identity included):
+# a process plans for its first loader and again to resume, 0.2 CPU-s each at 100M samples
+_STAMPS: dict[tuple[Any, ...], list[int]] = {}
+
+
 def _lengths_stamp(lengths: npt.ArrayLike, options: dict[str, Any]) -> list[int]:
     """Count and sums of the lengths a plan was made from: a plan file found by a ``key`` must
     match them too (a hand-made index reusing a fingerprint gets its own plan, not this one)."""
-    total = np.asarray(lengths)
     visual = options.get("visual")
+    key = (getattr(lengths, "_where", None), getattr(visual, "_where", None))
+    if key[0] is not None and (visual is None or key[1] is not None) and key in _STAMPS:
+        return list(_STAMPS[key])
+    total = np.asarray(lengths)
     vis_sum = -1 if visual is None else int(np.asarray(visual).sum())
-    return [int(total.shape[0]), int(total.sum()), vis_sum]
+    stamp = [int(total.shape[0]), int(total.sum()), vis_sum]
+    if key[0] is not None and (visual is None or key[1] is not None):
+        _STAMPS[key] = stamp
+    return list(stamp)
 
 
 def save_plan(plan: PackPlan, path: str | os.PathLike[str], stamp: list[int] | None = None) -> None:
