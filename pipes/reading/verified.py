@@ -66,6 +66,16 @@ def _stamp_of(stamp: Path) -> Any:
         return None
 
 
+def _stamped(path: Path, stamp: Path, mapped: tuple[int, ...]) -> bool:
+    """Whether the stamp vouches for the file as it is now, and it is the file mapped."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    ident = _identity(st)
+    return bool(ident[1:4] == list(mapped) and _stamp_of(stamp) == ident)
+
+
 def verify_once(
     path: str | os.PathLike[str], arrays: Mapping[str, Any], check: Callable[[], None]
 ) -> None:
@@ -75,17 +85,19 @@ def verify_once(
     path = Path(path)
     mapped = _mapped_identity(arrays)
     stamp = path.with_name(f".{path.name}.{socket.gethostname()}.verified")
+    if mapped is not None and _stamped(path, stamp, mapped):
+        return  # no lock to wait for: eight ranks on two cores queued on it for seconds
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(locked(path.with_name(f".{path.name}.verify.lock")))
         except OSError:
             check()  # a folder we cannot write: every process checks
             return
+        if mapped is not None and _stamped(path, stamp, mapped):
+            return  # checked by the process we waited for
         st = os.stat(path)
         if mapped is None or (st.st_ino, st.st_size, st.st_mtime_ns) != mapped:
             check()  # replaced since it was mapped (or nothing mapped): check, stamp nothing
-            return
-        if _stamp_of(stamp) == _identity(st):
             return
         wait = (st.st_ctime_ns - time.time_ns()) / 1e9 + _SETTLE_S
         if wait > _SETTLE_S:  # a ctime in the future (clock skew): no stamp to trust
