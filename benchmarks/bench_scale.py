@@ -29,7 +29,9 @@ to ``N`` and saved where the graph finds it (``cache_dir``) in the real cache fo
 ``neat_vlm_graph(..., rank=r, world_size=R)`` from the cached index, pull the first batch,
 save the loader state, build a fresh loader, load the state and pull the next batch.
 Reported per rank: ``first_batch_s`` (graph built from the cached index, plan included, first
-batch out), ``resume_s``, ``peak_rss_mb`` (VmHWM), ``pss_mb`` / ``private_mb`` (from
+batch out), ``resume_s``, both also in CPU seconds of the rank's process (``_cpu_s``, threads
+included; summed over ranks per node: the wall times depend on what else shares the cores,
+``env.load_average_*``), ``peak_rss_mb`` (VmHWM), ``pss_mb`` / ``private_mb`` (from
 ``/proc/self/smaps_rollup`` while every rank is alive: PSS counts a page shared by k
 processes as 1/k) and their growth over the rank's baseline (taken after a warm-up graph
 over the 4,096 patterns alone: modules imported, nothing of the N samples loaded); the first
@@ -55,6 +57,7 @@ import argparse
 import gc
 import hashlib
 import json
+import os
 import random
 import resource
 import tempfile
@@ -252,29 +255,31 @@ def _rank_main(
         # warm up on the patterns alone (every module imported, every cache filled), so the
         # growth over the baseline below is what the N samples cost
         warm = IdSource(patterns, len(patterns), root)
-        next(iter(neat_vlm_graph(warm, processor, config=cfg, rank=rank, world_size=world)))
+        with neat_vlm_graph(warm, processor, config=cfg, rank=rank, world_size=world) as ready:
+            next(iter(ready))  # closed: its prefetch would build batches on the timed clock
         gc.collect()
         base = _proc_mb()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loader = neat_vlm_graph(source, processor, config=cfg, rank=rank, world_size=world)
         it = iter(loader)
         first = next(it)
-        first_s = time.perf_counter() - t0
+        first_s, first_cpu = time.perf_counter() - t0, time.process_time() - c0
         tokens = int((first["doc_ids"] > 0).sum())
         state = loader.state_dict()
         expect = next(it)["input_ids"]
         del loader, it, first  # a restarted rank holds one loader: free this one first
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         again = neat_vlm_graph(source, processor, config=cfg, rank=rank, world_size=world)
         again.load_state_dict(state)
         got = next(iter(again))["input_ids"]
-        resume_s = time.perf_counter() - t0
+        resume_s, resume_cpu = time.perf_counter() - t0, time.process_time() - c0
         barrier.wait()  # every rank holds its graphs now: PSS splits shared pages among them
         mem = _proc_mb()
         barrier.wait()
         q.put({
             "rank": rank, "first_batch_s": round(first_s, 2), "resume_s": round(resume_s, 2),
+            "first_batch_cpu_s": round(first_cpu, 2), "resume_cpu_s": round(resume_cpu, 2),
             "resume_exact": bool((got == expect).all()),
             "first_batch_tokens": tokens,
             "base": base, "mem": mem,
@@ -286,10 +291,11 @@ def _rank_main(
 
 def _plan_main(path: str, world: int, q: Any) -> None:
     index = LengthIndex.load(path)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     plan = plan_packs(index.total, PACK, visual=index.visual, world_size=world, seed=0)
     took = time.perf_counter() - t0
-    q.put({"plan_s": round(took, 2), "packs": len(plan), "plan_peak_rss_mb": _proc_mb()})
+    q.put({"plan_s": round(took, 2), "plan_cpu_s": round(time.process_time() - c0, 2),
+           "packs": len(plan), "plan_peak_rss_mb": _proc_mb()})  # fmt: skip
 
 
 def scale_figures(n: int, ranks: int, workers: int, workdir: str | None) -> dict[str, Any]:
@@ -368,6 +374,10 @@ def scale_figures(n: int, ranks: int, workers: int, workdir: str | None) -> dict
             "max_peak_rss_mb": max(g["peak_rss_mb"] for g in per_rank),
             "max_first_batch_s": max(g["first_batch_s"] for g in per_rank),
             "max_resume_s": max(g["resume_s"] for g in per_rank),
+            # CPU seconds of every rank together (threads included): what the node's cores
+            # must give, whatever else runs on them (the wall times above depend on that)
+            "first_batch_cpu_s": round(sum(g["first_batch_cpu_s"] for g in per_rank), 2),
+            "resume_cpu_s": round(sum(g["resume_cpu_s"] for g in per_rank), 2),
             "resume_exact": all(g["resume_exact"] for g in per_rank),
         }
         offsets = reader_offsets(n, root)
@@ -563,7 +573,7 @@ def main() -> None:
         help="only the readers' offset bytes a sample at --samples (default 10M)",
     )
     args = ap.parse_args()
-    env = machine()
+    env = machine(load_average_at_start=[round(x, 1) for x in os.getloadavg()])
     if args.readers:
         n = args.samples or 10_000_000
         with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -573,6 +583,7 @@ def main() -> None:
         return
     if args.samples:
         metrics = scale_figures(args.samples, args.ranks, args.workers, args.workdir)
+        env["load_average_at_end"] = [round(x, 1) for x in os.getloadavg()]
         params = {"samples": args.samples, "ranks": args.ranks, "workers": args.workers,
                   "pack_size": PACK, "mode": "estimate"}  # fmt: skip
         print(json.dumps({"benchmark": "scale", "params": params, "metrics": metrics, "env": env}))

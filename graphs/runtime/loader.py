@@ -360,7 +360,7 @@ class NeatLoader:
         plan = self.source.plan_for(self._group_size)
         epoch = int(packs[0]["epoch"])
         if self._orders is None or self._orders[0] is not plan or self._orders[1] != epoch:
-            self._orders = (plan, epoch, np.asarray(plan.epoch_order(epoch), dtype=np.int64))
+            self._orders = (plan, epoch, self.source.order_of(epoch, self._group_size))
         slots = [int(m["slot"]) for m in packs]
         self.stats.add_step(
             step_cost.step_loads(

@@ -53,6 +53,7 @@ from neatpack.pipes.indexing.index_workers import index_start_method, index_work
 from neatpack.pipes.indexing.media_stamp import MediaStamp, relative_to, unsized_media_paths
 from neatpack.pipes.reading._record import RecordError, paused_gc
 from neatpack.pipes.reading.npz_files import map_npz, write_npz
+from neatpack.pipes.reading.verified import verify_once
 
 __all__ = [
     "FORMAT_VERSION",
@@ -240,8 +241,15 @@ class LengthIndex:
             )
         if fingerprint is not None and index.fingerprint != fingerprint:
             raise ValueError(f"{path}: fingerprint {index.fingerprint} is not {fingerprint}")
-        if index._checksum(layout) != meta["checksum"]:
-            raise ValueError(f"{path}: checksum mismatch (corrupt file)")
+
+        def check() -> None:
+            if index._checksum(layout) != meta["checksum"]:
+                raise ValueError(f"{path}: checksum mismatch (corrupt file)")
+
+        if layout < _NO_IMAGES_LAYOUT:  # read whole, verified and rewritten below
+            check()
+        else:  # mapped: once per node, the other ranks of a node find it verified (verified.py)
+            verify_once(path, z, check)
         if layout < _NO_IMAGES_LAYOUT:
             try:
                 index.save(path)

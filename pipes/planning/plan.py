@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +43,12 @@ from neatpack.pipes.planning.balance import BalancePolicy, balanced_order, pack_
 from neatpack.pipes.planning.binpack import (
     IntArray,
     add_arange,
-    best_fit_decreasing,
     best_fit_two_budgets,
     check_budget,
     check_lengths,
     greedy_knapsack,
     id_dtype,
+    packed_csr,
 )
 from neatpack.pipes.planning.group_pack import group_packs
 
@@ -260,6 +261,18 @@ def _pack_sums(values: npt.NDArray[Any], offsets: IntArray, ids: npt.NDArray[Any
     return out
 
 
+def _csr_sums(values: npt.NDArray[Any], offsets: IntArray) -> IntArray:
+    """Per pack sums of ``values`` already in CSR order, a block of packs at a time."""
+    n = offsets.size - 1
+    out = np.zeros(n, dtype=np.int64)
+    step = max(1, _BLOCK // 64)
+    for p0 in range(0, n, step):
+        p1 = min(p0 + step, n)
+        a, b = int(offsets[p0]), int(offsets[p1])
+        out[p0:p1] = np.add.reduceat(values[a:b], offsets[p0:p1] - a, dtype=np.int64)
+    return out
+
+
 def _reorder(offsets: IntArray, ids: npt.NDArray[Any], order: IntArray) -> tuple[IntArray, Any]:
     """The CSR with its packs in ``order`` (a subset of them, in that order), a block of packs
     at a time: the only O(samples) array made is the new ids (the old are freed by the caller)."""
@@ -432,10 +445,18 @@ def plan_packs(
         over_budget = np.union1d(over_budget, over_images).astype(np.int64)
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
                      balance, max_visual, max_images)  # fmt: skip
-    fingerprint = _fingerprint(total, vis, params, plan_images(imgs, balance, max_images))
-    dropped = np.flatnonzero(total > capacity).astype(np.int64)
+    # the fingerprint hashes every length (1.2 s at 100M samples); hashlib and numpy's casts
+    # let go of the GIL, so it runs on another core while the packer works
+    hashing = ThreadPoolExecutor(1, thread_name_prefix="plan-fingerprint")
+    fingerprint_of = hashing.submit(_fingerprint, total, vis, params,
+                                    plan_images(imgs, balance, max_images))  # fmt: skip
+    hashing.shutdown(wait=False)
+    peak = int(total.max()) if total.size else 0
+    dropped = np.zeros(0, dtype=np.int64)
+    if peak > capacity:
+        dropped = np.flatnonzero(total > capacity).astype(np.int64)
     work = total  # the lengths the packer sees; a copy only where some must change
-    if dropped.size or (total.size and int(total.max()) > plan_capacity):
+    if peak > plan_capacity:
         work = np.minimum(total, plan_capacity)  # headroom: (plan_capacity, capacity] alone
         work[dropped] = plan_capacity + 1  # still overlong for the packer, which leaves them out
     # packs made for their step groups (group_pack.py) keep the visual budget; with an images
@@ -448,8 +469,16 @@ def plan_packs(
     if grouped is not None:
         offsets, ids, by_load, free_from = grouped
         dropped = np.union1d(dropped, over_budget).astype(np.int64)
+        tot_p = _pack_sums(total, offsets, ids)
+        vis_p = _pack_sums(vis, offsets, ids) if vis is not None else np.zeros_like(tot_p)
     elif not budgets:
-        offsets, ids = best_fit_decreasing(work, plan_capacity, overlong="drop")
+        # each pack's tokens and visual tokens come with the packing (no gather by id)
+        carry = ([] if vis is None else [vis]) + ([] if work is total else [total])
+        offsets, ids, carried, tot_p = packed_csr(work, plan_capacity, carry=carry)
+        if work is not total:
+            tot_p = _csr_sums(carried.pop(), offsets)
+        vis_p = _csr_sums(carried[0], offsets) if vis is not None else np.zeros_like(tot_p)
+        del carried
     else:
         dropped = np.union1d(dropped, over_budget).astype(np.int64)
         placed = np.ones(total.size, dtype=bool)
@@ -458,9 +487,9 @@ def plan_packs(
         (v0, b0), *more = [(np.asarray(v)[kept], int(b)) for v, b in budgets]
         offsets, sub = best_fit_two_budgets(work[kept], v0, plan_capacity, b0, more=more)
         ids = kept[sub]
+        tot_p = _pack_sums(total, offsets, ids)
+        vis_p = _pack_sums(vis, offsets, ids) if vis is not None else np.zeros_like(tot_p)
     del work
-    tot_p = _pack_sums(total, offsets, ids)
-    vis_p = _pack_sums(vis, offsets, ids) if vis is not None else np.zeros_like(tot_p)
     # the cost terms only when a step is balanced on them (the token order needs none)
     terms = (
         pack_cost_terms(
@@ -483,6 +512,7 @@ def plan_packs(
         by_load = by_load[keep]
     new_offsets, new_ids = _reorder(offsets, ids, by_load)
     del ids
+    fingerprint = fingerprint_of.result()
     arrays = [new_offsets, new_ids, tot_p[by_load], vis_p[by_load], dropped, truncated]
     for a in arrays:
         a.flags.writeable = False

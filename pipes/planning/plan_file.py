@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_images, plan_packs
 from neatpack.pipes.reading.npz_files import checksum, locked, map_npz, write_npz
+from neatpack.pipes.reading.verified import verify_once
 
 __all__ = ["load_plan", "save_plan", "shared_plan"]
 
@@ -40,15 +41,28 @@ _SCALARS = ("capacity", "packing_ratio", "group_size", "seed", "shuffle", "finge
 _LAYOUT = 1
 
 
+# the stamps of mapped lengths, by their place in their cache file (file identity included):
+# a process plans for its first loader and again to resume, 0.2 CPU-s each at 100M samples
+_STAMPS: dict[tuple[Any, ...], list[int]] = {}
+
+
 def _lengths_stamp(lengths: npt.ArrayLike, options: dict[str, Any]) -> list[int]:
     """Count and sums of the lengths a plan was made from: a plan file found by a ``key`` must
     match them too (a hand-made index reusing a fingerprint gets its own plan, not this one)."""
-    total = np.asarray(lengths)
     visual = options.get("visual")
-    vis_sum = -1 if visual is None else int(np.asarray(visual).sum())
+    key = (getattr(lengths, "_where", None), getattr(visual, "_where", None))
+    cached = key[0] is not None and (visual is None or key[1] is not None)
+    if cached and key in _STAMPS:
+        stamp = list(_STAMPS[key])
+    else:
+        total = np.asarray(lengths)
+        vis_sum = -1 if visual is None else int(np.asarray(visual).sum())
+        stamp = [int(total.shape[0]), int(total.sum()), vis_sum]
+        if cached:
+            _STAMPS[key] = list(stamp)
     images = _relevant_images(options)
     tail = [] if images is None else [int(images.sum(dtype=np.int64))]  # older stamps unchanged
-    return [int(total.shape[0]), int(total.sum()), vis_sum, *tail]
+    return [*stamp, *tail]
 
 
 def _relevant_images(options: dict[str, Any]) -> npt.NDArray[Any] | None:
@@ -93,8 +107,12 @@ def load_plan(
     if stamp is not None and meta.get("lengths") != stamp:
         raise ValueError(f"{path}: planned from lengths {meta.get('lengths')}, not {stamp}")
     arrays = {name: z[name] for name in _ARRAYS}
-    if checksum(arrays, meta) != want:
-        raise ValueError(f"{path}: checksum mismatch (corrupt plan file)")
+
+    def check() -> None:
+        if checksum(arrays, meta) != want:
+            raise ValueError(f"{path}: checksum mismatch (corrupt plan file)")
+
+    verify_once(path, arrays, check)  # once per node (verified.py)
     return PackPlan(**arrays, **scalars)
 
 

@@ -168,6 +168,13 @@ class PackSource(PositionKeys, BaseNode[PackRef]):
         """This epoch's pack indices by slot (as of the last ``reset``)."""
         return self._order
 
+    def order_of(self, epoch: int, group_size: int) -> np.ndarray:
+        """The serving order of ``epoch`` in the plan grouped for ``group_size``: the current
+        epoch's as ``reset`` made it (0.15 s to draw again at 4.4M packs), else drawn."""
+        if (epoch, group_size) == (self._epoch, self._group_size) and self._order.size:
+            return self._order
+        return np.asarray(self.plan_for(group_size).epoch_order(epoch), dtype=np.int64)
+
     def seek(self, state: dict[str, Any]) -> None:
         """Start the next ``reset(None)`` from ``state`` (used by the loader to resume)."""
         self._pending = dict(state)

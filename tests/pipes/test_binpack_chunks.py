@@ -78,6 +78,18 @@ def assert_same(lengths: npt.ArrayLike, cap: int) -> None:
     assert ids.dtype == np.int32  # ids below 2**31 samples: 4 bytes each (docs/scale.md)
     assert np.array_equal(offsets, ref_offsets)
     assert np.array_equal(ids, ref_ids)
+    # what the planner takes with the packing: a value per sample in CSR order (scattered
+    # with the ids, not gathered by them) and each pack's tokens (from the layout)
+    arr = np.asarray(lengths, dtype=np.int64)
+    load = (arr * 7 + 3) % (np.maximum(arr, 1) + 1)  # any values <= the lengths
+    got_offsets, got_ids, carried, tokens = binpack.packed_csr(arr, cap, carry=[load, arr])
+    assert np.array_equal(got_offsets, ref_offsets)
+    assert np.array_equal(got_ids, ref_ids)
+    assert np.array_equal(carried[0], load[ref_ids])
+    assert np.array_equal(carried[1], arr[ref_ids])
+    sums = np.add.reduceat(arr[ref_ids], ref_offsets[:-1]) if ref_ids.size else ref_ids
+    assert tokens.dtype == np.int64
+    assert np.array_equal(tokens, sums)
 
 
 @st.composite
@@ -113,9 +125,10 @@ def test_equals_argsort_edges(tiny_chunks: None, lengths: list[int], cap: int) -
 
 
 def test_wide_capacity_uses_uint64_keys(tiny_chunks: None) -> None:
-    """A capacity past 14 bits packs the key into uint64 (and past 16 bits as before)."""
+    """Below 65,535 tokens the chunks are put in order by a radix argsort of uint16 lengths
+    (the overlong class included); from there on a packed uint64 key, as before."""
     rng = np.random.default_rng(1)
-    for cap in (16_382, 16_383, 70_000):
+    for cap in (16_382, 16_383, 65_534, 65_535, 70_000):
         assert_same(rng.integers(0, cap + 500, size=300), cap)
 
 
