@@ -494,6 +494,7 @@ __all__ = [
     "plan_packs",
     "shard_for_context_parallel",
     "tiny_model",
+    "use_varlen_attention",
     "write_corpus",
 ]
 
