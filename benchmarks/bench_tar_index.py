@@ -46,7 +46,10 @@ def measure(samples: int, per: int, reads: int, irregular: bool, root: Path) -> 
     for i in ids:
         index[i]
     took = time.perf_counter() - t
-    return {"records_per_s": round(reads / took), "bytes_per_sample": round(index.nbytes / samples, 3)}
+    return {
+        "records_per_s": round(reads / took),
+        "bytes_per_sample": round(index.nbytes / samples, 3),
+    }
 
 
 def main() -> None:

@@ -204,6 +204,12 @@ class TarIndex:
         self.exts, self.ext_codes, self.sizes = a["exts"], a["ext_codes"], a["sizes"]
         self.moved_ids, self.moved_offsets = a["moved_ids"], a["moved_offsets"]
         self._len = int(self.shard_starts[-1]) if shards else 0
+        # plain views of the same (mapped) bytes for reading: a MappedArray's own indexing
+        # costs a Python call each; the index pickles as its arrays (``__reduce__``)
+        self._v = {k: np.asarray(v).view(np.ndarray) for k, v in a.items()}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TarIndex, (self.arrays, self.unit))
 
     @classmethod
     def from_samples(cls, samples: Sequence[tuple[str, Members]]) -> TarIndex:
@@ -339,56 +345,59 @@ class TarIndex:
         return sum(int(np.asarray(a).nbytes) for a in self.arrays.values())
 
     def shard_of(self, i: int) -> int:
-        return int(np.searchsorted(self.shard_starts, i, side="right")) - 1
+        return int(self._v["shard_starts"].searchsorted(i, side="right")) - 1
 
     def key(self, i: int) -> str:
         shard = self.shard_of(i)
         return self._key(shard, i - int(self.shard_starts[shard]))
 
     def _key(self, shard: int, local: int) -> str:
-        first = int(self.key_first[shard])
+        v = self._v
+        first = int(v["key_first"][shard])
         if first >= 0:  # a run of consecutive numbers, as wide as the first (or wider)
-            return str(self.prefixes[shard]) + f"{first + local:0{int(self.key_width[shard])}d}"
-        k = int(self.key_at[shard]) + local
-        tail = bytes(self.keys[int(self.key_starts[k]) : int(self.key_starts[k + 1])])
-        return str(self.prefixes[shard]) + tail.decode()
+            return str(v["prefixes"][shard]) + f"{first + local:0{int(v['key_width'][shard])}d}"
+        k = int(v["key_at"][shard]) + local
+        tail = v["keys"][int(v["key_starts"][k]) : int(v["key_starts"][k + 1])].tobytes()
+        return str(v["prefixes"][shard]) + tail.decode()
 
     def __getitem__(self, i: int) -> tuple[str, Members]:
-        i = int(i)
+        i, v = int(i), self._v
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} is outside 0..{len(self) - 1} of the tar index")
-        shard = self.shard_of(i)
-        local = i - int(self.shard_starts[shard])
-        each, at = int(self.members_each[shard]), int(self.codes_at[shard])
+        shard = int(v["shard_starts"].searchsorted(i, side="right")) - 1
+        local = i - int(v["shard_starts"][shard])
+        each, at = int(v["members_each"][shard]), int(v["codes_at"][shard])
         head = local - local % _EVERY  # the sample whose first member's offset is kept
         if each >= 0:
             h, a, b = head * each, local * each, local * each + each
-            codes = self.ext_codes[at : at + each].tolist()
+            codes = v["ext_codes"][at : at + each].tolist()
         else:
-            s = int(self.starts_at[shard])
-            h, a, b = (int(x) for x in self.member_starts[[s + head, s + local, s + local + 1]])
-            codes = self.ext_codes[at + a : at + b].tolist()
+            s = int(v["starts_at"][shard])
+            h, a, b = v["member_starts"][[s + head, s + local, s + local + 1]].tolist()
+            codes = v["ext_codes"][at + a : at + b].tolist()
         members: Members = {}
         if a == b:
             return self._key(shard, local), members
-        base = int(self.member_bases[shard])
+        base = int(v["member_bases"][shard])
         h, a, b = h + base, a + base, b + base
-        lo, hi = np.searchsorted(self.moved_ids, [h + 1, b])  # members moved after h
-        ids, offs = self.moved_ids[lo:hi].tolist(), self.moved_offsets[lo:hi].tolist()
+        lo, hi = v["moved_ids"].searchsorted((h + 1, b)).tolist()  # members moved after h
+        ids, offs = v["moved_ids"][lo:hi].tolist(), v["moved_offsets"][lo:hi].tolist()
         j = bisect.bisect_right(ids, a) - 1  # the walk starts at the last one at or before a
         if j >= 0:
             start, offset = ids[j], offs[j]
         else:
-            c = int(self.check_at[shard]) + local // _EVERY
-            start, offset = h, int(self.checkpoints[c]) * self.unit
+            c = int(v["check_at"][shard]) + local // _EVERY
+            start, offset = h, int(v["checkpoints"][c]) * self.unit
         if start < a:
-            offset += int(_steps(self.sizes[start:a]).sum())
+            run = v["sizes"][start:a].astype(np.int64)
+            offset += int(((run + (_BLOCK - 1)) // _BLOCK).sum()) * _BLOCK + _BLOCK * (a - start)
         moved = dict(zip(ids[j + 1 :], offs[j + 1 :], strict=True))
-        sizes = self.sizes[a:b].tolist()
+        sizes = v["sizes"][a:b].tolist()
+        exts = v["exts"]
         for m, (c, size) in enumerate(zip(codes, sizes, strict=True)):
             if m:  # after the previous member's data (padded to 512) and one 512-byte header
                 offset = moved.get(a + m, offset + _padded(sizes[m - 1]) + _BLOCK)
-            members[str(self.exts[c])] = (offset, size)
+            members[str(exts[c])] = (offset, size)
         return self._key(shard, local), members
 
     def __iter__(self) -> Iterator[tuple[str, Members]]:
