@@ -54,7 +54,7 @@ from neatpack.pipes.reading.remote import (
     split_url,
     store_for,
 )
-from neatpack.pipes.reading.tar_index import TarIndex
+from neatpack.pipes.reading.tar_index import LAYOUT, TarIndex
 
 __all__ = [
     "ParquetSource",
@@ -174,15 +174,25 @@ def _where(path: str) -> str:
     return path if is_url(path) else os.path.abspath(path)
 
 
-def _load_set(whole: Path | None, fingerprint: str) -> TarIndex | None:
-    """The whole (mapped) offset index of the shards with this fingerprint, or None."""
+def _load_set(whole: Path | None, fingerprint: str, convert: bool = False) -> TarIndex | None:
+    """The whole (mapped) offset index of the shards with this fingerprint, or None. A file
+    of layout 2 counts as absent unless ``convert`` (the caller holds the set's lock): then
+    it is converted, rewritten in this layout once and mapped."""
     if whole is None:
         return None
     try:
         index, meta = TarIndex.load(whole)
     except (ValueError, KeyError, TypeError):
-        return None  # absent, torn, corrupt or of the earlier layout: assembled again
-    return index if meta.get("fingerprint") == fingerprint else None
+        return None  # absent, torn, corrupt or of the first layout: assembled again
+    if meta.get("fingerprint") != fingerprint:
+        return None
+    if meta.get("layout") != LAYOUT:
+        if not convert:
+            return None
+        with contextlib.suppress(OSError):
+            index.save(whole, {k: v for k, v in meta.items() if k not in ("layout", "unit")})
+        return _load_set(whole, fingerprint) or index
+    return index
 
 
 def prune_tar_pieces(
@@ -370,7 +380,7 @@ class TarShardSource:
         try:
             whole.parent.mkdir(parents=True, exist_ok=True)
             with locked(whole.with_suffix(".lock")):
-                found = _load_set(whole, self._fingerprint)
+                found = _load_set(whole, self._fingerprint, convert=True)
                 if found is not None:
                     return found
                 for k, fp in enumerate(fps):
@@ -390,7 +400,7 @@ class TarShardSource:
             try:
                 index, meta = TarIndex.load(cache, mapped=False)
                 if meta.get("fingerprint", fp) == fp:
-                    if not meta:  # the earlier layout: rewritten once in the compact one
+                    if meta.get("layout") != LAYOUT:  # an earlier layout: rewritten once
                         with contextlib.suppress(OSError):
                             index.save(cache, {"fingerprint": fp, "path": _where(path)})
                     return index

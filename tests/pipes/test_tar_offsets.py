@@ -76,8 +76,8 @@ def _rank(rank: int, world: int, port: int, root: str, shared: bool) -> None:
         report = {
             "records": records(source),
             "again": records(again),
-            "mapped": [isinstance(s.index.first_offsets, MappedArray) for s in (source, again)],
-            "file": [s.index.first_offsets._where[0] for s in (source, again)],
+            "mapped": [isinstance(s.index.checkpoints, MappedArray) for s in (source, again)],
+            "file": [s.index.checkpoints._where[0] for s in (source, again)],
             "scanned": first[0],
             "gathers": first[1],
             "again_scanned": scanned,
@@ -134,12 +134,12 @@ def test_the_mapped_index_gives_the_in_memory_batches_in_spawned_workers(tmp_pat
     processor = load_tiny_processor()
     want = list(neat_vlm_graph(TarShardSource(paths), processor, config=CFG))
     mapped = TarShardSource(paths, cache_dir=tmp_path / "cache")
-    assert isinstance(mapped.index.first_offsets, MappedArray)
+    assert isinstance(mapped.index.checkpoints, MappedArray)
     kw = {f: getattr(CFG, f) for f in ("pack_size", "batch_size", "shuffle", "estimate_mode")}
     spawned = NeatVLMConfig(**kw, num_workers=1, multiprocessing_context="spawn")
     assert same_item(list(neat_vlm_graph(mapped, processor, config=spawned)), want)
     # a source pickles its mapped index as the file's place, not its arrays
-    assert len(__import__("pickle").dumps(mapped.index.first_offsets)) < 1_000
+    assert len(__import__("pickle").dumps(mapped.index.checkpoints)) < 1_000
     # the path users call: a glob and the config's cache_dir (the graph makes the source)
     cached = NeatVLMConfig(**kw, cache_dir=str(tmp_path / "graph-cache"))
     got = list(neat_vlm_graph(str(tmp_path / "shard-*.tar"), processor, config=cached))
