@@ -206,7 +206,9 @@ def test_seed_names_importable_from_the_package() -> None:
     for name in defined:
         assert getattr(neatpack.pipes, name) is getattr(seed_compat, name)
     assert set(neatpack.pipes.__all__) <= set(dir(neatpack.pipes))
-    assert len(neatpack.pipes.__all__) <= 30  # short and deliberate: the core and the README's names
+    assert (
+        len(neatpack.pipes.__all__) <= 30
+    )  # short and deliberate: the core and the README's names
 
 
 def test_doctests_of_the_split_modules() -> None:
