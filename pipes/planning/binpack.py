@@ -360,17 +360,31 @@ def _slot_chunks(
         key |= local[:m]
         key.sort()
         cls = np.right_shift(key, bits, out=cls_buf[:m])
-        starts = np.flatnonzero(np.not_equal(cls[1:], cls[:-1], out=new_buf[: m - 1]))
-        starts += 1
-        starts = np.concatenate((first, starts))  # first position of each length in the chunk
-        runs = np.diff(starts, append=m)
-        lens = cls[starts]
-        delta = base[lens] - starts
-        base[lens] += runs
-        slots = np.repeat(delta, runs)
-        slots += step[:m]
+        slots = _run_slots(cls, first, new_buf, base, step)
         # the caller uses (ids, slots) before asking for the next chunk: ids is a buffer
         yield c0, np.bitwise_and(key, mask, out=ids_buf[:m], casting="unsafe"), slots
+
+
+def _run_slots(
+    cls: npt.NDArray[Any],
+    first: npt.NDArray[np.intp],
+    new_buf: npt.NDArray[np.bool_],
+    base: IntArray,
+    step: IntArray,
+) -> IntArray:
+    """The slot of each of a chunk's sorted lengths ``cls``: each run of one length takes the
+    next free slots of that length (``base``, advanced in place)."""
+    m = cls.shape[0]
+    starts = np.flatnonzero(np.not_equal(cls[1:], cls[:-1], out=new_buf[: m - 1]))
+    starts += 1
+    starts = np.concatenate((first, starts))  # first position of each length in the chunk
+    runs = np.diff(starts, append=m)
+    lens = cls[starts]
+    delta = base[lens] - starts
+    base[lens] += runs
+    slots = np.repeat(delta, runs)
+    slots += step[:m]
+    return slots
 
 
 def _slot_bases(cnt: IntArray, cap1: int) -> IntArray:
@@ -400,15 +414,7 @@ def _radix_chunks(
         np.minimum(a, cap1, out=key, casting="unsafe")  # every overlong length is cap1
         local = np.argsort(key, kind="stable")  # radix: equal lengths keep id order
         cls = np.take(key, local, out=cls_buf[:m])
-        starts = np.flatnonzero(np.not_equal(cls[1:], cls[:-1], out=new_buf[: m - 1]))
-        starts += 1
-        starts = np.concatenate((first, starts))  # first position of each length in the chunk
-        runs = np.diff(starts, append=m)
-        lens = cls[starts]
-        delta = base[lens] - starts
-        base[lens] += runs
-        slots = np.repeat(delta, runs)
-        slots += step[:m]
+        slots = _run_slots(cls, first, new_buf, base, step)
         yield c0, local, slots
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.alone_loss import alone_loss
 from transformers import Qwen2Config
 
 import neatpack.pipes.collating.attention_choice as ac
@@ -28,7 +29,6 @@ from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.train import model_inputs
 from neatpack.pipes import choose_attention_format, use_varlen_attention
 from neatpack.pipes.collating.leak_probe import PackingLeakError, probe_packing_leak
-from neatpack.pipes.materializing.tokenize import tokenize_conversation
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.testing.synth import write_corpus
 from neatpack.pipes.testing.tiny import load_tiny_processor
@@ -82,22 +82,8 @@ def varlen_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return seen
 
 
-@torch.no_grad()
 def _alone_loss(model: Any, corpus: Path, proc: Any, ids: list[int]) -> float:
-    """Token-mean next-token CE of the samples, each run alone, unpacked, with sdpa."""
-    model.set_attn_implementation("sdpa")
-    source = JsonlSource(corpus, corpus.parent / "media")
-    total, count = 0.0, 0
-    for sid in ids:
-        s = tokenize_conversation(source[sid], proc)
-        one = {"input_ids": s["input_ids"][None], "labels": s["labels"][None],
-               "pixel_values": s["pixel_values"], "image_grid_thw": s["image_grid_thw"],
-               "mm_token_type_ids": s["mm_token_type_ids"][None]}  # fmt: skip
-        n = int(s["labels"][1:].ne(-100).sum())
-        if n:
-            total += float(model(**one, num_items_in_batch=1, use_cache=False).loss)
-            count += n
-    return total / count
+    return alone_loss(model, JsonlSource(corpus, corpus.parent / "media"), proc, ids)
 
 
 def test_auto_on_cpu_is_sdpa_same_batches_key_and_resume(corpus: Path, proc: Any) -> None:

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 import torch
+from support.alone_loss import alone_loss
 
 import neatpack.pipes.collating.varlen_attention as va
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.train import model_inputs
 from neatpack.pipes import check_boundaries, register_varlen_attention
-from neatpack.pipes.materializing.tokenize import tokenize_conversation
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.testing.synth import write_corpus
 from neatpack.pipes.testing.tiny import load_tiny_processor
@@ -82,23 +82,6 @@ def _forward_text_kwargs(model: Any, batch: dict[str, Any], monkeypatch: Any) ->
     monkeypatch.setattr(visual, "forward", lambda *a, **kw: real(*a, **{**kw, **extra}))
 
 
-@torch.no_grad()
-def _reference_loss(model: Any, source: JsonlSource, proc: Any, ids: list[int]) -> float:
-    """Token-mean next-token CE of the samples, each run alone with sdpa."""
-    model.set_attn_implementation("sdpa")
-    total, count = 0.0, 0
-    for sid in ids:
-        s = tokenize_conversation(source[sid], proc)
-        one = {"input_ids": s["input_ids"][None], "labels": s["labels"][None],
-               "pixel_values": s["pixel_values"], "image_grid_thw": s["image_grid_thw"],
-               "mm_token_type_ids": s["mm_token_type_ids"][None]}  # fmt: skip
-        n = int(s["labels"][1:].ne(-100).sum())
-        if n:
-            total += float(model(**one, num_items_in_batch=1, use_cache=False).loss)
-            count += n
-    return total / count
-
-
 @pytest.mark.parametrize("release", ["5.24", "5.17"])
 def test_each_call_attends_by_its_own_boundaries(
     release: str,
@@ -122,7 +105,7 @@ def test_each_call_attends_by_its_own_boundaries(
     assert [c for c in calls if c[0]] == [(True, text_cu[-1], text_cu)] * layers
     assert [c for c in calls if not c[0]] == [(False, n, [0, n]) for n in per_image] * depth
     source = JsonlSource(corpus, corpus.parent / "media")
-    want = _reference_loss(model, source, proc, batch["sample_ids"][0])
+    want = alone_loss(model, source, proc, batch["sample_ids"][0])
     assert abs(got - want) <= TOL * max(1.0, abs(want)), (got, want)
 
 
