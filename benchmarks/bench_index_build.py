@@ -25,45 +25,21 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import random
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 
-from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
 from neatpack.pipes.reading.shards import ParquetSource
+from neatpack.pipes.testing.counting import CountingEstimator, counted
 
 WORDS = ("the", "a", "cat", "dog", "picture", "shows", "red", "blue", "small", "large")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CountingEstimator(LengthEstimator):
-    """The real estimator, each block's record count appended to ``log`` (from any process);
-    the process ends (``os._exit``) once more than ``die_after`` records were logged."""
-
-    log: str = field(default="", repr=False, compare=False)
-    die_after: int = field(default=-1, repr=False, compare=False)
-
-    def estimate_raw_batch(self, raws: Any) -> Any:
-        if self.log:
-            fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            os.write(fd, f"{len(raws)}\n".encode())
-            os.close(fd)
-            if 0 <= self.die_after < counted(self.log):
-                os._exit(3)
-        return super().estimate_raw_batch(raws)
-
-
-def counted(log: str) -> int:
-    return sum(int(x) for x in Path(log).read_text().split()) if os.path.exists(log) else 0
 
 
 def shard_rows(n: int, seed: int) -> list[dict[str, Any]]:
@@ -153,18 +129,18 @@ def main() -> None:
         child.start()
         child.join()
         metrics["killed_exit_code"] = child.exitcode
-        metrics["killed_after_records"] = counted(kill_log)
+        metrics["killed_after_records"] = sum(counted(kill_log))
         metrics["pieces_saved_before_kill"] = len(list(kill_cache.glob("length-piece-*.npz")))
         log = str(root / "resume.log")
         resumed, metrics["resume_s"] = _timed(lambda: build(kill_cache, log))
-        metrics["resume_estimated_records"] = counted(log)
+        metrics["resume_estimated_records"] = sum(counted(log))
         metrics["resume_same_as_cold"] = _same(resumed, cold)
 
         # the dataset grows by --append of its shards
         write_shards(data, args.shards, extra, per)
         log = str(root / "append.log")
         grown, metrics["append_s"] = _timed(lambda: build(root / "cache", log))
-        metrics["append_estimated_records"] = counted(log)
+        metrics["append_estimated_records"] = sum(counted(log))
         rebuilt, metrics["append_rebuild_s"] = _timed(lambda: build(None))
         metrics["append_same_as_rebuild"] = _same(grown, rebuilt)
     metrics = {k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()}

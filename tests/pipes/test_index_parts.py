@@ -10,10 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import multiprocessing as mp
-import os
 import socket
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,41 +19,17 @@ import numpy as np
 import pytest
 
 from neatpack.pipes.indexing import index_parts
-from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.index_parts import Piece, assign_pieces, plan_pieces
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.media_tokens import ImageTokenConfig
 from neatpack.pipes.planning.plan import plan_packs
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.reading.shards import ParquetSource
+from neatpack.pipes.testing.counting import CountingEstimator, counted
 from neatpack.pipes.testing.tiny import load_tiny_processor
 
 pq = pytest.importorskip("pyarrow.parquet")
 PER = 25  # rows per shard
-
-
-@dataclass(frozen=True, kw_only=True)
-class CountingEstimator(LengthEstimator):
-    """The real estimator; every block it estimates is appended to ``log`` (one line per
-    block, its record count), and the process ends with ``os._exit(3)`` once more than
-    ``die_after`` records were logged (a build killed mid-way). Neither enters the config."""
-
-    log: str = field(default="", repr=False, compare=False)
-    die_after: int = field(default=-1, repr=False, compare=False)
-
-    def estimate_raw_batch(self, raws: Any) -> Any:
-        if self.log:
-            fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            os.write(fd, f"{len(raws)}\n".encode())
-            os.close(fd)
-            if 0 <= self.die_after < sum(counted(self.log)):
-                os._exit(3)
-        return super().estimate_raw_batch(raws)
-
-
-def counted(log: str | Path) -> list[int]:
-    path = Path(log)
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 def estimator(log: Path | str = "", die_after: int = -1, mode: str = "estimate") -> Any:
