@@ -62,6 +62,7 @@ import numpy.typing as npt
 
 from neatpack.pipes.planning.balance import (
     COST_TERMS,
+    VISION_LINEAR,
     balanced_order,
     group_p95,
     imbalance,
@@ -100,8 +101,6 @@ SCORE_PER_RANK: Final = 4
 SWAP_ROUNDS: Final = 16
 SWAP_TUPLES: Final = 16
 SWAP_BLOCK: Final = 1 << 15
-#: The vision encoder's linear weight per visual token (``balance.VISION_LINEAR``).
-_VISION_LINEAR: Final = 7680.0
 
 FloatArray = npt.NDArray[np.float64]
 #: (offsets, ids, order, grouped): CSR packs and their storage order; its first ``grouped``
@@ -213,7 +212,7 @@ def _split(lengths: IntArray, visual: IntArray) -> tuple[FloatArray, IntArray, I
     """(vision cost per sample, fillers, the other samples by (has images, length, visual)).
     Fillers: ``FILLER_SHARE`` of the tokens, text-only samples first (no vision to even),
     shortest first. One stable sort on a packed key (lengths < 2**24, visual <= length)."""
-    vcost = _VISION_LINEAR * visual + visual.astype(np.float64) ** 2
+    vcost = VISION_LINEAR * visual + visual.astype(np.float64) ** 2
     has = (visual > 0).astype(np.int64)
     by_filler = np.argsort((has << 24) | lengths, kind="stable")
     k = int(np.searchsorted(np.cumsum(lengths[by_filler]), FILLER_SHARE * lengths.sum()))
