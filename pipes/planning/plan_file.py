@@ -7,7 +7,7 @@ to ask takes an exclusive lock on ``plan-<fingerprint>.lock``, plans, and writes
 ``plan-<fingerprint>.npz`` atomically; it and every later process map that file read-only
 (``npz_files.map_npz``), so the page cache holds one copy for the node. A torn or corrupt
 file (checksum) is planned and written again; a folder that cannot be written falls back to
-planning in memory.
+planning in memory (``built_once``).
 
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()
@@ -20,7 +20,6 @@ planning in memory.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -31,7 +30,8 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_images, plan_packs
-from neatpack.pipes.reading.npz_files import checksum, locked, map_npz, write_npz
+from neatpack.pipes.reading.built_once import built_once
+from neatpack.pipes.reading.npz_files import checksum, map_npz, write_npz
 from neatpack.pipes.reading.verified import verify_once
 
 __all__ = ["load_plan", "save_plan", "shared_plan"]
@@ -144,20 +144,19 @@ def shared_plan(
         name = json.dumps({"key": key, "capacity": capacity, **named}, sort_keys=True)
         key = hashlib.sha256(name.encode()).hexdigest()
     path = Path(cache_dir) / f"plan-{fp or key}.npz"
-    with contextlib.suppress(ValueError):
-        return load_plan(path, fp, stamp)
-    with contextlib.ExitStack() as stack:
+
+    def load() -> PackPlan | None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(locked(path.with_suffix(".lock")))
-        except OSError:
-            return plan_packs(lengths, capacity, **options)  # a folder we cannot write
-        with contextlib.suppress(ValueError):
-            return load_plan(path, fp, stamp)  # planned by another process while we waited
+            return load_plan(path, fp, stamp)
+        except ValueError:  # absent, torn, corrupt or of another plan: planned again
+            return None
+
+    def build() -> PackPlan:
         plan = plan_packs(lengths, capacity, **options)
         try:
             save_plan(plan, path, stamp)
         except OSError:
             return plan
         return load_plan(path, fp, stamp)
-    raise AssertionError("unreachable")  # pragma: no cover  # (mypy: ExitStack may swallow)
+
+    return built_once(path, load, build, in_memory=lambda: plan_packs(lengths, capacity, **options))

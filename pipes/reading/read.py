@@ -32,8 +32,9 @@ import numpy.typing as npt
 
 from neatpack.pipes.contracts import Record
 from neatpack.pipes.reading._record import RecordError, paused_gc, to_record
+from neatpack.pipes.reading.built_once import built_once
 from neatpack.pipes.reading.line_index import LineIndex
-from neatpack.pipes.reading.npz_files import checksum, locked, map_npz, read_npz, write_npz
+from neatpack.pipes.reading.npz_files import checksum, map_npz, read_npz, write_npz
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -348,24 +349,20 @@ def _index_jsonl_cached(path: Path, cache_dir: str | os.PathLike[str] | None) ->
     and mapped from there (``map_npz``: the ranks and workers of a node share its pages). A
     torn, corrupt or foreign cache file, or one of layout 1, is rebuilt from the file; one of
     layout 2 is converted (no read of the file) and rewritten once; a cache that cannot be
-    written is skipped. The build runs under an ``flock`` beside the cache file: one process
-    of a node reads the file, the others wait and map what it wrote (at 100M lines the build
-    holds ~3 GB of int64 offsets for a moment: once a node, not once a rank)."""
+    written is skipped. The build runs once per node (``built_once``): one process of a node
+    reads the file, the others wait and map what it wrote (at 100M lines the build holds ~3 GB
+    of int64 offsets for a moment: once a node, not once a rank)."""
     if cache_dir is None:
         starts, ends, lines, blanks, digest = _index_jsonl(path)
         return LineIndex.build(starts, ends, lines), blanks, digest
     ident = _file_identity(path)
     cache = Path(cache_dir) / f"jsonl-index-{hashlib.sha256(ident.encode()).hexdigest()}.npz"
-    got = _load_jsonl_index(cache, ident)
-    if got is not None:
-        return got
-    try:  # one process of a node reads the file; the others wait, then map what it wrote
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        with locked(cache.with_suffix(".lock")):
-            return _load_jsonl_index(cache, ident) or _build_jsonl_index(path, cache, ident)
-    except OSError:  # a folder we cannot write
-        starts, ends, lines, blanks, digest = _index_jsonl(path)
-        return LineIndex.build(starts, ends, lines), blanks, digest
+    return built_once(
+        cache,
+        lambda: _load_jsonl_index(cache, ident),
+        lambda: _build_jsonl_index(path, cache, ident),
+        in_memory=lambda: _index_jsonl_cached(path, None),
+    )
 
 
 def _build_jsonl_index(path: Path, cache: Path, ident: str) -> _JsonlIndex:

@@ -43,8 +43,8 @@ import numpy as np
 from neatpack.pipes.contracts import Record
 from neatpack.pipes.indexing.index_split import initialized_dist, side_group, split_points
 from neatpack.pipes.reading._record import RecordError, to_record
+from neatpack.pipes.reading.built_once import built_once
 from neatpack.pipes.reading.media_policy import confine_record_media
-from neatpack.pipes.reading.npz_files import locked
 from neatpack.pipes.reading.remote import (
     FsspecStore,
     LocalStore,
@@ -373,26 +373,34 @@ class TarShardSource:
         return got
 
     def _assemble(self, whole: Path, got: dict[int, TarIndex], fps: list[str]) -> TarIndex:
-        """The whole index, written once per node to ``whole`` (the others wait on its lock
-        and map it) from the shards' cached indexes (or ``got``), then mapped; stale pieces of
-        this dataset's shards are pruned after it is written (``prune_tar_pieces``)."""
+        """The whole index, written once per node to ``whole`` (``built_once``: the others
+        wait on its lock and map it) from the shards' cached indexes (or ``got``), then mapped;
+        stale pieces of this dataset's shards are pruned after it is written
+        (``prune_tar_pieces``)."""
         parts = dict(got)
-        try:
-            whole.parent.mkdir(parents=True, exist_ok=True)
-            with locked(whole.with_suffix(".lock")):
-                found = _load_set(whole, self._fingerprint, convert=True)
-                if found is not None:
-                    return found
-                for k, fp in enumerate(fps):
-                    if k not in parts:  # another rank's share, from its file (or scanned)
-                        parts[k] = self._index(self.paths[k], fp, whole.parent)
-                index = TarIndex.concat([parts[k] for k in range(len(fps))])
+
+        def build() -> TarIndex:
+            found = _load_set(whole, self._fingerprint, convert=True)  # layout 2: rewritten
+            if found is not None:
+                return found
+            for k, fp in enumerate(fps):
+                if k not in parts:  # another rank's share, from its file (or scanned)
+                    parts[k] = self._index(self.paths[k], fp, whole.parent)
+            index = TarIndex.concat([parts[k] for k in range(len(fps))])
+            try:
                 index.save(whole, {"fingerprint": self._fingerprint, "shards": fps,
                                    "paths": [_where(p) for p in self.paths]})  # fmt: skip
                 prune_tar_pieces(whole.parent, self.paths, fps)
-        except OSError:  # a cache we cannot write: held in memory
-            return TarIndex.concat([parts[k] for k in range(len(fps))])
-        return _load_set(whole, self._fingerprint) or index
+            except OSError:  # a cache we cannot write: held in memory
+                return index
+            return _load_set(whole, self._fingerprint) or index
+
+        return built_once(
+            whole,
+            lambda: _load_set(whole, self._fingerprint),
+            build,
+            in_memory=lambda: TarIndex.concat([parts[k] for k in range(len(fps))]),
+        )
 
     def _index(self, path: str, fp: str, cache_dir: str | os.PathLike[str] | None) -> TarIndex:
         cache = _piece_path(cache_dir, fp) if cache_dir is not None else None
