@@ -58,6 +58,7 @@ from _machine import machine  # benchmarks/ is on sys.path as the script's folde
 
 from neatpack import pipes as M
 from neatpack.pipes import collate as C
+from neatpack.pipes.collating.attention_formats import MASK_CONVERSIONS
 
 #: Run order: compact formats first, then the ones whose output grows with S^2.
 FORMATS = (
@@ -206,7 +207,7 @@ def run(b: int, s: int, repeats: int, heavy_repeats: int, seed: int) -> dict[str
     doc_ids = C.neat_packed_vlm_collater(packs, max_length=s, mask_format="doc_ids")["doc_ids"]
     metrics: dict[str, Any] = {}
     for fmt in FORMATS:
-        heavy = fmt in ("sdpa", "eager", "flex_attention")
+        heavy = fmt in MASK_CONVERSIONS  # a mask built per batch: slower, fewer repeats
         n = heavy_repeats if heavy else repeats
         rss0 = peak_rss()
         collate = partial(C.neat_packed_vlm_collater, packs, max_length=s, mask_format=fmt)

@@ -87,9 +87,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "collating.block_mask": ("to_block_mask",),
     "collating.text_positions": ("to_mrope_text_position_ids", "to_text_position_ids"),
+    "collating.attention_formats": ("FLASH_FORMATS", "MASK_FORMATS"),
     "collating.mask_format": (
-        "FLASH_FORMATS",
-        "MASK_FORMATS",
         "attention_inputs",
         "resolve_mask_format",
     ),
@@ -209,6 +208,8 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.collating.attention_choice import (
         use_varlen_attention as use_varlen_attention,
     )
+    from neatpack.pipes.collating.attention_formats import FLASH_FORMATS as FLASH_FORMATS
+    from neatpack.pipes.collating.attention_formats import MASK_FORMATS as MASK_FORMATS
     from neatpack.pipes.collating.block_mask import to_block_mask as to_block_mask
     from neatpack.pipes.collating.boundaries import add_boundaries as add_boundaries
     from neatpack.pipes.collating.boundaries import boundary_kwargs as boundary_kwargs
@@ -237,8 +238,6 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.collating.mask import to_4d_additive_mask as to_4d_additive_mask
     from neatpack.pipes.collating.mask import to_4d_bool_mask as to_4d_bool_mask
     from neatpack.pipes.collating.mask import to_4d_mask as to_4d_mask
-    from neatpack.pipes.collating.mask_format import FLASH_FORMATS as FLASH_FORMATS
-    from neatpack.pipes.collating.mask_format import MASK_FORMATS as MASK_FORMATS
     from neatpack.pipes.collating.mask_format import attention_inputs as attention_inputs
     from neatpack.pipes.collating.mask_format import resolve_mask_format as resolve_mask_format
     from neatpack.pipes.collating.robust_collate import RobustCollate as RobustCollate

@@ -27,6 +27,12 @@ from typing import Any
 
 import torch
 
+from neatpack.pipes.collating.attention_formats import (
+    DENSE_FORMATS,
+    FLASH_FORMATS,
+    MASK_CONVERSIONS,
+    VARLEN_FORMAT,
+)
 from neatpack.pipes.collating.varlen_attention import VARLEN_ATTENTION, register_varlen_attention
 
 __all__ = [
@@ -42,7 +48,7 @@ __all__ = [
 AUTO_ATTENTION = "auto"
 #: The implementations a model already runs that use no boundaries: use_varlen_attention swaps
 #: these (transformers' defaults) and leaves any other choice (flash_*, flex, a user's) alone.
-_SWAPPED = ("sdpa", "eager")
+_SWAPPED = DENSE_FORMATS
 
 
 def cuda_training() -> bool:
@@ -78,12 +84,10 @@ def attends_by_boundaries(impl: str | None) -> bool:
 
 
 def _format_of_model(impl: str) -> str:
-    if impl == "flash_attention_3":
+    if impl in FLASH_FORMATS or impl in MASK_CONVERSIONS:  # a batch format of its own name
         return impl
-    if attends_by_boundaries(impl):
-        return "flash_attention_2"
-    if impl in ("sdpa", "eager", "flex_attention"):
-        return impl
+    if attends_by_boundaries(impl):  # another flash kernel, neatpack's varlen function
+        return VARLEN_FORMAT
     raise ValueError(
         f"attn_implementation='auto' cannot tell the batch format of the model's attention "
         f"{impl!r}: name it (attn_implementation='flash_attention_2' for a function that attends "
@@ -115,7 +119,7 @@ def choose_attention_format(
     if impl is not None:  # a config without a chosen implementation: as if no model
         return _format_of_model(impl)
     on_cuda = cuda_training() if cuda is None else cuda
-    return "flash_attention_2" if on_cuda else "sdpa"
+    return VARLEN_FORMAT if on_cuda else "sdpa"
 
 
 def use_varlen_attention(model: Any, *, cuda: bool | None = None) -> str:

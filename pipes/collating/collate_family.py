@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from neatpack.pipes.collating.attention_formats import DENSE_FORMATS
 from neatpack.pipes.collating.collate import neat_packed_vlm_collater
 from neatpack.pipes.collating.collate_media import merge_media
 from neatpack.pipes.collating.mask import to_4d_additive_mask
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 #: The formats that carry an arbitrary 4D mask (the only ones a non-block-causal family takes).
-FAMILY_4D_FORMATS: tuple[str, ...] = ("sdpa", "eager")
+FAMILY_4D_FORMATS: tuple[str, ...] = DENSE_FORMATS
 
 # A probe row: two documents, an image run of 2 tokens in each, one padding token.
 _PROBE_DOC = torch.tensor([[1, 1, 1, 1, 2, 2, 2, 0]])

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from neatpack.pipes.collating.attention_formats import DENSE_FORMATS
 from neatpack.pipes.collating.boundaries import BOUNDARY_KEYS, stateful_layers
 
 __all__ = [
@@ -318,7 +319,7 @@ def check_packing(
     device = next(model.parameters()).device
     if mask_format is None:  # the model's own implementation, where this device can run it
         flash_ok = device.type == "cuda" and impl.startswith("flash")
-        mask_format = impl if impl in ("sdpa", "eager") or flash_ok else "sdpa"
+        mask_format = impl if impl in DENSE_FORMATS or flash_ok else "sdpa"
     batch = _synthetic_batch(model, boundaries=True, mask_format=mask_format)
     try:
         report = probe_packing_leak(model, batch, tolerance=tolerance)

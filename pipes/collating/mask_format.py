@@ -1,9 +1,10 @@
 """The attention-input formats a batch can be collated into, and the attention inputs of each.
 
-``MASK_FORMATS`` is the one list of accepted ``mask_format`` / ``attn_implementation`` values;
-``attention_inputs`` builds, from a batch's document ids, what each format puts in the batch
-(the functions behind it live in ``mask.py``, ``block_mask.py``, ``cu_seqlens.py``). A new
-format is one entry in ``MASK_FORMATS`` and one branch in ``attention_inputs``.
+``MASK_FORMATS`` (``attention_formats.py``, with the formats' groups) is the one list of
+accepted ``mask_format`` / ``attn_implementation`` values; ``attention_inputs`` builds, from a
+batch's document ids, what each format puts in the batch (the functions behind it live in
+``mask.py``, ``block_mask.py``, ``cu_seqlens.py``). A new format is one entry in
+``MASK_FORMATS`` and one branch in ``attention_inputs``.
 
 A batch is collated in two steps: padded (``collate.pad_batch``, the ``PackPadder`` step) into
 its *padded format*, ``padded_format(fmt)``, then, for the formats of ``MASK_CONVERSIONS``, its
@@ -29,6 +30,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from neatpack.pipes.collating.attention_formats import (
+    DENSE_FORMATS,
+    FLASH_FORMATS,
+    MASK_CONVERSIONS,
+    MASK_FORMATS,
+    MASK_FREE_FORMATS,
+    PADDED_FORMATS,
+)
 from neatpack.pipes.collating.block_mask import to_block_mask
 from neatpack.pipes.collating.cu_seqlens import (
     cu_seqlens_from_doc_lengths,
@@ -53,16 +62,6 @@ __all__ = [
     "resolve_mask_format",
     "warn_dense_mask_on_cuda",
 ]
-
-FLASH_FORMATS = ("flash_attention_2", "flash_attention_3")
-#: Every accepted ``attn_implementation`` / ``mask_format`` value; the check uses this tuple.
-MASK_FORMATS = ("sdpa", "eager", *FLASH_FORMATS, "flex_attention", "position_ids", "thd", "doc_ids")
-#: Formats with no attention mask: document boundaries travel in positions or cu_seqlens.
-MASK_FREE_FORMATS = (*FLASH_FORMATS, "position_ids", "thd")
-#: Formats whose mask is built from a padded batch's ``[B, S]`` document ids (``convert_mask``).
-MASK_CONVERSIONS = ("sdpa", "eager", "flex_attention")
-#: The formats a batch is padded into (``collate.pad_batch``): document ids, or a mask-free one.
-PADDED_FORMATS = ("doc_ids", *MASK_FREE_FORMATS)
 
 
 def padded_format(fmt: str) -> str:
@@ -104,7 +103,7 @@ def resolve_mask_format(
             "fastest exact one here), the model's own attention implementation when listed, else "
             "doc_ids (per-token document ids) or thd (cu_seqlens, no mask)"
         )
-    if not materialize_4d_mask and name in ("sdpa", "eager"):
+    if not materialize_4d_mask and name in DENSE_FORMATS:
         return "doc_ids"
     return name
 
@@ -182,10 +181,6 @@ def convert_mask(
     if validate:
         check_doc_ids(doc_ids)
     return dict(batch) | attention_inputs(doc_ids, fmt, mask_dtype=mask_dtype)
-
-
-#: The formats whose mask is a dense ``[S, S]`` per row: attention costs the row's square.
-DENSE_FORMATS = ("sdpa", "eager")
 
 
 def dense_mask_cost(lengths: Any, pack_size: int) -> float:

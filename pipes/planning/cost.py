@@ -37,6 +37,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from neatpack.pipes.collating.attention_formats import DENSE_FORMATS
+
 __all__ = ["ATTENTION_KINDS", "DENSE_FORMATS", "TERMS", "CostModel", "grid_patches", "pack_terms"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -44,8 +46,6 @@ AttentionKind = Literal["documents", "dense"]
 #: The columns of ``pack_terms`` (the planner's per-pack cost matrix), in this order.
 TERMS = ("tokens", "attention", "patches", "patch_attention")
 ATTENTION_KINDS: tuple[str, ...] = ("documents", "dense")
-#: Formats whose batch carries a dense 4D mask: the kernel pays for the whole row's square.
-DENSE_FORMATS = ("sdpa", "eager")
 #: Formats whose kernel attends per document (a name containing "flash" counts too).
 DOCUMENT_FORMATS = ("flex_attention", "thd", "position_ids", "doc_ids", "neatpack_varlen")
 
