@@ -74,6 +74,27 @@ def image_tokens(batch: dict[str, Any], processor: Any) -> list[int]:
     return [int(r) for r in rows]
 
 
+def plan_args(corpus: Path) -> list[str]:
+    """``neatpack plan``'s arguments for the corpus, its report as JSON."""
+    return [str(corpus / "data.jsonl"), "--processor", "qwen2_vl", "--pack-size", "2048",
+            "--media-root", str(corpus / "media"), "--json"]  # fmt: skip
+
+
+def plan_reports(
+    capsys: pytest.CaptureFixture[str], base: list[str], *extras: list[str]
+) -> list[dict[str, Any]]:
+    """``neatpack plan`` run once with each list of ``extras`` added to ``base``: the reports."""
+    import json
+
+    from neatpack.graphs.command.cli import main
+
+    reports = []
+    for extra in extras:
+        assert main(["plan", *base, *extra]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    return reports
+
+
 def sample_ids(batches: list[dict[str, Any]]) -> list[int]:
     return [int(i) for b in batches for m in b["packs"] for i in m["sample_ids"]]
 
@@ -155,13 +176,8 @@ def test_neatpack_plan_reports_and_keeps_the_budget(
 
     from neatpack.graphs.command.cli import main
 
-    base = [str(corpus / "data.jsonl"), "--processor", "qwen2_vl", "--pack-size", "2048",
-            "--media-root", str(corpus / "media"), "--json"]  # fmt: skip
-    reports = []
-    for extra in ([], ["--max-visual-tokens", str(BUDGET)]):
-        assert main(["plan", *base, *extra]) == 0
-        reports.append(json.loads(capsys.readouterr().out))
-    plain, budgeted = reports
+    base = plan_args(corpus)
+    plain, budgeted = plan_reports(capsys, base, [], ["--max-visual-tokens", str(BUDGET)])
     assert plain["visual_per_pack"] == {
         "max_visual_tokens": None,
         "max": plain["visual_per_pack"]["max"],
@@ -184,17 +200,14 @@ def test_neatpack_plan_keeps_the_images_budget(
 
     from neatpack.graphs.command.cli import main
 
-    base = [str(corpus / "data.jsonl"), "--processor", "qwen2_vl", "--pack-size", "2048",
-            "--media-root", str(corpus / "media"), "--json"]  # fmt: skip
-    reports = []
-    for extra in (
+    base = plan_args(corpus)
+    plain, budgeted, both = plan_reports(
+        capsys,
+        base,
         [],
         ["--max-images", str(IMAGES)],
         ["--max-images", str(IMAGES), "--max-visual-tokens", str(BUDGET)],
-    ):
-        assert main(["plan", *base, *extra]) == 0
-        reports.append(json.loads(capsys.readouterr().out))
-    plain, budgeted, both = reports
+    )
     assert plain["images_per_pack"]["max_images"] is None
     assert plain["images_per_pack"]["max"] > IMAGES
     for r in (budgeted, both):

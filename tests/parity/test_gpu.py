@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.spies import attention_call, spy
 
 import neatpack.pipes.collating.varlen_attention as va
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
@@ -51,15 +52,7 @@ def varlen_registered() -> str:
 @pytest.fixture
 def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, list[int]]]:
     """(causal, tokens, boundaries) of every call into the varlen kernel."""
-    seen: list[tuple[bool, int, list[int]]] = []
-    real = va._kernel
-
-    def recording(q: Any, k: Any, v: Any, cu: Any, causal: bool, scale: Any) -> Any:
-        seen.append((causal, int(q.shape[0]), [int(c) for c in cu]))
-        return real(q, k, v, cu, causal, scale)
-
-    monkeypatch.setattr(va, "_kernel", recording)
-    return seen
+    return spy(va, "_kernel", attention_call, monkeypatch)
 
 
 def _features(out: Any) -> Any:
@@ -69,6 +62,27 @@ def _features(out: Any) -> Any:
 
 def _on(batch: dict[str, Any]) -> dict[str, Any]:
     return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _bf16_pixels(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``inputs`` with their pixels, if any, in the bf16 model's dtype."""
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+    return inputs
+
+
+def _default_graph(tmp_path: Path) -> tuple[Any, Path, str, Any]:
+    """The tiny Qwen2-VL processor, a 10-sample corpus, its media folder and the default graph
+    over it (packs of 1,024; ``"auto"`` attention); the test skips without a varlen kernel."""
+    from neatpack.pipes.collating.attention_choice import cuda_training
+
+    if not cuda_training():
+        pytest.skip("no varlen kernel (torch.nn.attention.varlen) and no flash-attn")
+    proc = load_tiny_processor("qwen2_vl")
+    corpus = write_corpus(tmp_path, num_samples=10, seed=3)
+    media = str(corpus.parent / "media")
+    config = NeatVLMConfig(pack_size=1024, media_root=media, prefetch=0)
+    return proc, corpus, media, neat_vlm_graph(corpus, proc, config=config)
 
 
 @torch.no_grad()
@@ -177,16 +191,7 @@ def test_varlen_flash_kernel_qwen2_vl_loss(
         layers = model.config.text_config.num_hidden_layers
         assert kernel_calls == vision * 2 + [(True, text_cu[-1], text_cu)] * layers
         forwarded.clear()
-        samples = []
-        for sid in ids:
-            smp = tokenize_conversation(source[sid], proc)
-            one = {"input_ids": smp["input_ids"][None], "labels": smp["labels"][None]}
-            if "pixel_values" in smp:
-                one["pixel_values"] = smp["pixel_values"].to(torch.bfloat16)
-                one["image_grid_thw"] = smp["image_grid_thw"]
-                if "mm_token_type_ids" in smp:
-                    one["mm_token_type_ids"] = smp["mm_token_type_ids"][None]
-            samples.append(one)
+        samples = [_alone_inputs(tokenize_conversation(source[sid], proc)) for sid in ids]
         _close(got, _reference_loss(model, samples))
         checked += 1
     assert checked >= 2
@@ -232,15 +237,8 @@ def test_default_graph_and_helper_train_packed_as_separate_in_bf16(
     every text layer goes through PyTorch's varlen kernel with the pack's boundaries, each
     document's logits match the sample run alone (sdpa, unpacked) and so does the loss."""
     from neatpack.pipes import use_varlen_attention
-    from neatpack.pipes.collating.attention_choice import cuda_training
 
-    if not cuda_training():
-        pytest.skip("no varlen kernel (torch.nn.attention.varlen) and no flash-attn")
-    proc = load_tiny_processor("qwen2_vl")
-    corpus = write_corpus(tmp_path, num_samples=10, seed=3)
-    media = str(corpus.parent / "media")
-    loader = neat_vlm_graph(corpus, proc, config=NeatVLMConfig(pack_size=1024, media_root=media,
-                                                               prefetch=0))  # fmt: skip
+    proc, corpus, media, loader = _default_graph(tmp_path)
     assert loader.config["attn_implementation"] == "flash_attention_2"
     model = tiny_model("qwen2_vl", processor=proc).to("cuda", torch.bfloat16)
     assert use_varlen_attention(model) == "neatpack_varlen"
@@ -253,9 +251,7 @@ def test_default_graph_and_helper_train_packed_as_separate_in_bf16(
             continue
         assert batch["attention_mask"] is None
         model.set_attn_implementation("neatpack_varlen")  # the sdpa runs below switched it
-        inputs = model_inputs(_on(batch), model=model)
-        if "pixel_values" in inputs:
-            inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+        inputs = _bf16_pixels(model_inputs(_on(batch), model=model))
         kernel_calls.clear()
         with torch.no_grad():
             out = model(**inputs)
@@ -283,20 +279,11 @@ def test_default_boundary_batches_on_a_kept_sdpa_model_pass_the_check(tmp_path: 
     check probes the bf16 model once, finds the documents apart (transformers rebuilds the mask
     from the text positions) and the loss is the varlen path's."""
     from neatpack.pipes import use_varlen_attention
-    from neatpack.pipes.collating.attention_choice import cuda_training
 
-    if not cuda_training():
-        pytest.skip("no varlen kernel (torch.nn.attention.varlen) and no flash-attn")
-    proc = load_tiny_processor("qwen2_vl")
-    corpus = write_corpus(tmp_path, num_samples=10, seed=3)
-    media = str(corpus.parent / "media")
-    loader = neat_vlm_graph(corpus, proc, config=NeatVLMConfig(pack_size=1024, media_root=media,
-                                                               prefetch=0))  # fmt: skip
+    proc, _, _, loader = _default_graph(tmp_path)
     batch = next(b for b in loader if len(b["sample_ids"][0]) > 1)
     model = tiny_model("qwen2_vl", processor=proc).to("cuda", torch.bfloat16)
-    inputs = model_inputs(_on(batch), model=model)  # sdpa: probed, passes
-    if "pixel_values" in inputs:
-        inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+    inputs = _bf16_pixels(model_inputs(_on(batch), model=model))  # sdpa: probed, passes
     with torch.no_grad():
         kept = float(model(**inputs).loss)
         use_varlen_attention(model)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from support.alone_loss import alone_loss
+from support.spies import attention_call, spy
 
 import neatpack.pipes.collating.varlen_attention as va
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
@@ -62,15 +63,7 @@ def model(proc: Any) -> Any:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, list[int]]]:
     """(causal, tokens, boundaries used) of every attention call the function makes."""
-    seen: list[tuple[bool, int, list[int]]] = []
-    real = va._reference
-
-    def recording(q: Any, k: Any, v: Any, cu: Any, causal: bool, scale: Any) -> Any:
-        seen.append((causal, int(q.shape[0]), [int(c) for c in cu]))
-        return real(q, k, v, cu, causal, scale)
-
-    monkeypatch.setattr(va, "_reference", recording)
-    return seen
+    return spy(va, "_reference", attention_call, monkeypatch)
 
 
 def _forward_text_kwargs(model: Any, batch: dict[str, Any], monkeypatch: Any) -> None:

@@ -6,44 +6,30 @@ from __future__ import annotations
 
 import doctest
 
-from neatpack.pipes.collating import (
-    attention_choice,
-    attention_formats,
-    collate_family,
-    leak_probe,
-    mask_format,
-)
-from neatpack.pipes.collating.attention_formats import (
-    DENSE_FORMATS,
-    FLASH_FORMATS,
-    MASK_CONVERSIONS,
-    MASK_FORMATS,
-    MASK_FREE_FORMATS,
-    PADDED_FORMATS,
-    VARLEN_FORMAT,
-)
+from neatpack.pipes.collating import attention_choice, collate_family, leak_probe, mask_format
+from neatpack.pipes.collating import attention_formats as F
 from neatpack.pipes.planning import cost
 
 
 def test_the_groups_partition_the_formats_as_the_collate_path_needs() -> None:
-    assert len(set(MASK_FORMATS)) == len(MASK_FORMATS) == 8
-    for group in (DENSE_FORMATS, FLASH_FORMATS, MASK_CONVERSIONS, MASK_FREE_FORMATS):
-        assert set(group) <= set(MASK_FORMATS)
+    assert len(set(F.MASK_FORMATS)) == len(F.MASK_FORMATS) == 8
+    for group in (F.DENSE_FORMATS, F.FLASH_FORMATS, F.MASK_CONVERSIONS, F.MASK_FREE_FORMATS):
+        assert set(group) <= set(F.MASK_FORMATS)
     # every format is either padded into doc ids and converted, or padded into itself
-    assert set(MASK_CONVERSIONS) | set(PADDED_FORMATS) == set(MASK_FORMATS)
-    assert not set(MASK_CONVERSIONS) & set(PADDED_FORMATS)
-    assert VARLEN_FORMAT in FLASH_FORMATS
+    assert set(F.MASK_CONVERSIONS) | set(F.PADDED_FORMATS) == set(F.MASK_FORMATS)
+    assert not set(F.MASK_CONVERSIONS) & set(F.PADDED_FORMATS)
+    assert F.VARLEN_FORMAT in F.FLASH_FORMATS
     assert mask_format.padded_format("eager") == "doc_ids"
 
 
 def test_every_module_uses_the_one_tuple() -> None:
     for name in ("FLASH_FORMATS", "MASK_FORMATS", "MASK_CONVERSIONS", "MASK_FREE_FORMATS",
                  "PADDED_FORMATS"):  # fmt: skip
-        assert getattr(mask_format, name) is getattr(attention_formats, name)
-    assert attention_choice._SWAPPED is DENSE_FORMATS
-    assert collate_family.FAMILY_4D_FORMATS is DENSE_FORMATS
-    assert cost.DENSE_FORMATS is DENSE_FORMATS
-    assert leak_probe.DENSE_FORMATS is DENSE_FORMATS
+        assert getattr(mask_format, name) is getattr(F, name)
+    assert attention_choice._SWAPPED is F.DENSE_FORMATS
+    assert collate_family.FAMILY_4D_FORMATS is F.DENSE_FORMATS
+    assert cost.DENSE_FORMATS is F.DENSE_FORMATS
+    assert leak_probe.DENSE_FORMATS is F.DENSE_FORMATS
 
 
 def test_auto_and_the_models_formats_are_unchanged() -> None:
@@ -62,4 +48,4 @@ def test_auto_and_the_models_formats_are_unchanged() -> None:
 
 
 def test_doctests_pass() -> None:
-    assert doctest.testmod(attention_formats).failed == 0
+    assert doctest.testmod(F).failed == 0

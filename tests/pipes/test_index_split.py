@@ -4,15 +4,14 @@ every rank ends with the single-process index."""
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-import socket
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.shard_records import WORDS, N, png_bytes, write_tars
+from support.gloo_ranks import gloo_group, run_ranks, save_report
+from support.shard_records import N, shard_samples, write_tars
+from support.spies import spy
 
 from neatpack.pipes import index_split
 from neatpack.pipes.indexing.estimate import LengthEstimator
@@ -50,45 +49,17 @@ def test_split_points_always_partition() -> None:
         assert all(c in {0, n, *bounds} for c in cuts) or not bounds
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank(rank: int, world: int, port: int, root: str) -> None:
-    import torch.distributed as dist
-
     from neatpack.pipes import lengths, shards
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        groups: list[Any] = []
-        real_gather = dist.all_gather_object
-
-        def spy_gather(out: Any, obj: Any, group: Any = None) -> None:
-            groups.append(group)
-            real_gather(out, obj, group=group)
-
-        sliced: list[list[tuple[int, int]]] = []
-        real_parallel = lengths._estimate_parallel
-
-        def spy_parallel(source: Any, est: Any, pieces: Any, *a: Any, **kw: Any) -> Any:
-            sliced.append([(p.lo, p.hi) for p in pieces])
-            return real_parallel(source, est, pieces, *a, **kw)
-
-        scanned: list[str] = []
-        real_scan = shards.index_tar
-
-        def spy_scan(path: str, *a: Any) -> Any:
-            scanned.append(Path(path).name)
-            return real_scan(path, *a)
-
-        dist.all_gather_object = spy_gather  # type: ignore[assignment]
-        lengths._estimate_parallel = spy_parallel  # type: ignore[assignment]
-        shards.index_tar = spy_scan  # type: ignore[assignment]
+    with gloo_group(rank, world, port) as dist:
+        groups = spy(dist, "all_gather_object", lambda out, obj, group=None: group)
+        sliced = spy(
+            lengths,
+            "_estimate_parallel",
+            lambda src, est, parts, *a, **kw: [(p.lo, p.hi) for p in parts],
+        )
+        scanned = spy(shards, "index_tar", lambda path, *a: Path(path).name)
         paths = sorted(Path(root).glob("*.tar"))
         source = TarShardSource(paths, rank=rank, world_size=world)
         est = LengthEstimator.from_processor(load_tiny_processor(), mode="exact")
@@ -105,35 +76,18 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
             "backends": sorted({dist.get_backend(g) for g in groups if g is not None}),
             "one_side_group": len({id(g) for g in groups}) == 1,
         }
-        Path(root, f"rank{rank}.json").write_text(json.dumps(report))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        save_report(root, rank, report)
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_index_builds_split_whole_shards_over_gloo_ranks_on_a_side_group(tmp_path: Path) -> None:
-    import random
-
-    rng = random.Random(8)
-    samples = [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
-                "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
-                "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
-    write_tars(tmp_path, samples, per=3)  # shards start at 0, 3, 6, 9
+    write_tars(tmp_path, shard_samples(), per=3)  # shards start at 0, 3, 6, 9
     source = TarShardSource(sorted(tmp_path.glob("*.tar")))
     est = LengthEstimator.from_processor(load_tiny_processor(), mode="exact")
     single = build_length_index(source, est, progress=False).total.tolist()
 
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    assert [p.exitcode for p in procs] == [0, 0]
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = run_ranks(_rank, 2, tmp_path)
     for r, rep in enumerate(reports):
         assert rep["total"] == single  # the whole index on each rank
         assert rep["again"] == single

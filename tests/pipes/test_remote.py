@@ -18,12 +18,12 @@ from PIL import Image
 from support.s3_server import free_port, moto_s3, s3_buckets, s3_options
 from support.shard_records import (
     CFG,
-    WORDS,
     N,
     assert_resume_is_exactly_once,
     batch_ids,
     canonical,
     png_bytes,
+    shard_samples,
     trl,
     without_meta,
     write_parquet,
@@ -71,10 +71,7 @@ def processor() -> Any:
 
 @pytest.fixture(scope="module")
 def samples() -> list[dict[str, Any]]:
-    rng = random.Random(8)  # as test_shards.py's fixture: the same records
-    return [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
-             "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
-             "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
+    return shard_samples()
 
 
 @pytest.fixture(scope="module")

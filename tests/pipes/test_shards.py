@@ -15,11 +15,10 @@ import pytest
 from PIL import Image
 from support.shard_records import (
     CFG,
-    WORDS,
     N,
     assert_resume_is_exactly_once,
     canonical,
-    png_bytes,
+    shard_samples,
     trl,
     without_meta,
     write_parquet,
@@ -40,10 +39,7 @@ def processor() -> Any:
 
 @pytest.fixture(scope="module")
 def samples() -> list[dict[str, Any]]:
-    rng = random.Random(8)
-    return [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
-             "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
-             "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
+    return shard_samples()
 
 
 @pytest.fixture(scope="module")

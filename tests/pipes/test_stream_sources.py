@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support.s3_server import moto_s3, s3_buckets, s3_options
-from support.shard_records import WORDS, png_bytes, write_parquet, write_tars
+from support.shard_records import WORDS, shard_samples, write_parquet, write_tars
 
 from neatpack.pipes import GeneratorStream, HFStream, ShardStream, StreamOrderError, to_record
 from neatpack.pipes.reading.shards import ShardIndexError
@@ -84,10 +84,7 @@ def check_bad_starts(src: Any, n_last: int) -> None:
 
 @pytest.fixture(scope="module")
 def samples() -> list[dict[str, Any]]:
-    rng = random.Random(8)  # as test_shards.py's fixture
-    return [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
-             "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
-             "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(N)]  # fmt: skip
+    return shard_samples()
 
 
 # -- tar and Parquet files, local ---------------------------------------------------------------

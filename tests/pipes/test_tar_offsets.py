@@ -5,16 +5,15 @@ and batches as the in-memory index; the files of re-written or deleted shards pr
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-import random
-import socket
+import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.shard_records import CFG, WORDS, N, png_bytes, write_tars
+from support.gloo_ranks import gloo_group, run_ranks, save_report
+from support.shard_records import CFG, shard_samples, write_tars
+from support.spies import spy
 
 from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.reading.npz_files import MappedArray
@@ -24,48 +23,18 @@ from neatpack.pipes.testing.resume import same_item
 from neatpack.pipes.testing.tiny import load_tiny_processor
 
 
-def samples(n: int = N, seed: int = 8) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    return [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
-             "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
-             "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(n)]  # fmt: skip
-
-
 def records(source: TarShardSource) -> list[Any]:
     return [source.raw(i)["messages"] for i in range(len(source))]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank(rank: int, world: int, port: int, root: str, shared: bool) -> None:
-    import torch.distributed as dist
-
     from neatpack.pipes import shards
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        gathers: list[int] = []
-        real_gather = dist.all_gather_object
-
-        def spy_gather(out: Any, obj: Any, group: Any = None) -> None:
-            gathers.append(len(__import__("pickle").dumps(obj)))
-            real_gather(out, obj, group=group)
-
-        scanned: list[str] = []
-        real_scan = shards.index_tar
-
-        def spy_scan(path: str, *a: Any) -> Any:
-            scanned.append(Path(path).name)
-            return real_scan(path, *a)
-
-        dist.all_gather_object = spy_gather  # type: ignore[assignment]
-        shards.index_tar = spy_scan  # type: ignore[assignment]
+    with gloo_group(rank, world, port) as dist:
+        gathers = spy(
+            dist, "all_gather_object", lambda out, obj, group=None: len(pickle.dumps(obj))
+        )
+        scanned = spy(shards, "index_tar", lambda path, *a: Path(path).name)
         paths = sorted(Path(root).glob("*.tar"))
         cache = Path(root, "cache" if shared else f"cache{rank}")
         source = TarShardSource(paths, cache_dir=cache, rank=rank, world_size=world)
@@ -84,10 +53,7 @@ def _rank(rank: int, world: int, port: int, root: str, shared: bool) -> None:
             "again_gathers": gathers,
             "pieces": sorted(p.name for p in cache.glob("tar-index-*.npz")),
         }
-        Path(root, f"rank{rank}.json").write_text(json.dumps(report))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        save_report(root, rank, report)
 
 
 @pytest.mark.distributed
@@ -97,17 +63,9 @@ def test_two_gloo_ranks_map_one_offset_index_file(tmp_path: Path, shared: bool) 
     """Each rank scans half the shards; with one cache (one node) only flags cross between
     the ranks and both map the one file; with a cache each (two nodes) the shards a rank's
     disk lacks come from the other rank, and each writes and maps its own copy."""
-    write_tars(tmp_path, samples(), per=3)  # 4 shards: 3, 3, 3, 1 samples
+    write_tars(tmp_path, shard_samples(), per=3)  # 4 shards: 3, 3, 3, 1 samples
     want = records(TarShardSource(sorted(tmp_path.glob("*.tar"))))
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(tmp_path), shared)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    assert [p.exitcode for p in procs] == [0, 0]
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = run_ranks(_rank, 2, tmp_path, shared)
     for r, rep in enumerate(reports):
         assert rep["records"] == rep["again"] == want
         assert rep["mapped"] == [True, True]
@@ -129,7 +87,7 @@ def _batches(loader: Any, n: int) -> list[Any]:
 
 
 def test_the_mapped_index_gives_the_in_memory_batches_in_spawned_workers(tmp_path: Path) -> None:
-    write_tars(tmp_path, samples(), per=4)
+    write_tars(tmp_path, shard_samples(), per=4)
     paths = sorted(tmp_path.glob("*.tar"))
     processor = load_tiny_processor()
     want = list(neat_vlm_graph(TarShardSource(paths), processor, config=CFG))
@@ -150,19 +108,19 @@ def test_the_mapped_index_gives_the_in_memory_batches_in_spawned_workers(tmp_pat
 def test_stale_offset_files_are_pruned_after_the_new_index_is_written(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    paths = write_tars(data, samples(11), per=3)  # 4 shards
+    paths = write_tars(data, shard_samples(11), per=3)  # 4 shards
     cache = tmp_path / "cache"
     before = records(TarShardSource(paths, cache_dir=cache))
     pieces = {Path(TarIndex.read_meta(p)["path"]).name: p for p in cache.glob("tar-index-*.npz")}
     (old_set,) = cache.glob("tar-set-*.npz")
     elsewhere = tmp_path / "other"
     elsewhere.mkdir()
-    other = TarShardSource(write_tars(elsewhere, samples(3, seed=1), per=3), cache_dir=cache)
+    other = TarShardSource(write_tars(elsewhere, shard_samples(3, seed=1), per=3), cache_dir=cache)
     foreign = [cache / "tar-index-notours.npz", cache / "tar-set-x.npz", cache / "unrelated.npz"]
     for f in foreign:
         f.write_bytes(b"not an index")
     np.savez(cache / "tar-index-old.npz", keys=np.array(["a"]))  # an earlier layout's file
-    write_tars(data, samples(5, seed=99), per=5)  # shard-000.tar re-written (5 samples)
+    write_tars(data, shard_samples(5, seed=99), per=5)  # shard-000.tar re-written (5 samples)
     paths[3].unlink()  # shard-003.tar deleted
     after = TarShardSource(paths[:3], cache_dir=cache)
     left = set(cache.iterdir())
@@ -188,7 +146,7 @@ def test_shard_indexes_of_the_earlier_layout_are_used_not_rescanned(
     from neatpack.pipes import shards
     from neatpack.pipes.reading.npz_files import write_npz
 
-    paths = write_tars(tmp_path, samples(), per=4)
+    paths = write_tars(tmp_path, shard_samples(), per=4)
     want = records(TarShardSource(paths))
     cache = tmp_path / "cache"
     cache.mkdir()

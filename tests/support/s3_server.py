@@ -12,15 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from support.gloo_ranks import free_port
+
 # What a user's environment would hold: the README example reads the endpoint from it.
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

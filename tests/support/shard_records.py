@@ -22,6 +22,16 @@ WORDS = ("red", "cat", "sits", "on", "a", "mat", "blue", "sky", "the", "dog")
 CFG = NeatVLMConfig(pack_size=384, batch_size=2, shuffle=False, estimate_mode="exact")
 
 
+def shard_samples(n: int = N, seed: int = 8) -> list[dict[str, Any]]:
+    """``n`` generated samples (a question of 3-8 words, an answer of 2-8, sample ``i`` with
+    ``i % 3`` images): seed 8 gives the records the shard, remote, stream-source, offset-index
+    and index-split tests all read."""
+    rng = random.Random(seed)
+    return [{"q": " ".join(rng.choices(WORDS, k=rng.randint(3, 8))),
+             "a": " ".join(rng.choices(WORDS, k=rng.randint(2, 8))),
+             "images": [png_bytes(rng) for _ in range(i % 3)]} for i in range(n)]  # fmt: skip
+
+
 def png_bytes(rng: random.Random) -> bytes:
     buf = io.BytesIO()
     size = (rng.randint(30, 80), rng.randint(30, 80))
