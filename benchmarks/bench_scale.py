@@ -428,11 +428,14 @@ def reader_offsets(n: int, root: Path) -> dict[str, Any]:
     uint32 sizes, mapped; tar: numpy strings + int64, read whole into every process). Past the
     real sizes the JSONL arrays are built from the real file's line sizes repeated to
     ``min(n, SIM_LINES)`` lines (``simulated_lines``); the tar layout's bytes a sample do not
-    grow with n while its positions fit uint32 (4G members, 4 GB of key tails)."""
+    grow with n while its positions fit uint32 (4G members, 4 GB of key tails). JSONL times:
+    ``open_cached_s``, a ``JsonlSource`` opened from its cache (what every rank pays; median of
+    5); ``overlong_pass_s``, one pass over the simulated lines for the over-long check
+    (``max_record_bytes``), which ``overlong_pass_per_open`` says whether an open runs."""
     import numpy as np
 
     from neatpack.pipes.reading.line_index import LineIndex
-    from neatpack.pipes.reading.read import JsonlSource
+    from neatpack.pipes.reading.read import MAX_RECORD_BYTES, JsonlSource
     from neatpack.pipes.reading.shards import TarShardSource, index_tar
     from neatpack.pipes.reading.tar_index import TarIndex
 
@@ -446,6 +449,11 @@ def reader_offsets(n: int, root: Path) -> dict[str, Any]:
     cache = root / "offsets-cache"
     JsonlSource(path, cache_dir=cache)  # builds and writes the cache
     src = JsonlSource(path, cache_dir=cache)  # maps it
+    opens = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        JsonlSource(path, cache_dir=cache)
+        opens.append(time.perf_counter() - t0)
     sizes = src.lines.ends(0, lines) - src.lines.starts(0, lines)
     # before: int64 starts + uint32 sizes (+ int64 line numbers had the file a blank line)
     before = src.lines.starts(0, lines).nbytes + sizes.astype(np.uint32).nbytes
@@ -453,6 +461,10 @@ def reader_offsets(n: int, root: Path) -> dict[str, Any]:
     starts = np.concatenate([[0], np.cumsum(np.resize(sizes + 1, sim))[:-1]])
     built = LineIndex.build(starts, starts + np.resize(sizes, sim))
     del starts
+    built.longest = None  # as an index that does not know its longest line: the pass runs
+    t0 = time.perf_counter()
+    built.over(MAX_RECORD_BYTES)
+    overlong_pass = time.perf_counter() - t0
     out["jsonl"] = {
         "real_lines": lines, "simulated_lines": sim if sim > lines else 0,
         "bytes_per_sample": round(built.nbytes / sim, 3),
@@ -460,6 +472,8 @@ def reader_offsets(n: int, root: Path) -> dict[str, Any]:
         "cache_file_bytes_per_sample": round(
             sum(p.stat().st_size for p in cache.glob("jsonl-index-*.npz")) / lines, 3),
         "before_bytes_per_sample": round(before / lines, 3), "held": "once per node (mapped)",
+        "open_cached_s": round(sorted(opens)[2], 4), "overlong_pass_s": round(overlong_pass, 3),
+        "overlong_pass_per_open": getattr(src.lines, "longest", None) is None,
     }  # fmt: skip
     del built, sizes, src
     path.unlink()

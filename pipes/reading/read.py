@@ -328,9 +328,11 @@ def _parse_block(
 
 
 #: What a JSONL line-index cache file holds (``_save_jsonl_index``): 3 is the compact
-#: ``LineIndex`` (about 4 bytes a line) with a checksum; 2 (int64 ``starts``, uint32 ``sizes``,
-#: int64 ``lines``: 12-20 bytes a line) is read, verified and rewritten once as 3; 1 (``ends``)
-#: is rebuilt from the file.
+#: ``LineIndex`` (about 4 bytes a line) with a checksum and the longest line's size (a 3 written
+#: before that size was kept is scanned for it once and rewritten: the over-long check of every
+#: later open then reads no line); 2 (int64 ``starts``, uint32 ``sizes``, int64 ``lines``:
+#: 12-20 bytes a line) is read, verified and rewritten once as 3; 1 (``ends``) is rebuilt from
+#: the file.
 JSONL_LAYOUT = 3
 _JsonlIndex = tuple[LineIndex, int, str]  # (lines, blank lines, sha256 of the file)
 _WHAT = "JSONL line index cache"
@@ -348,7 +350,8 @@ def _index_jsonl_cached(path: Path, cache_dir: str | os.PathLike[str] | None) ->
     """``_index_jsonl``, kept in ``cache_dir`` under the file's identity (see ``JsonlSource``)
     and mapped from there (``map_npz``: the ranks and workers of a node share its pages). A
     torn, corrupt or foreign cache file, or one of layout 1, is rebuilt from the file; one of
-    layout 2 is converted (no read of the file) and rewritten once; a cache that cannot be
+    layout 2, or of layout 3 without the longest line's size, is converted (no read of the
+    file) and rewritten once; a cache that cannot be
     written is skipped. The build runs once per node (``built_once``): one process of a node
     reads the file, the others wait and map what it wrote (at 100M lines the build holds ~3 GB
     of int64 offsets for a moment: once a node, not once a rank)."""
@@ -366,9 +369,11 @@ def _index_jsonl_cached(path: Path, cache_dir: str | os.PathLike[str] | None) ->
 
 
 def _build_jsonl_index(path: Path, cache: Path, ident: str) -> _JsonlIndex:
-    old = _load_jsonl_index_v2(cache, ident)
-    if old is not None:
+    old = _load_jsonl_index(cache, ident, longest=False) or _load_jsonl_index_v2(cache, ident)
+    if old is not None:  # an earlier layout of this file's index: converted, the file not read
         built = old
+        if built[0].longest is None:  # one pass over the lines, once a node
+            built[0].longest = built[0].scan_longest()
     else:
         starts, ends, numbers, blanks, digest = _index_jsonl(path)
         built = (LineIndex.build(starts, ends, numbers), blanks, digest)
@@ -390,13 +395,16 @@ def _save_jsonl_index(cache: Path, ident: str, lines: LineIndex, blanks: int, di
     write_npz(cache, meta=np.frombuffer(body.encode(), np.uint8), **arrays)
 
 
-def _load_jsonl_index(cache: Path, ident: str) -> _JsonlIndex | None:
+def _load_jsonl_index(cache: Path, ident: str, *, longest: bool = True) -> _JsonlIndex | None:
     """The layout-3 cache at ``cache``, mapped and verified; None when it is absent, torn,
-    corrupt, of another file or of another layout."""
+    corrupt, of another file or of another layout, or (``longest``) written before the
+    longest line's size was kept (``_build_jsonl_index`` converts it)."""
     try:
         meta = json.loads(read_npz(cache, ("meta",), what=_WHAT)["meta"].tobytes())
         want = meta.pop("checksum")
         if meta.get("layout") != JSONL_LAYOUT or meta.get("identity") != ident:
+            return None
+        if longest and "longest" not in meta:
             return None
         z = map_npz(cache, LineIndex.FIELDS, what=_WHAT)
         if checksum(z, meta, head=ident) != want:

@@ -25,6 +25,7 @@ def test_bench_scale_simulated_ranks() -> None:
     assert all(r["first_batch_tokens"] > 0 for r in metrics["per_rank"])
     offsets = metrics["reader_offsets"]  # built by the real readers from real files
     assert offsets["jsonl"]["bytes_per_sample"] < offsets["jsonl"]["before_bytes_per_sample"]
+    assert offsets["jsonl"]["overlong_pass_per_open"] is False  # the longest line is cached
     assert offsets["tar"]["bytes_per_sample"] < offsets["tar"]["before_bytes_per_sample"]
     files = metrics["node_files_bytes_per_sample"]
     assert files["parquet"] < files["jsonl"] < files["tar"]

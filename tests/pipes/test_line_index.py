@@ -241,3 +241,96 @@ def test_one_process_of_a_node_reads_the_file(
     assert len(log.read_text().split()) == 1  # read once
     assert got == [(3_000, {"id": 2_999, "text": got[0][1]["text"]}, True)] * 3
     assert len(list((tmp_path / "c").glob("jsonl-index-*.npz"))) == 1
+
+
+def _long_lines(path: Path) -> bytes:
+    """40 records, every 7th with a text of 1,500 bytes (the others under 100)."""
+    rows = [json.dumps({"id": i, "text": "x" * (1_500 if i % 7 == 3 else i)}) for i in range(40)]
+    data = ("\n".join(rows) + "\n").encode()
+    path.write_bytes(data)
+    return data
+
+
+def _over(data: bytes, limit: int) -> list[int]:
+    """Ids of the lines longer than ``limit`` bytes, by plain splitting."""
+    return [i for i, line in enumerate(data.split(b"\n")[:-1]) if len(line) > limit]
+
+
+def _open_and_count(path: str, cache: str, limits: list[int | None], q: Any) -> None:
+    scans: list[Any] = []
+    real = LineIndex.sizes
+
+    def counted(self: LineIndex, i: int, j: int) -> Any:
+        scans.append((i, j))
+        return real(self, i, j)
+
+    LineIndex.sizes = counted  # type: ignore[method-assign]  # this process only
+    got = []
+    for limit in limits:
+        src = JsonlSource(path, cache_dir=cache, max_record_bytes=limit)
+        got.append((src.too_large.tolist(), len(scans)))
+    q.put(got)
+
+
+def _in_a_process(path: Path, cache: Path, limits: list[int | None]) -> Any:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_open_and_count, args=(str(path), str(cache), limits, q))
+    p.start()
+    got = q.get(timeout=60)
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    return got
+
+
+def test_the_longest_line_is_kept_so_a_later_process_does_not_scan(tmp_path: Path) -> None:
+    """The over-long check (``max_record_bytes``) reads the longest line's size from the cache
+    file: a second process scans no line unless the limit is under it, and refuses the same
+    lines either way."""
+    path, cache = tmp_path / "d.jsonl", tmp_path / "cache"
+    data = _long_lines(path)
+    longest = max(len(line) for line in data.split(b"\n"))
+    first = JsonlSource(path, cache_dir=cache)  # reads the file, writes the cache
+    assert first.lines.longest == longest
+    limits: list[int | None] = [None, 8 << 20, longest, longest - 1, 200]
+    got = _in_a_process(path, cache, limits)
+    want_ids = [[] if limit is None else _over(data, limit) for limit in limits]
+    assert [ids for ids, _ in got] == want_ids
+    assert want_ids[-1] == [3, 10, 17, 24, 31, 38]  # the test can tell a scan from none
+    # counted since the process started: no pass while the limit is at or over the longest
+    # line, one (a chunk of lines) for each limit under it
+    assert [n for _, n in got] == [0, 0, 0, 1, 2]
+    check_source(JsonlSource(path, cache_dir=cache), reference(data))
+
+
+def test_a_cache_without_the_longest_line_is_scanned_once_and_rewritten(tmp_path: Path) -> None:
+    """A layout-3 file written before the longest line's size was kept loads identically: one
+    process of the node scans it once and rewrites it; later processes scan nothing."""
+    from neatpack.pipes.reading.read import _save_jsonl_index
+
+    path, cache = tmp_path / "d.jsonl", tmp_path / "cache"
+    data = _long_lines(path)
+    built = JsonlSource(path, cache_dir=cache)
+    (cache_file,) = cache.glob("jsonl-index-*.npz")
+    lines = LineIndex.from_arrays(
+        {f: np.array(a) for f, a in built.lines.arrays().items()}, built.lines.meta()
+    )
+    lines.longest = None  # what the reader before it wrote
+    _save_jsonl_index(cache_file, _file_identity(path), lines, built.blank_lines,
+                      built.content_fingerprint())  # fmt: skip
+    assert "longest" not in json.loads(np.load(cache_file)["meta"].tobytes())
+    before = os.stat(cache_file).st_ino
+    converted, again = _in_a_process(path, cache, [None]), _in_a_process(path, cache, [None])
+    assert converted == [([], 1)]  # one pass (one chunk of lines), in the first process
+    assert again == [([], 0)]  # read from the rewritten file
+    assert os.stat(cache_file).st_ino != before
+    meta = json.loads(np.load(cache_file)["meta"].tobytes())
+    assert meta["longest"] == max(len(line) for line in data.split(b"\n"))
+    src = JsonlSource(path, cache_dir=cache)
+    check_source(src, reference(data))
+    assert src.content_fingerprint() == built.content_fingerprint()
+    assert JsonlSource(path, cache_dir=cache, max_record_bytes=200).too_large.tolist() == _over(
+        data, 200
+    )
