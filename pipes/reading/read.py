@@ -35,6 +35,7 @@ from neatpack.pipes.reading._record import RecordError, paused_gc, to_record
 from neatpack.pipes.reading.built_once import built_once
 from neatpack.pipes.reading.line_index import LineIndex
 from neatpack.pipes.reading.npz_files import checksum, map_npz, read_npz, write_npz
+from neatpack.pipes.reading.verified import verify_once
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -407,8 +408,12 @@ def _load_jsonl_index(cache: Path, ident: str, *, longest: bool = True) -> _Json
         if longest and "longest" not in meta:
             return None
         z = map_npz(cache, LineIndex.FIELDS, what=_WHAT)
-        if checksum(z, meta, head=ident) != want:
-            return None
+
+        def check() -> None:
+            if checksum(z, meta, head=ident) != want:
+                raise ValueError(f"{cache}: checksum mismatch")
+
+        verify_once(cache, z, check)  # hashed once per node, not on every open (verified.py)
         return LineIndex.from_arrays(z, meta), int(meta["blanks"]), str(meta["digest"])
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

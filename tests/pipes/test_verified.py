@@ -129,3 +129,35 @@ def test_the_processes_of_a_node_check_a_file_once(tmp_path: Path) -> None:
         p.join(timeout=60)
     assert len(done) == 4
     assert len(log.read_text().splitlines()) == 1  # one process checked; three waited, skipped
+
+
+def test_a_jsonl_line_index_is_hashed_once_and_a_corrupt_one_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JSONL line index is verified like the length index: later opens skip the hash, and
+    one corrupted in place (mtime restored) is refused and rebuilt, never read from."""
+    import json
+
+    from neatpack.pipes.reading import read
+    from neatpack.pipes.reading.read import JsonlSource
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(
+        "".join(json.dumps({"i": i, "pad": "x" * (i % 37)}) + "\n" for i in range(5_000))
+    )
+    cache = tmp_path / "c"
+    first = JsonlSource(path, cache_dir=cache)
+    hashes: list[int] = []
+    real = read.checksum
+    monkeypatch.setattr(read, "checksum", lambda *a, **k: hashes.append(1) or real(*a, **k))
+    for _ in range(3):
+        assert JsonlSource(path, cache_dir=cache).raw(4_321) == first.raw(4_321)
+    assert hashes == []  # the node's stamp vouches for the unchanged file
+    (cache_file,) = cache.glob("jsonl-index-*.npz")
+    rel = np.asarray(first.lines.rel[100:104]).tobytes()
+    _flip_in_place(cache_file, rel)
+    again = JsonlSource(path, cache_dir=cache)  # checked (ctime moved), refused, rebuilt
+    assert hashes  # the check ran
+    assert [again.raw(i) for i in range(0, 5_000, 97)] == [
+        first.raw(i) for i in range(0, 5_000, 97)
+    ]
