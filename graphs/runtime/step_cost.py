@@ -69,7 +69,7 @@ class StepCost:
         terms = np.asarray(self._terms_of(plan, packs.reshape(-1)), dtype=np.float64)
         lm, vision = pack_costs(terms)
         cols = np.stack([terms[:, TERMS.index("attention")], vision, lm + vision], axis=1)
-        names = STEP_COLUMNS
+        names: tuple[str, ...] = STEP_COLUMNS
         if self._supervised is not None and plan is not None:
             flat = packs.reshape(-1)
             starts, ends = plan.offsets[flat], plan.offsets[flat + 1]

@@ -241,9 +241,7 @@ def plan_images(
     return None
 
 
-def plan_supervised(
-    supervised: npt.NDArray[Any] | None, balance: str
-) -> npt.NDArray[Any] | None:
+def plan_supervised(supervised: npt.NDArray[Any] | None, balance: str) -> npt.NDArray[Any] | None:
     """The supervised-token counts the plan depends on (only ``balance="supervised"`` reads
     them), or None; that policy without them is a ``ValueError`` naming the fix."""
     if balance != "supervised":

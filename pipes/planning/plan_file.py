@@ -155,9 +155,7 @@ def shared_plan(
         fp = plan_fingerprint(lengths, capacity, **options)
     else:
         fp = None
-        named = {
-            k: v for k, v in options.items() if k not in ("visual", "images", "supervised")
-        }
+        named = {k: v for k, v in options.items() if k not in ("visual", "images", "supervised")}
         named["visual"] = options.get("visual") is not None  # the key covers the arrays
         if _relevant_images(options) is not None:  # only then: older plan files keep their name
             named["images"] = True

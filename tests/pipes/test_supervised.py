@@ -59,15 +59,31 @@ def raw_records(n: int, seed: int) -> list[dict[str, Any]]:
                                          {"role": "assistant", "content": [
                                              {"type": "text", "text": a}]}]})  # fmt: skip
         elif form == 3:  # LLaVA, with the placeholder in the question
-            out.append({"image": "b.jpg", "images_meta": [[64, 64]], "conversations": [
-                {"from": "human", "value": "<image>\n" + q}, {"from": "gpt", "value": a + "\n"}]})
+            out.append(
+                {
+                    "image": "b.jpg",
+                    "images_meta": [[64, 64]],
+                    "conversations": [
+                        {"from": "human", "value": "<image>\n" + q},
+                        {"from": "gpt", "value": a + "\n"},
+                    ],
+                }
+            )
         else:  # LLaVA with a placeholder in the answer: the Record path counts it
-            out.append({"image": "c.jpg", "images_meta": [[64, 64]], "conversations": [
-                {"from": "human", "value": q}, {"from": "gpt", "value": "<image>\n" + a}]})
+            out.append(
+                {
+                    "image": "c.jpg",
+                    "images_meta": [[64, 64]],
+                    "conversations": [
+                        {"from": "human", "value": q},
+                        {"from": "gpt", "value": "<image>\n" + a},
+                    ],
+                }
+            )
     return out
 
 
-@pytest.fixture()
+@pytest.fixture
 def jsonl(tmp_path: Path) -> Path:
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in raw_records(60, seed=0)) + "\n")
@@ -79,10 +95,12 @@ def test_the_raw_fast_path_counts_what_the_record_path_counts(jsonl: Path, mode:
     processor = load_tiny_processor("qwen2_vl")
     base = LengthEstimator.from_processor(processor, mode=mode, on_missing_media="fallback")
     est = supervised_estimator(base, processor)
-    assert est.supervised and est.label_marks == label_marks(processor) == 1  # <|im_end|>
+    assert est.supervised
+    assert est.label_marks == label_marks(processor) == 1
     source = JsonlSource(jsonl)
     index = build_length_index(source, est, progress=False)
-    assert index.supervised is not None and index.supervised.dtype == np.uint16
+    assert index.supervised is not None
+    assert index.supervised.dtype == np.uint16
     by_record = [min(supervised_tokens(est, source[i]), int(index.total[i]))
                  for i in range(len(source))]  # fmt: skip
     assert index.supervised.tolist() == by_record
@@ -116,7 +134,8 @@ def test_the_default_estimator_keeps_its_fingerprint_and_writes_no_column(
         again = build_length_index(JsonlSource(jsonl), est, cache_dir=cache, progress=False)
         assert again.fingerprint == index.fingerprint
         if est.supervised:
-            assert index.supervised is not None and again.supervised is not None
+            assert index.supervised is not None
+            assert again.supervised is not None
             np.testing.assert_array_equal(again.supervised, index.supervised)
         else:
             assert again.supervised is None
@@ -154,7 +173,8 @@ def test_a_piece_keeps_the_column_and_one_without_it_has_none(tmp_path: Path) ->
         if sup is None:
             assert part[5] is None
         else:
-            assert part[5] is not None and part[5].tolist() == [1, 0, 4]
+            assert part[5] is not None
+            assert part[5].tolist() == [1, 0, 4]
         np.testing.assert_array_equal(part[0], ints)
 
 
