@@ -27,6 +27,7 @@ from neatpack.pipes.indexing.handler_lengths import handler_estimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.supervised import supervised_estimator
 from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
+from neatpack.pipes.testing.resume import assert_exactly_once
 from neatpack.pipes.testing.tiny import load_tiny_processor
 
 WORLD = 4
@@ -276,3 +277,25 @@ def test_a_mixture_takes_the_supervised_balance(corpus: Path) -> None:
             assert got == pytest.approx(want, rel=1e-6)
     assert sum(served["supervised"].values()) == sum(served["tokens"].values())
     assert ratios["supervised"] < 0.8 * ratios["tokens"], ratios
+
+
+def test_supervised_balanced_graph_elastic_4_to_3_is_exactly_once(corpus: Path) -> None:
+    processor = load_tiny_processor("qwen2_vl")
+
+    def make(rank: int, world: int) -> Any:
+        return neat_vlm_graph(corpus / "data.jsonl", processor,
+                              config=config(corpus, "supervised"), rank=rank,
+                              world_size=world)  # fmt: skip
+
+    first = [make(r, WORLD) for r in range(WORLD)]
+    for x in first:
+        it = iter(x)
+        next(it), next(it)
+    states = [roundtrip(x.state_dict()) for x in first]
+    resumed = [make(r, 3) for r in range(3)]
+    for r, x in enumerate(resumed):
+        x.load_state_dict(states[r])
+    assert len({len(list(x)) for x in resumed}) == 1, "every rank yields as many batches"
+    consumed = [i for x in first + resumed for i in x.ledgers[0].consumed]
+    dropped = [i for x in resumed for i in x.ledgers[0].tail_dropped]
+    assert_exactly_once(consumed, range(360), excused=dropped)
