@@ -525,6 +525,7 @@ def build_length_index(
             return cached
         haves = [np.unpackbits(h, count=len(pieces)).astype(bool) for _, _, h in flags]
     me = rank if dist is not None else 0
+    counts_supervised = bool(getattr(estimator, "supervised", False))
     loads, estimates = assign_pieces(pieces, haves)
     error: str | None = None
     got: dict[int, Part] = {}
@@ -537,6 +538,8 @@ def build_length_index(
             todo = list(estimates[me])
             for i in loads[me]:
                 part = None if cache_dir is None else load_piece(cache_dir, pieces[i], root)
+                if part is not None and counts_supervised and part[5] is None:
+                    part = None  # saved without the counts this build needs
                 if part is None:
                     todo.append(i)  # torn, corrupt or stale: estimated again
                     continue
@@ -574,7 +577,7 @@ def build_length_index(
     images = np.concatenate([empty, *(p[2] for p in ordered)])
     sup_parts = [p[5] for p in ordered]
     supervised = None
-    if getattr(estimator, "supervised", False):
+    if counts_supervised:
         if any(x is None for x in sup_parts):  # a piece saved without them cannot be used
             raise RuntimeError("length index pieces without supervised counts were assembled")
         supervised = np.concatenate([empty, *(x for x in sup_parts if x is not None)])

@@ -207,3 +207,37 @@ def test_plan_orders_best_fit_packs_by_supervised_tokens(tmp_path: Path) -> None
     np.testing.assert_array_equal(shared.ids, plan.ids)
     shared_plan(tmp_path, total, 4096, key="idx", world_size=8)
     assert len(list(tmp_path.glob("plan-*.npz"))) == 2
+
+
+def test_a_sharded_build_reuses_its_pieces_with_the_counts(tmp_path: Path) -> None:
+    """Pieces of a sharded source outlive the index: a rebuild (the index file deleted, as the
+    refusal's fix says) loads them, counts included, and estimates nothing again."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from neatpack.pipes.reading.shards import ParquetSource
+
+    data = tmp_path / "data"
+    data.mkdir()
+    records = [r for r in raw_records(40, seed=1) if "messages" in r and "images_meta" not in r]
+    for k in range(2):
+        pq.write_table(pa.Table.from_pylist(records[k::2]), data / f"part-{k}.parquet")
+    est = supervised_estimator(LengthEstimator(), None)
+    cache = tmp_path / "cache"
+
+    def build() -> LengthIndex:
+        return build_length_index(ParquetSource(str(data / "*.parquet")), est, cache_dir=cache,
+                                  progress=False)  # fmt: skip
+
+    calls: list[int] = []
+    real = est.estimate_raw_batch
+    object.__setattr__(est, "estimate_raw_batch", lambda raws: calls.append(1) or real(raws))
+    first = build()
+    assert calls  # estimated
+    assert len(list(cache.glob("length-piece-*.npz"))) == 2
+    (cache / f"{first.fingerprint}.npz").unlink()
+    calls.clear()
+    again = build()
+    assert not calls  # every piece loaded
+    assert first.supervised is not None and again.supervised is not None
+    assert again.supervised.tolist() == first.supervised.tolist()
+    assert int(first.supervised.min()) >= 1
