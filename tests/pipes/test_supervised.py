@@ -238,6 +238,7 @@ def test_a_sharded_build_reuses_its_pieces_with_the_counts(tmp_path: Path) -> No
     calls.clear()
     again = build()
     assert not calls  # every piece loaded
-    assert first.supervised is not None and again.supervised is not None
+    assert first.supervised is not None
+    assert again.supervised is not None
     assert again.supervised.tolist() == first.supervised.tolist()
     assert int(first.supervised.min()) >= 1
