@@ -145,6 +145,7 @@ def packed_parts(
     data: dict[str, str] | None,
     visual: Any = None,
     images: Any = None,
+    supervised: Any = None,
     hooks: Hooks,
     boundaries: bool,
     packing_ratio: float = 1.0,
@@ -156,7 +157,8 @@ def packed_parts(
     ``total=None`` instead), the ``Collater`` from the config's attention group plus
     ``collate_options``, the worker chain with the ``hooks``, and the CP splitter for their
     ``cp_rank``. ``boundaries``: ``probe_boundaries``' answer, asked before any record is read.
-    ``images``: media items per sample (the images budget and the vision cost's split)."""
+    ``images``: media items per sample (the images budget and the vision cost's split);
+    ``supervised``: label tokens per sample (``balance="supervised"`` and its step report)."""
     plan_for: Callable[[int], PackPlan] | None = None
     if stream is None:
         planned = total if config.cp_size == 1 else cp_padded_lengths(total, config.cp_size)
@@ -165,6 +167,11 @@ def packed_parts(
         # with a cache folder, planned once per node and mapped by every rank (plan_file.py),
         # found by the lengths' fingerprint (the CP padding is a function of it and cp_size)
         key = f"{lengths_fingerprint}|cp_size={config.cp_size}|visual={visual is not None}"
+        if config.balance == "supervised" and supervised is None:
+            raise ValueError(
+                "balance='supervised' needs the supervised (label) tokens per sample, and the "
+                "lengths this graph was given have none; see LengthIndex.require_supervised"
+            )
 
         def plan_for(group_size: int) -> PackPlan:
             plan: Callable[..., PackPlan] = (
@@ -186,6 +193,7 @@ def packed_parts(
                 max_visual=getattr(config, "max_visual_tokens", None),  # the VLM graph's option
                 images=images,
                 max_images=getattr(config, "max_images", None),  # the VLM graph's option
+                supervised=supervised if config.balance == "supervised" else None,
             )
 
         warn_dense_mask_on_cuda(
@@ -222,7 +230,8 @@ def packed_parts(
             None
             if stream is not None
             else StepCost(
-                functools.partial(_plan_terms, total=planned, visual=visual, images=images)
+                functools.partial(_plan_terms, total=planned, visual=visual, images=images),
+                supervised=supervised,
             )
         ),
         stream=stream,

@@ -156,9 +156,11 @@ class PackingOptions(EpochOptions):
         doc="what the ranks of a step are made alike on: tokens (visual, then total), or the "
         "compute cost of the language model (lm: tokens and squared document lengths), the "
         "vision encoder (vision: patches and squared patches per image) or both quadratic "
-        "terms (cost: attention and vision). tokens, lm and vision keep the packs and only pick "
-        "which share a step; cost makes the packs for their step groups (pipes/planning/"
-        "group_pack.py) where that evens the ranks more, fill within 0.2 points",
+        "terms (cost: attention and vision), or the supervised (label) tokens (supervised: "
+        "the length index then counts them per sample, pipes/indexing/supervised.py). tokens, "
+        "lm, vision and supervised keep the packs and only pick which share a step; cost makes "
+        "the packs for their step groups (pipes/planning/group_pack.py) where that evens the "
+        "ranks more, fill within 0.2 points",
         key=KEY_WHEN_SET,
     )
 

@@ -25,8 +25,9 @@ from neatpack.graphs.families import plan_family
 from neatpack.graphs.open_data import MISSING_MEDIA_FIX, EstimateChecked, open_source
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
-from neatpack.graphs.token_source import TokenSource, token_lengths
+from neatpack.graphs.token_source import TokenSource, token_lengths, token_supervised
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
+from neatpack.pipes.indexing.supervised import supervised_estimator
 from neatpack.pipes.mixtures.mixture import Mixture
 from neatpack.pipes.mixtures.mixture_source import (
     MixtureLayout,
@@ -59,7 +60,7 @@ def mixture_parts(
     cfg = dataclasses.replace(config)  # without a deprecated config(mixture=...)
     rank, world_size = resolve_rank(rank, world_size)
     if processor is None:  # pre-tokenized sources: exact lengths, no headroom
-        records, lengths = _token_sources(mix)
+        records, lengths = _token_sources(mix, cfg.balance)
         parts = build_parts(records, config=cfg, rank=rank, world_size=world_size,
                             lengths=lengths.total, **hooks)  # fmt: skip
     else:
@@ -107,6 +108,8 @@ def _record_sources(
         estimator = family.estimator(
             processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
         )
+        if cfg.balance == "supervised":  # counted only when asked, as for one source
+            estimator = supervised_estimator(estimator, processor)
         try:
             index = build_length_index(
                 source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,
@@ -132,11 +135,14 @@ def _record_sources(
         images=None  # unknown when any source's cached index predates the counts
         if any(i.images is None for i in indexes)
         else np.concatenate([i.require_images("max_images") for i in indexes]),
+        supervised=None
+        if cfg.balance != "supervised"
+        else np.concatenate([i.require_supervised("balance='supervised'") for i in indexes]),
     )
     return MixtureRecords(mix.names, sources), lengths
 
 
-def _token_sources(mix: Mixture) -> tuple[MixtureRecords, LengthIndex]:
+def _token_sources(mix: Mixture, balance: str = "tokens") -> tuple[MixtureRecords, LengthIndex]:
     """Pre-tokenized sources (``data`` of each is what ``TokenSource`` reads; ``media_root`` is
     unused): exact lengths, fingerprinted by the names, the lengths and the sizes."""
     sources = [TokenSource(spec.data) for spec in mix.sources]
@@ -144,7 +150,11 @@ def _token_sources(mix: Mixture) -> tuple[MixtureRecords, LengthIndex]:
     h = hashlib.sha256("|".join(mix.names).encode())
     h.update(np.ascontiguousarray(total, dtype="<i8").tobytes())
     h.update(np.asarray([len(s) for s in sources], dtype="<i8").tobytes())
-    lengths = LengthIndex(total=total, visual=np.zeros_like(total), fingerprint=h.hexdigest())
+    supervised = None
+    if balance == "supervised":  # exact label counts, read only under that balance
+        supervised = np.concatenate([token_supervised(s) for s in sources])
+    lengths = LengthIndex(total=total, visual=np.zeros_like(total), fingerprint=h.hexdigest(),
+                          supervised=supervised)  # fmt: skip
     return MixtureRecords(mix.names, sources), lengths
 
 
@@ -175,6 +185,7 @@ def _mixed(
         max_visual=getattr(cfg, "max_visual_tokens", None),  # the VLM graph's option
         images=None if images is None else np.asarray(images, np.int64),
         max_images=max_images,
+        supervised=None if lengths.supervised is None else np.asarray(lengths.supervised, np.int64),
     )  # fmt: skip
     pack_source = MixturePackSource(
         layout, mix.blend(), on_change=mix.on_change, rank=rank, world_size=world_size,

@@ -32,7 +32,7 @@ from neatpack.graphs.config import NeatLLMConfig
 from neatpack.graphs.mixture import mixture_parts
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
-from neatpack.graphs.token_source import TokenSource, token_lengths
+from neatpack.graphs.token_source import TokenSource, token_lengths, token_supervised
 from neatpack.pipes.materializing.pack import build_pack
 from neatpack.pipes.steps import PackMaterializer
 
@@ -97,6 +97,8 @@ def neat_llm_parts(
         graph="neat_llm",
         total=total,
         lengths_fingerprint=fingerprint[:16],
+        # exact label counts, read only when the steps are balanced on them
+        supervised=token_supervised(source) if cfg.balance == "supervised" else None,
         materialize=PackMaterializer(TokenPacker(source, cfg.padding_idx, cp_alignment(cfg))),
         collate_options={"padding_idx": cfg.padding_idx, "max_length": cfg.pack_size},
         rank=rank,

@@ -47,6 +47,7 @@ from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.pipes.indexing.estimate import MODES as ESTIMATE_MODES
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.overlong import check_overlong
+from neatpack.pipes.indexing.supervised import supervised_estimator
 from neatpack.pipes.materializing.materialize import Materializer
 from neatpack.pipes.steps import PackMaterializer
 
@@ -110,6 +111,8 @@ def neat_vlm_parts(
         estimator = family.estimator(
             processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
         )
+        if cfg.balance == "supervised":  # counted only when asked (another fingerprint)
+            estimator = supervised_estimator(estimator, processor)
         lengths = build_length_index(
             source,
             estimator,
@@ -141,6 +144,11 @@ def neat_vlm_parts(
         visual=index.visual,
         # the images budget needs the counts (an index cached before them says how to rebuild)
         images=index.images if cfg.max_images is None else index.require_images("max_images"),
+        supervised=(
+            index.supervised
+            if cfg.balance != "supervised"
+            else index.require_supervised("balance='supervised'")
+        ),
         packing_ratio=cfg.packing_ratio,
         lengths_fingerprint=index.fingerprint,
         materialize=PackMaterializer(materializer, index.total),

@@ -15,7 +15,7 @@ import torch
 from neatpack.pipes.compat.text_pack import token_tensor
 from neatpack.pipes.reading.read import JsonlSource
 
-__all__ = ["TokenSource", "to_token_sample", "token_lengths"]
+__all__ = ["TokenSource", "to_token_sample", "token_lengths", "token_supervised"]
 
 
 class TokenSource:
@@ -80,6 +80,16 @@ def token_lengths(source: TokenSource) -> np.ndarray:
     """Exact lengths after the shift (``len(input_ids) - 1``) of every sample."""
     return np.fromiter(
         (source[i]["input_ids"].numel() - 1 for i in range(len(source))),
+        dtype=np.int64,
+        count=len(source),
+    )
+
+
+def token_supervised(source: TokenSource) -> np.ndarray:
+    """Exact supervised tokens after the shift (``labels[1:] != -100``) of every sample: what
+    ``balance="supervised"`` balances (read only under it)."""
+    return np.fromiter(
+        (int((source[i]["labels"][1:] != -100).sum()) for i in range(len(source))),
         dtype=np.int64,
         count=len(source),
     )

@@ -50,6 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "summarize_overlong",
     ),
     "indexing.length_source": ("LengthSource",),
+    "indexing.supervised": ("supervised_estimator", "supervised_tokens"),
     "reading.record_reader": ("RecordReader",),
     "planning.binpack": ("best_fit_decreasing", "greedy_knapsack", "lower_bound", "overlong_ids"),
     "planning.cost": ("CostModel",),
@@ -327,6 +328,8 @@ if TYPE_CHECKING:  # the real types of the lazy names, for mypy, pyright and IDE
     from neatpack.pipes.indexing.overlong import OverlongSummary as OverlongSummary
     from neatpack.pipes.indexing.overlong import overlong_summary as overlong_summary
     from neatpack.pipes.indexing.overlong import summarize_overlong as summarize_overlong
+    from neatpack.pipes.indexing.supervised import supervised_estimator as supervised_estimator
+    from neatpack.pipes.indexing.supervised import supervised_tokens as supervised_tokens
     from neatpack.pipes.materializing.labels import build_labels as build_labels
     from neatpack.pipes.materializing.labels import (
         build_labels_from_template as build_labels_from_template,

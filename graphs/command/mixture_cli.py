@@ -89,8 +89,11 @@ def mixture_plan_report(
     from neatpack.graphs.open_data import open_source
     from neatpack.pipes.indexing.estimate import LengthEstimator
     from neatpack.pipes.indexing.lengths import build_length_index
+    from neatpack.pipes.indexing.supervised import supervised_estimator
 
     estimator = LengthEstimator.from_processor(processor, mode=estimate_mode)
+    if balance == "supervised":  # counted only when asked
+        estimator = supervised_estimator(estimator, processor)
     indexes = []
     for spec in mix.sources:
         source = open_source(spec.data, spec.media_root)
@@ -105,6 +108,9 @@ def mixture_plan_report(
         images=None if max_images is None else np.concatenate(
             [i.require_images("--max-images") for i in indexes]
         ),
+        supervised=None if balance != "supervised" else np.concatenate(
+            [i.require_supervised("--balance supervised") for i in indexes]
+        ).astype(np.int64),
     )  # fmt: skip
     blend = mix.blend()
     plan = layout.epoch_plan([(0, blend)], epoch, world_size)

@@ -77,16 +77,26 @@ def step_costs(
     world_size: int,
     epoch: int = 0,
     images: npt.ArrayLike | None = None,
+    supervised: npt.ArrayLike | None = None,
 ) -> dict[str, npt.NDArray[np.float64]]:
     """Each cost term of ``STEP_COSTS`` as ``[steps, world_size]``, steps cut as in
     :func:`step_loads`: ``lm`` (linear + attention), ``attention`` (sum of squared document
     lengths), ``vision`` (patches + squared patches per image, a sample's ``images`` taken as
-    equal), from per-sample lengths."""
+    equal), from per-sample lengths; and ``supervised`` (label tokens) when the per-sample
+    counts are given (``LengthIndex.supervised``: an index that counts them)."""
     tot = np.asarray(total, np.int64)
     vis = np.zeros_like(tot) if visual is None else np.asarray(visual, np.int64)
     terms = pack_cost_terms(np.asarray(plan.offsets), np.asarray(plan.ids), tot, vis, images)
     lm, vision = pack_costs(terms)
     per_pack = {"lm": lm, "attention": terms[:, COST_TERMS.index("attention")], "vision": vision}
+    if supervised is not None:
+        labels = np.asarray(supervised, np.int64)[np.asarray(plan.ids)]
+        starts = np.asarray(plan.offsets)[:-1]
+        per_pack["supervised"] = (
+            np.add.reduceat(labels, starts).astype(np.float64)
+            if labels.size
+            else np.zeros(len(plan), np.float64)
+        )
     order = np.asarray(plan.epoch_order(epoch))
     take = order[: order.size // world_size * world_size]
     return {k: v[take].reshape(-1, world_size) for k, v in per_pack.items()}
@@ -125,7 +135,9 @@ def plan_report(index: LengthIndex, plan: PackPlan, *, world_size: int) -> dict[
     cap = max(int(plan.capacity * plan.packing_ratio), 1)
     bound = lower_bound(np.minimum(total[keep], cap), cap)
     vis, tot = step_loads(plan, world_size)
-    costs = step_costs(plan, total, index.visual, world_size, images=index.images)
+    costs = step_costs(
+        plan, total, index.visual, world_size, images=index.images, supervised=index.supervised
+    )
     packs = len(plan)
     fill = np.asarray(plan.totals, float) / plan.capacity * 100.0
     fallback_ids = np.asarray(index.fallback_ids, np.int64)
@@ -233,6 +245,7 @@ def _length_index(
     from neatpack.pipes.families import get_handler
     from neatpack.pipes.indexing.handler_lengths import handler_estimator
     from neatpack.pipes.indexing.lengths import build_length_index
+    from neatpack.pipes.indexing.supervised import supervised_estimator
     from neatpack.pipes.reading.read import RecordError
 
     error = ""
@@ -246,6 +259,11 @@ def _length_index(
             missing_media_fix=fix + (", or pass --missing-media fallback to count it (plan)"
                                      if missing else ""),
         )  # fmt: skip
+        if getattr(args, "balance", "tokens") == "supervised":  # counted only when asked
+            try:
+                estimator = supervised_estimator(estimator, processor)
+            except ValueError as exc:
+                raise UsageError(f"--balance supervised: {exc}") from exc
         before = set(os.listdir(args.cache_dir)) if args.cache_dir and os.path.isdir(
             args.cache_dir) else set()  # fmt: skip
         index = build_length_index(source, estimator, cache_dir=args.cache_dir, progress=True)
@@ -327,6 +345,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             index.total, args.pack_size, visual=index.visual, packing_ratio=args.packing_ratio,
             overlong=args.overlong, world_size=args.world_size, seed=args.seed,
             balance=args.balance, max_visual=budget, images=images, max_images=max_images,
+            supervised=index.supervised,
         )  # fmt: skip
         report = {"data": str(args.data), **plan_report(index, plan, world_size=args.world_size)}
         report["visual_per_pack"] = {  # the second budget (#27): its limit and the largest pack
@@ -353,7 +372,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 step_cost={
                     k: imbalance(v[:PICTURE_STEPS])
                     for k, v in step_costs(
-                        plan, index.total, index.visual, args.world_size, images=images
+                        plan, index.total, index.visual, args.world_size, images=images,
+                        supervised=index.supervised,
                     ).items()
                 },
             )  # fmt: skip
@@ -561,7 +581,8 @@ def add_report_commands(sub: Any) -> None:
         choices=BALANCE_POLICIES,
         default="tokens",
         help="what the ranks of a step are made alike on: tokens, or the compute cost of the "
-        "language model (lm), the vision encoder (vision) or both (cost)",
+        "language model (lm), the vision encoder (vision) or both (cost), or the supervised "
+        "(label) tokens (supervised: the length index then counts them)",
     )
     plan.add_argument("--png", help="write a picture of pack fill and per-step balance")
     plan.add_argument(

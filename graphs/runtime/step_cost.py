@@ -37,7 +37,8 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 #: What the loader reports per step: the language model's attention (sum of squared document
-#: lengths), the vision encoder's cost, and the whole step (``BALANCE_COST``'s weights).
+#: lengths), the vision encoder's cost, and the whole step (``BALANCE_COST``'s weights); and
+#: ``supervised`` (label tokens) where the length index counts them (``StepCost(supervised=)``).
 STEP_COLUMNS: Final = ("attention", "vision", "step")
 
 
@@ -46,10 +47,14 @@ class StepCost:
     ``terms_of(plan, packs)`` gives the cost terms (``[len(packs), 4]`` in ``cost.TERMS``
     order, e.g. ``balance.pack_cost_terms`` of those packs) of the pack indices ``packs``. A
     step reads a few dozen packs, so nothing of the size of the plan is made on any rank
-    (a whole plan's terms at 100M samples are GBs of float64 temporaries)."""
+    (a whole plan's terms at 100M samples are GBs of float64 temporaries). ``supervised``:
+    label tokens per sample (``LengthIndex.supervised``): the column ``supervised`` too."""
 
-    def __init__(self, terms_of: Callable[[Any, IntArray], FloatArray]) -> None:
+    def __init__(
+        self, terms_of: Callable[[Any, IntArray], FloatArray], supervised: Any = None
+    ) -> None:
         self._terms_of = terms_of
+        self._supervised = supervised
 
     def step_loads(
         self, plan: Any, order: npt.ArrayLike, *, slots: Sequence[int], rank: int, world_size: int
@@ -64,6 +69,16 @@ class StepCost:
         terms = np.asarray(self._terms_of(plan, packs.reshape(-1)), dtype=np.float64)
         lm, vision = pack_costs(terms)
         cols = np.stack([terms[:, TERMS.index("attention")], vision, lm + vision], axis=1)
-        loads = cols.reshape(*packs.shape, len(STEP_COLUMNS)).sum(axis=0)  # [ranks, columns]
+        names: tuple[str, ...] = STEP_COLUMNS
+        if self._supervised is not None and plan is not None:
+            flat = packs.reshape(-1)
+            starts, ends = plan.offsets[flat], plan.offsets[flat + 1]
+            labels = [
+                float(np.asarray(self._supervised[plan.ids[a:b]], np.int64).sum())
+                for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+            ]
+            cols = np.concatenate([cols, np.asarray(labels)[:, None]], axis=1)
+            names = (*STEP_COLUMNS, "supervised")
+        loads = cols.reshape(*packs.shape, len(names)).sum(axis=0)  # [ranks, columns]
         peak, mean = loads.max(axis=0), loads.mean(axis=0)
-        return {c: (float(peak[j]), float(mean[j])) for j, c in enumerate(STEP_COLUMNS)}
+        return {c: (float(peak[j]), float(mean[j])) for j, c in enumerate(names)}

@@ -95,6 +95,12 @@ class LengthEstimator:
     # caller's own option (a graph's on_bad_sample, the CLI's --missing-media), since a graph
     # user cannot pass on_missing_media. Empty: this estimator's on_missing_media. Not a result.
     missing_media_fix: str = field(default="", repr=False, compare=False)
+    # Supervised (label) tokens per sample as well (``supervised.py``): only when a plan balances
+    # on them (``balance="supervised"``), so an index without them pays nothing. Out of the
+    # repr like text_tokens_include_template: config_key adds them when set. ``label_marks``:
+    # the template tokens the labels keep per assistant turn (Qwen's closing ``<|im_end|>``).
+    supervised: bool = field(default=False, repr=False)
+    label_marks: int = field(default=1, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -103,12 +109,16 @@ class LengthEstimator:
             raise ValueError(f"{self.on_missing_media=!r} is not one of {ON_MISSING_MEDIA}")
         if not self.chars_per_token > 0:
             raise ValueError(f"{self.chars_per_token=} must be > 0")
+        if self.label_marks < 0:
+            raise ValueError(f"{self.label_marks=} must be >= 0 (labelled template tokens a turn)")
         if self.mode == "exact" and self.processor is None:
             raise ValueError("mode='exact' needs processor=<a transformers processor>")
 
     def config_key(self) -> str:
         """What the length-index fingerprint covers: every field that changes a result."""
         extra = ", text_tokens_include_template=True" if self.text_tokens_include_template else ""
+        if self.supervised:
+            extra += f", supervised=True, label_marks={self.label_marks}"
         return repr(self) + extra
 
     # -- construction -------------------------------------------------------------------

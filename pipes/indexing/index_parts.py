@@ -71,8 +71,11 @@ PIECE_RECORDS = 16_384
 PIECE_VERSION = 1
 IntArray = npt.NDArray[np.int64]
 #: ``(total, visual, images, [(sample id, fallback reasons)], media paths relative to the media
-#: root)``: ``images`` the media items of each sample
-Part = tuple[IntArray, IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str]]
+#: root, supervised)``: ``images`` the media items of each sample, ``supervised`` its label
+#: tokens (None: the estimator does not count them)
+Part = tuple[
+    IntArray, IntArray, IntArray, list[tuple[int, tuple[str, ...]]], list[str], IntArray | None
+]
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ def save_piece(
 ) -> None:
     """Write ``piece`` 's lengths atomically; a cache that cannot be written is skipped (the
     build goes on; only its resume is lost)."""
-    total, visual, images, fallbacks, media = part
+    total, visual, images, fallbacks, media, supervised = part
     stamp = MediaStamp.of(media, root)
     arrays = {
         "total": _narrow(total), "visual": _narrow(visual), "images": _narrow(images),
@@ -186,6 +189,9 @@ def save_piece(
     }  # fmt: skip
     meta = {"version": PIECE_VERSION, "key": piece.key, "size": piece.size,
             "reasons": [list(r) for _, r in fallbacks], "media_root": root}  # fmt: skip
+    if supervised is not None:  # only then: other pieces' files stay as they were
+        arrays["supervised"] = _narrow(supervised)
+        meta["supervised"] = True
     if piece.shard:  # what prune_pieces needs to tell a stale piece of this family
         meta |= {"kind": piece.kind, "config": piece.config, "shard": piece.shard,
                  "fingerprint": piece.fingerprint}  # fmt: skip
@@ -207,6 +213,13 @@ def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None
         want = meta.pop("checksum")
         if meta.get("key") != piece.key or meta.get("size") != piece.size:
             return None
+        supervised = None
+        if meta.get("supervised"):
+            path = piece_path(cache_dir, piece)
+            z["supervised"] = read_npz(path, ("supervised",), what="length index piece")[
+                "supervised"
+            ]
+            supervised = z["supervised"].astype(np.int64)
         if checksum(z, meta, head=piece.key) != want:
             return None
         stamp = MediaStamp.from_arrays(meta["media_root"], z)
@@ -219,8 +232,10 @@ def load_piece(cache_dir: str | os.PathLike[str], piece: Piece, root: str | None
         return None
     fallbacks = [(piece.lo + int(a), tuple(str(x) for x in r))
                  for a, r in zip(at, meta["reasons"], strict=True)]  # fmt: skip
-    lengths = (z[k].astype(np.int64) for k in ("total", "visual", "images"))
-    return (*lengths, fallbacks, stamp.paths)
+    total, visual, images = (z[k].astype(np.int64) for k in ("total", "visual", "images"))
+    if supervised is not None and len(supervised) != piece.size:
+        return None
+    return total, visual, images, fallbacks, stamp.paths, supervised
 
 
 def remove_pieces(cache_dir: str | os.PathLike[str], pieces: Sequence[Piece]) -> None:

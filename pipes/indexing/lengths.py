@@ -8,7 +8,9 @@ re-estimates only its new shards.
 ``total[i]`` is sample ``i``'s estimated length after the shift (``L - 1``); ``visual[i]`` the
 image + video tokens inside it (``docs/data_contracts.md`` section 2); ``images[i]`` its media
 items (images plus video clips: what ``plan_packs(max_images=)`` budgets and the vision cost
-splits its patches over).
+splits its patches over); ``supervised[i]``, only when the estimator counts them
+(``LengthEstimator(supervised=True)``, what ``balance="supervised"`` switches on), its label
+tokens (``pipes/indexing/supervised.py``).
 
 >>> from neatpack.pipes.reading.read import SequenceSource
 >>> from neatpack.pipes.indexing.estimate import LengthEstimator
@@ -51,6 +53,11 @@ from neatpack.pipes.indexing.index_parts import (
 from neatpack.pipes.indexing.index_split import initialized_dist, side_group
 from neatpack.pipes.indexing.index_workers import index_start_method, index_workers
 from neatpack.pipes.indexing.media_stamp import MediaStamp, relative_to, unsized_media_paths
+from neatpack.pipes.indexing.supervised import (
+    supervised_raw_batch,
+    supervised_tokens,
+    supervised_tokens_batch,
+)
 from neatpack.pipes.reading._record import RecordError, paused_gc
 from neatpack.pipes.reading.npz_files import map_npz, write_npz
 from neatpack.pipes.reading.verified import verify_once
@@ -102,6 +109,25 @@ def _narrow(name: str, values: Any) -> npt.NDArray[Any]:
     return arr.astype(np.int32)
 
 
+def saturate_supervised(values: Any) -> npt.NDArray[np.uint16]:
+    """Supervised tokens per sample as uint16, saturating at 65,535 (not raising).
+
+    Two bytes a sample (the #29 budget is 24 per node, and tar shards are at 23.1 without
+    them). The column only orders packs for ``balance="supervised"``: a sample with 65,535
+    label tokens or more is at least that long, so it fills a pack of 64k nearly alone and
+    its step is set by the pack size; counting it as 65,535 changes no order below that.
+    """
+    arr = values if isinstance(values, np.ndarray) else np.asarray(values)
+    if arr.dtype == np.uint16:
+        return arr
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"LengthIndex.supervised must hold ints, got dtype {arr.dtype}")
+    if arr.size and int(arr.min()) < 0:
+        i = int(np.argmin(arr))
+        raise ValueError(f"LengthIndex.supervised: sample {i} has {int(arr[i])} tokens (< 0)")
+    return np.minimum(arr, _UINT16_MAX).astype(np.uint16)
+
+
 def _narrow_images(values: Any) -> npt.NDArray[np.uint16]:
     """``values`` as uint16 (2 bytes a sample); a count over 65,535 items raises naming the
     sample."""
@@ -149,6 +175,8 @@ class LengthIndex:
     # the media files the lengths were read from (none for an index built by hand)
     media: MediaStamp = field(default_factory=MediaStamp.empty)
     images: npt.NDArray[np.uint16] | None = None  # media items per sample; None: unknown
+    # supervised (label) tokens per sample, saturating uint16; None: not counted (the default)
+    supervised: npt.NDArray[np.uint16] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "total", _narrow("total", self.total))
@@ -161,6 +189,12 @@ class LengthIndex:
             object.__setattr__(self, "images", _narrow_images(self.images))
             if self.images.shape != self.total.shape:
                 raise ValueError(f"images {self.images.shape} must equal total {self.total.shape}")
+        if self.supervised is not None:
+            object.__setattr__(self, "supervised", saturate_supervised(self.supervised))
+            if self.supervised.shape != self.total.shape:
+                raise ValueError(
+                    f"supervised {self.supervised.shape} must equal total {self.total.shape}"
+                )
 
     def require_images(self, who: str) -> npt.NDArray[np.uint16]:
         """``images``, or a ``ValueError`` naming ``who`` (the option that needs them) and the
@@ -174,6 +208,21 @@ class LengthIndex:
             "built again with them (or give LengthIndex(images=...)), or unset the images budget"
         )
 
+    def require_supervised(self, who: str) -> npt.NDArray[np.uint16]:
+        """``supervised``, or a ``ValueError`` naming ``who`` and the fix when unknown."""
+        if self.supervised is not None:
+            return self.supervised
+        raise ValueError(
+            f"{who} needs the supervised (label) tokens per sample, and this length index has "
+            f"none ({self.fingerprint}.npz in the cache folder, or built by hand): they are "
+            "counted only when asked. Fix: let the graph build the index (do not pass "
+            "lengths=, or delete that file if you load it yourself) with balance='supervised', "
+            "which counts them under another fingerprint; or build it with "
+            "build_length_index(source, supervised_estimator(estimator, processor)) "
+            "(neatpack.pipes.indexing.supervised), or give LengthIndex(supervised=...); or use "
+            "another balance"
+        )
+
     def __len__(self) -> int:
         return int(self.total.shape[0])
 
@@ -183,6 +232,9 @@ class LengthIndex:
         _hash_arrays(h, (self.total, self.visual), as_int64=layout < 2)
         if layout >= 3 and self.images is not None:
             _hash_arrays(h, (self.images,), as_int64=False)
+        if self.supervised is not None:  # only in files of an index that counts them
+            h.update(b"|supervised|")
+            _hash_arrays(h, (self.supervised,), as_int64=False)
         _hash_arrays(h, (self.fallback_ids, *media.values()), as_int64=True)
         h.update(json.dumps(self.fallback_counts, sort_keys=True).encode())
         return h.hexdigest()
@@ -200,6 +252,9 @@ class LengthIndex:
             "media_root": self.media.root,
         }
         extra: dict[str, Any] = {} if self.images is None else {"images": self.images}
+        if self.supervised is not None:  # the key only where the column is: older files as were
+            meta["supervised"] = True
+            extra["supervised"] = self.supervised
         write_npz(
             path, total=self.total, visual=self.visual, fallback_ids=self.fallback_ids,
             meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **self.media.arrays(),
@@ -223,6 +278,8 @@ class LengthIndex:
             layout = int(meta.get("layout", 1))
             if layout >= 3:
                 z.update(map_npz(path, ("images",), what="length index file"))
+            if meta.get("supervised"):
+                z.update(map_npz(path, ("supervised",), what="length index file"))
             index = cls(
                 total=z["total"],
                 visual=z["visual"],
@@ -231,6 +288,7 @@ class LengthIndex:
                 fallback_counts={str(k): int(v) for k, v in meta["fallback_counts"].items()},
                 media=MediaStamp.from_arrays(meta.get("media_root"), z),
                 images=z.get("images"),
+                supervised=z.get("supervised"),
             )
         except (ValueError, KeyError) as e:
             raise ValueError(f"length index file {path} is unreadable: {e!r}") from e
@@ -289,8 +347,11 @@ def estimate_slice(
     progress: bool,
     on_error: str = "raise",
     media: list[str] | None = None,
+    supervised: IntArray | None = None,
 ) -> tuple[IntArray, IntArray, IntArray, list[tuple[int, tuple[str, ...]]]]:
     """``(total, visual, images, fallbacks)``: ``images`` the media items of each record.
+    ``supervised``: an array of ``stop - start`` filled with each record's supervised tokens
+    (``supervised.py``, clipped to its total) when the estimator counts them.
     Fast path (``estimate_raw_batch``) per block of 8192; the records it leaves undecided go
     through ``source[id]`` and ``estimate_sample`` (errors, fallbacks, header reads); the paths
     of the media files those may read (no metadata sizes them) are appended to ``media``.
@@ -304,6 +365,7 @@ def estimate_slice(
     visual = np.empty(n, np.int64)
     images = np.empty(n, np.int64)
     fallbacks: list[tuple[int, tuple[str, ...]]] = []
+    counts = supervised is not None and bool(getattr(estimator, "supervised", False))
     k = 0
     # One pause for the whole slice: re-enabling the collector after each block started a
     # full collection over the block's parsed records each time (~9 % of the build).
@@ -315,16 +377,22 @@ def estimate_slice(
     ):
         for block in _raw_blocks(source, start, stop, 8192):
             t, v, m, slow = estimator.estimate_raw_batch(block)
-            for j, (tj, vj, reasons, mj) in zip(
-                slow,
-                _estimate_ids(source, estimator, [start + k + j for j in slow], on_error, media),
-                strict=True,
+            if counts:
+                sup, sup_slow = supervised_raw_batch(estimator, block)
+                slow = sorted(set(slow) | set(sup_slow))  # their Records give both
+            ids = [start + k + j for j in slow]
+            for j, (tj, vj, reasons, mj, sj) in zip(
+                slow, _estimate_ids(source, estimator, ids, on_error, media, counts), strict=True
             ):
                 t[j], v[j], m[j] = tj, vj, mj
+                if counts:
+                    sup[j] = sj
                 if reasons:
                     fallbacks.append((start + k + j, reasons))
             total[k : k + len(block)], visual[k : k + len(block)] = t, v
             images[k : k + len(block)] = m
+            if counts and supervised is not None:
+                supervised[k : k + len(block)] = np.minimum(sup, t)
             k += len(block)
             bar.update(len(block))
     if k != n:
@@ -333,10 +401,16 @@ def estimate_slice(
 
 
 def _estimate_ids(
-    source: Any, estimator: Any, ids: list[int], on_error: str, media: list[str] | None = None
-) -> list[tuple[int, int, tuple[str, ...], int]]:
-    """``(total, visual, fallback reasons, media items)`` of ``source[id]`` for each id (the
-    items counted from the record's blocks, ``media_items``). An estimator with
+    source: Any,
+    estimator: Any,
+    ids: list[int],
+    on_error: str,
+    media: list[str] | None = None,
+    supervised: bool = False,
+) -> list[tuple[int, int, tuple[str, ...], int, int]]:
+    """``(total, visual, fallback reasons, media items, supervised tokens)`` of ``source[id]``
+    for each id (the items counted from the record's blocks, ``media_items``; the supervised
+    tokens only when ``supervised``, else 0). An estimator with
     ``estimate_samples`` (``exact`` mode: one template and one tokenizer call for the lot) gets
     them all at once; any record error there redoes the ids one by one, so which record raises
     (or is skipped as ``record_error``) is decided exactly as the one-by-one loop decides it."""
@@ -344,27 +418,29 @@ def _estimate_ids(
     if batch is not None and len(ids) > 1 and getattr(estimator, "mode", "") == "exact":
         try:
             records = [source[sid] for sid in ids]
+            sup = supervised_tokens_batch(estimator, records) if supervised else [0] * len(ids)
             done = [
-                (s[0], s[1], s[2], media_items(r))
-                for s, r in zip(batch(records), records, strict=True)
+                (s[0], s[1], s[2], media_items(r), u)
+                for s, r, u in zip(batch(records), records, sup, strict=True)
             ]
             if media is not None:
                 media.extend(p for r in records for p in unsized_media_paths(r))
             return done
         except RecordError:
             pass  # one by one below: the same error, or the same skips, as without batching
-    out: list[tuple[int, int, tuple[str, ...], int]] = []
+    out: list[tuple[int, int, tuple[str, ...], int, int]] = []
     for sid in ids:
         try:
             record = source[sid]
             if media is not None:  # a record refused for its media is stamped too
                 media.extend(unsized_media_paths(record))
             t, v, reasons = estimator.estimate_sample(record)
-            out.append((t, v, reasons, media_items(record)))
+            u = supervised_tokens(estimator, record) if supervised else 0
+            out.append((t, v, reasons, media_items(record), u))
         except RecordError:
             if on_error == "raise":
                 raise
-            out.append((0, 0, ("record_error",), 0))
+            out.append((0, 0, ("record_error",), 0, 0))
     return out
 
 
@@ -449,6 +525,7 @@ def build_length_index(
             return cached
         haves = [np.unpackbits(h, count=len(pieces)).astype(bool) for _, _, h in flags]
     me = rank if dist is not None else 0
+    counts_supervised = bool(getattr(estimator, "supervised", False))
     loads, estimates = assign_pieces(pieces, haves)
     error: str | None = None
     got: dict[int, Part] = {}
@@ -461,6 +538,8 @@ def build_length_index(
             todo = list(estimates[me])
             for i in loads[me]:
                 part = None if cache_dir is None else load_piece(cache_dir, pieces[i], root)
+                if part is not None and counts_supervised and part[5] is None:
+                    part = None  # saved without the counts this build needs
                 if part is None:
                     todo.append(i)  # torn, corrupt or stale: estimated again
                     continue
@@ -496,6 +575,12 @@ def build_length_index(
     total = np.concatenate([empty, *(p[0] for p in ordered)])
     visual = np.concatenate([empty, *(p[1] for p in ordered)])
     images = np.concatenate([empty, *(p[2] for p in ordered)])
+    sup_parts = [p[5] for p in ordered]
+    supervised = None
+    if counts_supervised:
+        if any(x is None for x in sup_parts):  # a piece saved without them cannot be used
+            raise RuntimeError("length index pieces without supervised counts were assembled")
+        supervised = np.concatenate([empty, *(x for x in sup_parts if x is not None)])
     fallbacks = [f for p in ordered for f in p[3]]
     media = [m for p in ordered for m in p[4]]
     counts: Counter[str] = Counter(r for _, reasons in fallbacks for r in reasons)
@@ -503,7 +588,7 @@ def build_length_index(
         total=total, visual=visual, fingerprint=fp,
         fallback_ids=np.asarray([sid for sid, _ in fallbacks], np.int64),
         fallback_counts=dict(sorted(counts.items())),
-        media=MediaStamp.of(media, root), images=images,
+        media=MediaStamp.of(media, root), images=images, supervised=supervised,
     )  # fmt: skip
     for sid, reasons in fallbacks:
         estimator.fallbacks.add(sid, reasons)
@@ -589,11 +674,12 @@ def _slice_with_media(
     source: Any, estimator: LengthEstimator, lo: int, hi: int, progress: bool, on_error: str
 ) -> Part:
     media: list[str] = []
+    sup = np.zeros(hi - lo, np.int64) if getattr(estimator, "supervised", False) else None
     total, visual, images, fallbacks = estimate_slice(
-        source, estimator, lo, hi, progress, on_error, media
+        source, estimator, lo, hi, progress, on_error, media, sup
     )
     root = getattr(source, "media_root", None)
-    return total, visual, images, fallbacks, relative_to(media, root)
+    return total, visual, images, fallbacks, relative_to(media, root), sup
 
 
 def _try_load(path: Path | None, fp: str, root: str | None) -> LengthIndex | None:

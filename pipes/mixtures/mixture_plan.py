@@ -172,6 +172,7 @@ def _plan_entries(
     max_visual: int | None = None,
     images: IntArray | None = None,
     max_images: int | None = None,
+    supervised: IntArray | None = None,
 ) -> tuple[IntArray, IntArray, IntArray]:
     """Packs of ``entries`` (global ids, repeats allowed) as CSR, and the overlong ones left
     out. One ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``, so no pack
@@ -203,6 +204,7 @@ def _plan_entries(
             max_visual=max_visual,
             images=None if images is None else images[part],
             max_images=max_images,
+            supervised=None if supervised is None else supervised[part],
         )
         offs.append(plan.offsets[1:] + offs[-1][-1] if len(offs) else plan.offsets[1:])
         ids.append(part[plan.ids])
@@ -288,6 +290,7 @@ def plan_mixture(
     max_visual: int | None = None,
     images: npt.ArrayLike | None = None,
     max_images: int | None = None,
+    supervised: npt.ArrayLike | None = None,
 ) -> MixturePlan:
     """Epoch ``epoch``'s plan: ``counts[s][i]`` uses of sample ``i`` of source ``s``
     (``mixture.epoch_counts``); ``total`` / ``visual`` are the concatenated length indexes.
@@ -301,6 +304,7 @@ def plan_mixture(
     tot = np.asarray(total, dtype=np.int64)
     vis = np.asarray(visual, dtype=np.int64)
     imgs = None if images is None else np.asarray(images, dtype=np.int64)
+    sup = None if supervised is None else np.asarray(supervised, dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum([c.size for c in counts])]).astype(np.int64)
     if int(bounds[-1]) != tot.size or vis.shape != tot.shape:
         raise ValueError(
@@ -314,6 +318,7 @@ def plan_mixture(
         entries, tot, vis, bounds, capacity=capacity, packing_ratio=packing_ratio,
         overlong=overlong, group_size=group_size, seed=seed, single_source=single_source,
         balance=balance, max_visual=max_visual, images=imgs, max_images=max_images,
+        supervised=sup,
     )  # fmt: skip
     rng = np.random.default_rng([seed, epoch, 1])
     empty = np.zeros(1, np.int64)
@@ -348,6 +353,7 @@ def replan_from_cursor(
     max_visual: int | None = None,
     images: npt.ArrayLike | None = None,
     max_images: int | None = None,
+    supervised: npt.ArrayLike | None = None,
 ) -> MixturePlan:
     """``plan`` with ``order[:cursor]`` kept (served) and the rest planned for ``targets``
     (uses per source in the whole epoch, e.g. ``source_targets`` of the new blend).
@@ -363,6 +369,7 @@ def replan_from_cursor(
     tot = np.asarray(total, dtype=np.int64)
     vis = np.asarray(visual, dtype=np.int64)
     imgs = None if images is None else np.asarray(images, dtype=np.int64)
+    sup = None if supervised is None else np.asarray(supervised, dtype=np.int64)
     if not 0 <= cursor <= len(plan):
         raise ValueError(f"{cursor=} must lie in [0, {len(plan)}] (the plan's packs)")
     served = plan.order[:cursor]
@@ -399,7 +406,7 @@ def replan_from_cursor(
         np.concatenate(entries), tot, vis, bounds, capacity=capacity,
         packing_ratio=packing_ratio, overlong=overlong, group_size=plan.group_size, seed=seed,
         single_source=single_source, balance=balance, max_visual=max_visual, images=imgs,
-        max_images=max_images,
+        max_images=max_images, supervised=sup,
     )  # fmt: skip
     rng = np.random.default_rng([seed, plan.epoch, 2, cursor])
     offsets, ids, order = _finish(

@@ -103,6 +103,7 @@ class MixtureLayout:
     max_visual: int | None = None  # plan_packs' visual-token budget per pack
     images: IntArray | None = None  # media items per sample (None: unknown)
     max_images: int | None = None  # plan_packs' media-item budget per pack
+    supervised: IntArray | None = None  # label tokens per sample (balance="supervised")
 
     @property
     def tokens(self) -> list[int]:
@@ -117,6 +118,8 @@ class MixtureLayout:
             key += [self.balance, self.max_visual]
         if self.max_images is not None:  # the same
             key += [self.max_images]
+        if self.balance == "supervised" and self.supervised is not None:  # what it orders by
+            key += [hashlib.sha256(np.asarray(self.supervised, "<i8").tobytes()).hexdigest()]
         return hashlib.sha256(("mixture/1" + json.dumps(key)).encode()).hexdigest()
 
     def targets(self, blend: Blend) -> IntArray:
@@ -132,6 +135,7 @@ class MixtureLayout:
             capacity=self.capacity, packing_ratio=self.packing_ratio, overlong=self.overlong,
             seed=self.seed, single_source=self.single_source, balance=self.balance,
             max_visual=self.max_visual, images=self.images, max_images=self.max_images,
+            supervised=self.supervised,
         )  # fmt: skip
         for cursor, blend in segments[1:]:
             if cursor < len(plan):
@@ -140,7 +144,7 @@ class MixtureLayout:
                     capacity=self.capacity, packing_ratio=self.packing_ratio,
                     overlong=self.overlong, seed=self.seed, single_source=self.single_source,
                     balance=self.balance, max_visual=self.max_visual, images=self.images,
-                    max_images=self.max_images,
+                    max_images=self.max_images, supervised=self.supervised,
                 )  # fmt: skip
         return plan
 

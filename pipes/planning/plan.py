@@ -59,6 +59,7 @@ __all__ = [
     "plan_fingerprint",
     "plan_images",
     "plan_packs",
+    "plan_supervised",
     "step_group_order",
 ]
 
@@ -207,6 +208,7 @@ def _fingerprint(
     visual: npt.NDArray[Any] | None,
     params: Mapping[str, object],
     images: npt.NDArray[Any] | None = None,
+    supervised: npt.NDArray[Any] | None = None,
 ) -> str:
     h = hashlib.sha256(PLAN_VERSION.encode())
     _hash_int64(h, total)
@@ -217,6 +219,9 @@ def _fingerprint(
     if images is not None:  # only when they change the plan: see plan_images
         h.update(b"|images|")
         _hash_int64(h, images)
+    if supervised is not None:  # only under balance="supervised": see plan_supervised
+        h.update(b"|supervised|")
+        _hash_int64(h, supervised)
     h.update(json.dumps(params, sort_keys=True).encode())
     return h.hexdigest()
 
@@ -234,6 +239,19 @@ def plan_images(
     if balance in ("cost", "vision") and images.size and int(images.max()) > 1:
         return images
     return None
+
+
+def plan_supervised(supervised: npt.NDArray[Any] | None, balance: str) -> npt.NDArray[Any] | None:
+    """The supervised-token counts the plan depends on (only ``balance="supervised"`` reads
+    them), or None; that policy without them is a ``ValueError`` naming the fix."""
+    if balance != "supervised":
+        return None
+    if supervised is None:
+        raise ValueError(
+            "balance='supervised' needs supervised= (supervised tokens per sample: "
+            "LengthIndex.supervised, which the graphs count when this balance is chosen)"
+        )
+    return supervised
 
 
 def _check_images(images: npt.ArrayLike, total: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -342,6 +360,7 @@ def plan_fingerprint(
     max_visual: int | None = None,
     images: npt.ArrayLike | None = None,
     max_images: int | None = None,
+    supervised: npt.ArrayLike | None = None,
 ) -> str:
     """The ``fingerprint`` ``plan_packs`` gives these arguments, without planning (hashing the
     lengths only: a plan file is looked up by it, ``plan_file.shared_plan``).
@@ -352,9 +371,11 @@ def plan_fingerprint(
     total = np.asarray(lengths)
     vis = None if visual is None else np.asarray(visual)
     imgs = None if images is None else np.asarray(images)
+    sup = None if supervised is None else np.asarray(supervised)
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
                      balance, max_visual, max_images)  # fmt: skip
-    return _fingerprint(total, vis, params, plan_images(imgs, balance, max_images))
+    return _fingerprint(total, vis, params, plan_images(imgs, balance, max_images),
+                        plan_supervised(sup, balance))  # fmt: skip
 
 
 def _check_params(
@@ -389,6 +410,7 @@ def plan_packs(
     max_visual: int | None = None,
     images: npt.ArrayLike | None = None,
     max_images: int | None = None,
+    supervised: npt.ArrayLike | None = None,
 ) -> PackPlan:
     """Plan packs of at most ``capacity`` tokens, grouped for ``world_size`` ranks.
 
@@ -416,6 +438,10 @@ def plan_packs(
     with ``max_visual``. ``images`` also prices the vision encoder under ``balance="cost"`` /
     ``"vision"``: a sample's patches split over its items (``cost.pack_terms``).
 
+    ``supervised``: each sample's supervised (label) tokens (``LengthIndex.supervised``), read
+    only by ``balance="supervised"``, which needs them: step groups alike in label tokens
+    (best fit's packs, only ordered).
+
     >>> plan = plan_packs([5, 4, 3, 3, 2], 8)
     >>> len(plan), plan.packs(), plan.totals.tolist()
     (3, [[4], [1, 3], [0, 2]], [2, 7, 8])
@@ -432,6 +458,9 @@ def plan_packs(
             raise ValueError(f"visual has shape {vis.shape}, lengths {total.shape}: one per sample")
         _check_visual(vis, total)
     imgs = None if images is None else _check_images(images, total)
+    sup = plan_supervised(None if supervised is None else np.asarray(supervised), balance)
+    if sup is not None and sup.shape != total.shape:
+        raise ValueError(f"supervised has shape {sup.shape}, lengths {total.shape}: one per sample")
     over_budget = np.zeros(0, dtype=np.int64)
     if max_visual is not None:
         if vis is None:
@@ -449,7 +478,7 @@ def plan_packs(
     # let go of the GIL, so it runs on another core while the packer works
     hashing = ThreadPoolExecutor(1, thread_name_prefix="plan-fingerprint")
     fingerprint_of = hashing.submit(_fingerprint, total, vis, params,
-                                    plan_images(imgs, balance, max_images))  # fmt: skip
+                                    plan_images(imgs, balance, max_images), sup)  # fmt: skip
     hashing.shutdown(wait=False)
     peak = int(total.max()) if total.size else 0
     dropped = np.zeros(0, dtype=np.int64)
@@ -495,11 +524,12 @@ def plan_packs(
         pack_cost_terms(
             offsets, ids, total, vis if vis is not None else np.zeros_like(total), images=imgs
         )
-        if balance != "tokens" and grouped is None
+        if balance not in ("tokens", "supervised") and grouped is None
         else np.zeros((0, 4))
     )
     if grouped is None:
-        by_load = balanced_order(balance, terms, vis_p, tot_p, world_size)
+        sup_p = None if sup is None else _pack_sums(sup, offsets, ids)
+        by_load = balanced_order(balance, terms, vis_p, tot_p, world_size, supervised=sup_p)
     truncated = np.zeros(0, dtype=np.int64)
     if max_packs is not None and max_packs < by_load.size:
         free_from = 0  # whole groups no longer line up: the tail comes from any pack

@@ -29,7 +29,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_images, plan_packs
+from neatpack.pipes.planning.plan import (
+    PackPlan,
+    plan_fingerprint,
+    plan_images,
+    plan_packs,
+    plan_supervised,
+)
 from neatpack.pipes.reading.built_once import built_once
 from neatpack.pipes.reading.npz_files import checksum, map_npz, write_npz
 from neatpack.pipes.reading.verified import verify_once
@@ -62,7 +68,19 @@ def _lengths_stamp(lengths: npt.ArrayLike, options: dict[str, Any]) -> list[int]
             _STAMPS[key] = list(stamp)
     images = _relevant_images(options)
     tail = [] if images is None else [int(images.sum(dtype=np.int64))]  # older stamps unchanged
+    supervised = _relevant_supervised(options)
+    if supervised is not None:
+        tail.append(int(supervised.sum(dtype=np.int64)))
     return [*stamp, *tail]
+
+
+def _relevant_supervised(options: dict[str, Any]) -> npt.NDArray[Any] | None:
+    """The supervised-token counts when the plan depends on them (``plan.plan_supervised``)."""
+    supervised = options.get("supervised")
+    return plan_supervised(
+        None if supervised is None else np.asarray(supervised),
+        str(options.get("balance", "tokens")),
+    )
 
 
 def _relevant_images(options: dict[str, Any]) -> npt.NDArray[Any] | None:
@@ -137,10 +155,12 @@ def shared_plan(
         fp = plan_fingerprint(lengths, capacity, **options)
     else:
         fp = None
-        named = {k: v for k, v in options.items() if k not in ("visual", "images")}
+        named = {k: v for k, v in options.items() if k not in ("visual", "images", "supervised")}
         named["visual"] = options.get("visual") is not None  # the key covers the arrays
         if _relevant_images(options) is not None:  # only then: older plan files keep their name
             named["images"] = True
+        if _relevant_supervised(options) is not None:  # the key covers them (index fingerprint)
+            named["supervised"] = True
         name = json.dumps({"key": key, "capacity": capacity, **named}, sort_keys=True)
         key = hashlib.sha256(name.encode()).hexdigest()
     path = Path(cache_dir) / f"plan-{fp or key}.npz"

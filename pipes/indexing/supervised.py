@@ -1,0 +1,181 @@
+"""A sample's supervised (label) tokens without tokenizing: what ``balance="supervised"`` makes
+the ranks of a step alike on.
+
+The materializer labels (``pipes/materializing/labels.py``) every assistant turn's content and
+the template tokens that close it (Qwen's ``<|im_end|>``: the model must learn to stop), never
+the ``<|im_start|>assistant\\n`` header, a system or user token, or a media token inside the
+turn. The shift (``labels[t]`` scores token ``t + 1``) drops only the first position, which is
+never labelled, so the count after the shift is the same. The estimate counts the same pieces:
+
+    supervised = sum over assistant turns of (text tokens of its content + label_marks)
+
+with the text tokens ``floor(chars / chars_per_token)`` in the ``estimate`` and
+``calibrated`` modes (the estimator's own ratio), the tokenizer's count of each turn's text in
+``exact`` mode, and ``label_marks`` the end marker's length read from the processor's template
+(``label_marks``: 1 for Qwen's). Clipped to the sample's total.
+
+>>> from neatpack.pipes.indexing.estimate import LengthEstimator
+>>> est = LengthEstimator(supervised=True)
+>>> rec = {"conversation": [{"role": "user", "content": [{"type": "text", "text": "x" * 30}]},
+...     {"role": "assistant", "content": [{"type": "text", "text": "y" * 31}]}]}
+>>> supervised_tokens(est, rec)  # 31 // 3 + 1 end marker
+11
+
+Stored as ``LengthIndex.supervised`` (uint16, saturating at 65,535: see ``lengths.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "assistant_texts",
+    "label_marks",
+    "raw_assistant_chars",
+    "supervised_estimator",
+    "supervised_raw_batch",
+    "supervised_tokens",
+    "supervised_tokens_batch",
+]
+
+_LLAVA_ASSISTANT = ("gpt", "assistant")
+
+
+def assistant_texts(conversation: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each assistant turn's text of a Record's conversation (its text blocks joined: the
+    template renders them one after the other); media blocks are never labelled."""
+    out = []
+    for msg in conversation:
+        if msg.get("role") != "assistant":
+            continue
+        content = msg.get("content")
+        if isinstance(content, str):
+            out.append(content)
+            continue
+        out.append(
+            "".join(
+                str(b.get("text", "")) if isinstance(b, Mapping) else str(b)
+                for b in content or ()
+                if isinstance(b, str) or (isinstance(b, Mapping) and b.get("type") == "text")
+            )
+        )
+    return out
+
+
+def raw_assistant_chars(raw: Any) -> tuple[int, int] | None:
+    """``(characters of assistant text, assistant turns)`` straight from a raw record in the
+    ``conversation`` / ``messages`` (content a string or a list of blocks) or LLaVA
+    ``conversations`` form; None for anything else (the Record path decides)."""
+    if not isinstance(raw, dict):
+        return None
+    turns = raw.get("conversation", raw.get("messages"))
+    llava = turns is None
+    if llava:
+        turns = raw.get("conversations")
+    if type(turns) is not list:
+        return None
+    chars = n = 0
+    for msg in turns:
+        if type(msg) is not dict:
+            return None
+        if llava:
+            if msg.get("from") not in _LLAVA_ASSISTANT:
+                continue
+            value = msg.get("value")
+            if type(value) is not str or "<" in value:
+                return None  # a placeholder in an answer: the Record path strips it
+            chars += len(value.strip("\n"))
+            n += 1
+            continue
+        if msg.get("role") != "assistant":
+            continue
+        n += 1
+        content = msg.get("content")
+        if type(content) is str:
+            chars += len(content)
+        elif type(content) is list:
+            for item in content:
+                if type(item) is str:
+                    chars += len(item)
+                elif type(item) is dict and item.get("type") == "text":
+                    text = item.get("text")
+                    if type(text) is not str:
+                        return None
+                    chars += len(text)
+                elif type(item) is not dict:
+                    return None
+        elif content is not None:
+            return None
+    return chars, n
+
+
+def supervised_tokens(est: Any, record: Mapping[str, Any]) -> int:
+    """One Record's supervised tokens under ``est`` (module docstring), before clipping."""
+    return supervised_tokens_batch(est, [record])[0]
+
+
+def supervised_tokens_batch(est: Any, records: Sequence[Mapping[str, Any]]) -> list[int]:
+    """``supervised_tokens`` of each Record; ``exact`` mode tokenizes every assistant text of
+    the list in one tokenizer call."""
+    texts = [assistant_texts(r.get("conversation") or ()) for r in records]
+    marks = int(est.label_marks)
+    if est.mode != "exact":
+        cpt = float(est.chars_per_token)
+        return [math.floor(sum(map(len, t)) / cpt) + marks * len(t) for t in texts]
+    from neatpack.pipes.indexing._template_probe import encode_ids, tokenizer_of
+
+    flat = [s for t in texts for s in t]
+    ids = encode_ids(tokenizer_of(est.processor), flat) if flat else []
+    out, k = [], 0
+    for t in texts:
+        out.append(sum(len(ids[k + j]) for j in range(len(t))) + marks * len(t))
+        k += len(t)
+    return out
+
+
+def supervised_raw_batch(est: Any, raws: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[int]]:
+    """``(supervised, slow)`` for a block of raw records: ``slow`` the positions this path
+    leaves to ``supervised_tokens`` on the Record (every one in ``exact`` mode)."""
+    n = len(raws)
+    out = np.zeros(n, np.int64)
+    if est.mode == "exact":
+        return out, list(range(n))
+    slow = []
+    cpt, marks, floor = float(est.chars_per_token), int(est.label_marks), math.floor
+    for k, raw in enumerate(raws):
+        got = raw_assistant_chars(raw)
+        if got is None:
+            slow.append(k)
+            continue
+        out[k] = floor(got[0] / cpt) + marks * got[1]
+    return out, slow
+
+
+def label_marks(processor: Any) -> int:
+    """Template tokens the labels keep per assistant turn: the end marker the materializer
+    finds (``labels.resolve_role_markers``), 1 for Qwen's ``<|im_end|>``."""
+    from neatpack.pipes.materializing.labels import resolve_role_markers
+
+    return len(resolve_role_markers(processor).end)
+
+
+def supervised_estimator(estimator: Any, processor: Any) -> Any:
+    """``estimator`` that also counts supervised tokens (its index then has
+    ``LengthIndex.supervised``, under another fingerprint). A family estimator that cannot
+    (one over a handler's ``estimate`` function) is a ``ValueError`` naming the fix."""
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+
+    if not isinstance(estimator, LengthEstimator):
+        raise ValueError(
+            f"balance='supervised' needs supervised-token counts per sample, and this family's "
+            f"length estimator ({type(estimator).__name__}) has none: use balance='tokens' (or "
+            "another policy), or pass lengths= a LengthIndex built with supervised=..."
+        )
+    marks = estimator.label_marks if processor is None else label_marks(processor)
+    return replace(estimator, supervised=True, label_marks=marks)
