@@ -22,7 +22,7 @@ p50 / p95 / max over steps; the simulated epoch time is the sum over steps of th
 rank's step cost, over the same sum of the mean rank (1.0 = no waiting).
 
 Lengths: ``generated`` (the VLM draw of ``bench_balance.py``) and the real per-sample lengths
-of ai2d, chartqa and docvqa (``benchmarks/data/omnibal_lengths.npz``, from ModelTC/OmniBal:
+of ai2d, chartqa and docvqa, whole (``benchmarks/data/omnibal_lengths.npz``, from ModelTC/OmniBal:
 448px tiles of 256 tokens each).
 
     python benchmarks/bench_step_balance.py           # 100k generated samples, 2 epochs
