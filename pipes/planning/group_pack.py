@@ -237,6 +237,11 @@ def _build(
         return None
     pack, ids, n_members, f_pack, f_ids, rest = made
     n_packs = int(pack.max()) + 1
+    if rest.size:  # 6. fillers left over, into each pack's own room (before they make groups)
+        used = np.bincount(np.concatenate([pack, f_pack]), minlength=n_packs,
+                           weights=lengths[np.concatenate([ids, f_ids])]).astype(np.int64)  # fmt: skip
+        p2, i2, rest = _into_rooms(used, rest, lengths, capacity)
+        f_pack, f_ids = np.concatenate([f_pack, p2]), np.concatenate([f_ids, i2])
     if rest.size >= size:  # fillers the rooms did not take: step groups of their own
         key = ((visual[rest] > 0).astype(np.int64) << 48) | (lengths[rest] << 24) | visual[rest]
         order = rest[np.argsort(key, kind="stable")]
@@ -271,12 +276,15 @@ def _groups(
 ) -> tuple[IntArray, IntArray, int, IntArray, IntArray, IntArray] | None:
     """Steps 2-5 over ``order`` (ids by images or not, then length): (pack of each member,
     members, their count, pack of each placed filler, placed fillers, samples left over)."""
-    big = _tuples(visual, vcost, order, span * size)
-    m = big.size // size * size
-    if m == 0:
+    # each class (text-only, then with images) cut into whole tuples: its shortest
+    # ``count % size`` samples join the fillers (a tuple of both could not be evened)
+    n_text = int(np.count_nonzero(visual[order] == 0))
+    r_text, r_img = n_text % size, (order.size - n_text) % size
+    fillers = np.concatenate([fillers, order[:r_text], order[n_text : n_text + r_img]])
+    order = np.concatenate([order[r_text:n_text], order[n_text + r_img :]])
+    if order.size == 0:
         return None
-    fillers = np.concatenate([fillers, big[m:]])
-    tup = big[:m].reshape(-1, size)
+    tup = _tuples(visual, vcost, order, span * size).reshape(-1, size)
     longest = lengths[tup].max(axis=1)
     if max_visual is None:
         t_off, t_ids = best_fit_decreasing(longest, capacity)
@@ -315,22 +323,34 @@ def _finish(
     floor_fill = total / (best_fit_packs * capacity) - FILL_SLACK
     g_tok = np.bincount(pack // size, weights=lengths[ids], minlength=n_groups)
     worst = np.argsort(g_tok, kind="stable")
-    keep = np.ones(n_groups, dtype=bool)
-    drop = 0
-    while True:  # a few rounds: the estimate assumes the free packs fill as best fit does
-        keep[:] = True
+
+    def free_packs(drop: int) -> tuple[npt.NDArray[np.bool_], IntArray, IntArray, IntArray, bool]:
+        keep = np.ones(n_groups, dtype=bool)
         keep[worst[:drop]] = False
         free = np.concatenate([rest, ids[~keep[pack // size]]])
         if max_visual is None:
             f_off, f_sub = best_fit_decreasing(lengths[free], capacity)
         else:
             f_off, f_sub = best_fit_two_budgets(lengths[free], visual[free], capacity, max_visual)
-        kept = int(keep.sum())
-        fill = total / ((kept * size + f_off.size - 1) * capacity)
-        if fill >= floor_fill or kept == 0:
-            break
-        drop = min(n_groups, max(drop + 1, 2 * drop))  # O(log groups) rounds of best fit
-    if kept == 0 or fill < floor_fill:
+        fill = total / ((int(keep.sum()) * size + f_off.size - 1) * capacity)
+        return keep, free, f_off, f_sub, fill >= floor_fill
+
+    # the fewest worst-filled groups to drop: doubling, then bisection (O(log groups) rounds
+    # of best fit over the free samples; the fill is not monotone in the count, nearly so)
+    lo, hi = 0, 0
+    found = free_packs(0)
+    while not found[4] and hi < n_groups:
+        lo, hi = hi, min(n_groups, max(1, 2 * hi))
+        found = free_packs(hi)
+    if not found[4]:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        trial = free_packs(mid)
+        lo, hi, found = (lo, mid, trial) if trial[4] else (mid, hi, found)
+    keep, free, f_off, f_sub, _ = found
+    kept = int(keep.sum())
+    if kept == 0:
         return None
     renumber = np.cumsum(keep) - 1
     in_kept = keep[pack // size]
