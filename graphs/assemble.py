@@ -186,6 +186,7 @@ def packed_parts(
                 max_visual=getattr(config, "max_visual_tokens", None),  # the VLM graph's option
                 images=images,
                 max_images=getattr(config, "max_images", None),  # the VLM graph's option
+                per_rank=config.batch_size if config.balance == "cost" else None,
             )
 
         warn_dense_mask_on_cuda(

@@ -77,24 +77,24 @@ from neatpack.pipes.planning.binpack import (
 )
 
 __all__ = [
-    "FILLER_SHARE",
+    "CANDIDATES",
     "FILL_SLACK",
-    "TUPLE_SPANS",
     "GroupedPacks",
     "group_packs",
     "grouped_order",
 ]
 
-#: Share of the tokens (the shortest samples) kept back to fill each pack's room.
-FILLER_SHARE: Final = 0.05
 #: How far below best fit's fill (a fraction of capacity) the plan may go: 0.18 points.
 FILL_SLACK: Final = 0.0018
-#: Windows (in tuples) of samples by length inside which tuples are cut by vision cost: each
-#: is tried, the best kept (1: by length alone).
-TUPLE_SPANS: Final = (1, 4, 16, 64)
+#: The candidates built, the best kept: (span, filler share). The span is the window (in
+#: tuples) of samples by length inside which tuples are cut by vision cost (1: by length
+#: alone); the filler share, how much of the tokens (the shortest samples) is kept back to
+#: fill each pack's room (more where tuples of many ranks leave more room).
+CANDIDATES: Final = ((1, 0.05), (1, 0.10), (4, 0.05), (16, 0.20), (64, 0.10), (64, 0.20))
 #: How much lower (in max/mean) made groups must score than best fit's packs to be kept.
 SCORE_MARGIN: Final = 0.01
-#: Packs per rank of the second step shape candidates are scored on.
+#: Packs per rank of the second step shape candidates are scored on, where the caller does
+#: not say (``group_packs(per_rank=)``).
 SCORE_PER_RANK: Final = 4
 #: Member trades per group after the deal, over its ``SWAP_TUPLES`` widest-spread tuples,
 #: ``SWAP_BLOCK`` groups at a time (bounded memory at 100M samples).
@@ -208,14 +208,25 @@ def _swap(dest: IntArray, vc: FloatArray, load: FloatArray, counts: IntArray,
         dest[r] = np.where(in_h, low[:, None], np.where(in_l, h[:, None], dest[r]))
 
 
-def _split(lengths: IntArray, visual: IntArray) -> tuple[FloatArray, IntArray, IntArray]:
+def _vision_cost(visual: IntArray, images: IntArray | None) -> FloatArray:
+    """Vision cost per sample as ``balance.pack_cost_terms`` prices it: its visual tokens
+    split over ``images`` equal images (None, or 0 items: one image)."""
+    pairs = visual.astype(np.float64) ** 2
+    if images is not None:
+        pairs /= np.maximum(images, 1)
+    return VISION_LINEAR * visual + pairs
+
+
+def _split(
+    lengths: IntArray, visual: IntArray, share: float = 0.05, images: IntArray | None = None
+) -> tuple[FloatArray, IntArray, IntArray]:
     """(vision cost per sample, fillers, the other samples by (has images, length, visual)).
-    Fillers: ``FILLER_SHARE`` of the tokens, text-only samples first (no vision to even),
-    shortest first. One stable sort on a packed key (lengths < 2**24, visual <= length)."""
-    vcost = VISION_LINEAR * visual + visual.astype(np.float64) ** 2
+    Fillers: ``share`` of the tokens, text-only samples first (no vision to even), shortest
+    first. One stable sort on a packed key (lengths < 2**24, visual <= length)."""
+    vcost = _vision_cost(visual, images)
     has = (visual > 0).astype(np.int64)
     by_filler = np.argsort((has << 24) | lengths, kind="stable")
-    k = int(np.searchsorted(np.cumsum(lengths[by_filler]), FILLER_SHARE * lengths.sum()))
+    k = int(np.searchsorted(np.cumsum(lengths[by_filler]), share * lengths.sum()))
     rest = np.sort(by_filler[k:])
     key = (has[rest] << 48) | (lengths[rest] << 24) | visual[rest]
     return vcost, by_filler[:k], rest[np.argsort(key, kind="stable")]
@@ -381,12 +392,18 @@ def group_packs(
     group_size: int,
     *,
     max_visual: int | None = None,
+    images: npt.ArrayLike | None = None,
+    per_rank: int | None = None,
 ) -> GroupedPacks | None:
     """Packs made ``group_size`` at a time (module docstring), every sample exactly once, each
     within ``capacity`` tokens (and ``max_visual`` visual tokens when set; every sample must
     fit both alone): ``GroupedPacks``. Where made groups do not beat them (or lose more
     than ``FILL_SLACK`` of fill), best fit's packs in ``balanced_order("cost")`` with
-    ``grouped=0``. None for ``group_size < 2`` or fewer samples than that.
+    ``grouped=0``. None for ``group_size < 2`` or fewer samples than that. ``images``: media
+    items per sample (``LengthIndex.images``), which price the vision encoder as
+    ``balance.pack_cost_terms`` does (None: one image per sample). ``per_rank``: packs per
+    rank per step, when known: candidates are scored on that step shape as well as on one
+    pack per rank (None: ``SCORE_PER_RANK``).
 
     >>> offsets, ids, order, grouped = group_packs([5, 5, 3, 3, 2, 2], [4, 3, 0, 0, 0, 0], 10, 2)
     >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])], order.tolist(), grouped
@@ -394,19 +411,24 @@ def group_packs(
     """
     tok = np.asarray(lengths).astype(np.int64, copy=False)
     vis = np.asarray(visual).astype(np.int64, copy=False)
+    imgs = None if images is None else np.asarray(images).astype(np.int64, copy=False)
     if group_size < 2 or tok.size < group_size:
         return None
     if max_visual is None:
         bf_off, bf_ids = best_fit_decreasing(tok, capacity)
     else:
         bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
-    today = _scored(bf_off, bf_ids, 0, tok, vis, group_size)
+    shape = (group_size, SCORE_PER_RANK if per_rank is None else per_rank)
+    today = _scored(bf_off, bf_ids, 0, tok, vis, *shape, images=imgs)
     best = (today[0] - SCORE_MARGIN, today[1])  # made groups must win clearly
-    split = _split(tok, vis)
-    for span in TUPLE_SPANS:
-        built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1, split)
+    splits: dict[float, tuple[FloatArray, IntArray, IntArray]] = {}
+    for span, share in CANDIDATES:
+        if share not in splits:
+            splits[share] = _split(tok, vis, share, imgs)
+        built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1,
+                       splits[share])  # fmt: skip
         if built is not None:
-            made = _scored(*built, tok, vis, group_size)
+            made = _scored(*built, tok, vis, *shape, images=imgs)
             best = made if made[0] < best[0] else best
     return best[1]
 
@@ -422,22 +444,23 @@ def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:
 
 
 def _scored(offsets: IntArray, ids: IntArray, grouped: int, lengths: IntArray,
-            visual: IntArray, group_size: int) -> tuple[float, GroupedPacks]:  # fmt: skip
+            visual: IntArray, group_size: int, per_rank: int = SCORE_PER_RANK, *,
+            images: IntArray | None = None) -> tuple[float, GroupedPacks]:  # fmt: skip
     """The packs in storage order, and what the candidates are chosen on: the worst p95 over
     steps of max/mean attention or vision cost, with one pack per rank (a step group) and
-    with ``SCORE_PER_RANK`` (that many groups, drawn as an epoch's shuffle would: a few bad
-    groups then touch more steps)."""
-    terms = pack_cost_terms(offsets, ids, lengths, visual)
+    with ``per_rank`` (that many groups, drawn as an epoch's shuffle would: a few bad groups
+    then touch more steps). ``images`` prices vision as ``balance.pack_cost_terms`` does."""
+    terms = pack_cost_terms(offsets, ids, lengths, visual, images)
     _, vision = pack_costs(terms)
     order = grouped_order(terms, grouped, group_size)
     n = order.size // group_size * group_size
     groups = np.random.default_rng(0).permutation(n // group_size)  # fixed: a pure function
-    n4 = groups.size // SCORE_PER_RANK * SCORE_PER_RANK
+    n4 = groups.size // per_rank * per_rank if per_rank > 1 else 0
     score = 1.0
     for col in (terms[order, COST_TERMS.index("attention")], vision[order]):
         score = max(score, group_p95(col[:, None], group_size))
         if n4:
             by_rank = col[:n].reshape(-1, group_size)[groups[:n4]]
-            steps = by_rank.reshape(-1, SCORE_PER_RANK, group_size).sum(axis=1)
+            steps = by_rank.reshape(-1, per_rank, group_size).sum(axis=1)
             score = max(score, float(np.percentile(imbalance(steps), 95)))
     return score, (offsets, ids, order, grouped)
