@@ -90,7 +90,7 @@ FILL_SLACK: Final = 0.0018
 #: tuples) of samples by length inside which tuples are cut by vision cost (1: by length
 #: alone); the filler share, how much of the tokens (the shortest samples) is kept back to
 #: fill each pack's room (more where tuples of many ranks leave more room).
-CANDIDATES: Final = ((1, 0.05), (1, 0.10), (4, 0.05), (16, 0.20), (64, 0.10), (64, 0.20))
+CANDIDATES: Final = ((1, 0.05), (1, 0.10), (4, 0.05), (16, 0.20), (64, 0.20))
 #: How much lower (in max/mean) made groups must score than best fit's packs to be kept.
 SCORE_MARGIN: Final = 0.01
 #: Packs per rank of the second step shape candidates are scored on, where the caller does
@@ -346,19 +346,43 @@ def _finish(
         fill = total / ((int(keep.sum()) * size + f_off.size - 1) * capacity)
         return keep, free, f_off, f_sub, fill >= floor_fill
 
-    # the fewest worst-filled groups to drop: doubling, then bisection (O(log groups) rounds
-    # of best fit over the free samples; the fill is not monotone in the count, nearly so)
-    lo, hi = 0, 0
-    found = free_packs(0)
-    while not found[4] and hi < n_groups:
-        lo, hi = hi, min(n_groups, max(1, 2 * hi))
-        found = free_packs(hi)
-    if not found[4]:
+    # the fewest worst-filled groups to drop: estimated from the free tokens (a prefix sum)
+    # packed at a fill ``eff`` (first best fit's own, then what best fit of the free samples
+    # measured), checked by best fit; then doubling and bisection between a count that fell
+    # short and one that did not, to within 2 % (a few rounds of best fit; the fill is
+    # nearly monotone in the count)
+    free_tok = float(lengths[rest].sum()) + np.concatenate([[0.0], np.cumsum(g_tok[worst])])
+    counts = size * (n_groups - np.arange(n_groups + 1))
+
+    def estimate(eff: float) -> int:
+        fill = total / ((counts + np.ceil(free_tok / (capacity * eff))) * capacity)
+        return int(np.argmax(fill >= floor_fill)) if (fill >= floor_fill).any() else n_groups
+
+    short, hi, found = -1, n_groups + 1, None  # short: fell short; hi: the fewest that did not
+    drop, eff = estimate(floor_fill + FILL_SLACK), floor_fill + FILL_SLACK
+    for _ in range(3):
+        trial = free_packs(drop)
+        if trial[4]:
+            hi, found = drop, trial
+        else:
+            short = drop
+        if trial[2].size > 1 and free_tok[drop] > 0:
+            eff = free_tok[drop] / ((trial[2].size - 1) * capacity)
+        drop = min(max(estimate(eff), short + 1), hi - 1)
+        if drop <= short or drop >= hi:
+            break
+    step = 1
+    while found is None and short < n_groups:
+        drop = min(n_groups, short + step)
+        trial = free_packs(drop)
+        hi, found, short = (drop, trial, short) if trial[4] else (hi, None, drop)
+        step *= 2
+    if found is None:
         return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
+    while hi - short > max(1, hi // 50):
+        mid = (short + hi) // 2
         trial = free_packs(mid)
-        lo, hi, found = (lo, mid, trial) if trial[4] else (mid, hi, found)
+        short, hi, found = (short, mid, trial) if trial[4] else (mid, hi, found)
     keep, free, f_off, f_sub, _ = found
     kept = int(keep.sum())
     if kept == 0:
