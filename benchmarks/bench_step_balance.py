@@ -8,7 +8,8 @@ ways, and ``balance="cost"``'s packs a fifth, shuffle on, the same lengths for e
   (``balance.balanced_order("cost")``: what ``balance="cost"`` did before it made packs);
 - ``cost``: ``balance="cost"``: packs made for their step groups (``group_pack.py``) where
   that beats ``cost_order`` on the plan's own groups, else ``cost_order``'s (``made_groups``
-  says which, ``fill`` what it cost);
+  says which, ``fill`` what it cost); planned with ``per_rank`` as a graph passes its
+  ``batch_size``;
 - ``kk``: veRL's way: packs in a random order per epoch, each step's ``world x per_rank``
   packs split over the ranks by Karmarkar-Karp (equal count) on the step cost;
 - ``lpt_swaps``: LoongForge's way: the same random steps, longest-processing-time first,
@@ -153,7 +154,8 @@ def evaluate(
     kw: dict[str, Any] = {"visual": visual, "world_size": world, "seed": seed, "overlong": "drop"}
     plans = {
         "tokens": plan_packs(total, 8192, balance="tokens", **kw),
-        "cost": plan_packs(total, 8192, balance="cost", **kw),
+        # as a graph plans it: its batch_size is the packs per rank per step
+        "cost": plan_packs(total, 8192, balance="cost", per_rank=per_rank, **kw),
     }
     same = sorted(map(tuple, plans["tokens"].packs())) == sorted(map(tuple, plans["cost"].packs()))
     out: dict[str, Any] = {
