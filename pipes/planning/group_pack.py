@@ -306,12 +306,35 @@ def _groups(
     used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
     # 4. fillers into the room every pack of a group shares
     f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
-    start_v = np.bincount(f_pack, weights=vcost[f_ids], minlength=n_tp * size).astype(np.float64)
-    # 5. members to packs: widest vision spread first
-    members = tup[t_ids]
-    vc = vcost[members]
-    members = members[np.lexsort((-(vc.max(axis=1) - vc.min(axis=1)), tp_of))]
-    dest = _assign(members, vcost, tp_of, n_tp, size, start_v.reshape(n_tp, size))
+    # 5. members to packs, dealt twice: on vision cost, and on attention and vision each
+    # over its mean (a tuple of long samples spread in length needs the attention dealt);
+    # each group keeps the deal with the lower max/mean of the two (fillers counted)
+    attention = lengths[np.concatenate([tup.ravel(), f_ids])].astype(np.float64) ** 2
+    both = np.zeros(lengths.size)
+    both[tup] = lengths[tup].astype(np.float64) ** 2 / max(float(attention.mean()), 1.0)
+    both[f_ids] = lengths[f_ids].astype(np.float64) ** 2 / max(float(attention.mean()), 1.0)
+    seen = vcost[tup] > 0
+    if seen.any():
+        v_mean = float(vcost[tup][seen].mean())
+        both[tup] += vcost[tup] / v_mean
+        both[f_ids] += vcost[f_ids] / v_mean
+    deals = []
+    for cost in (vcost, both):
+        start = np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size)
+        members = tup[t_ids]
+        spread = cost[members].max(axis=1) - cost[members].min(axis=1)
+        members = members[np.lexsort((-spread, tp_of))]  # widest spread first
+        dest = _assign(members, cost, tp_of, n_tp, size, start.reshape(n_tp, size))
+        pack = (tp_of[:, None] * size + dest).ravel()
+        worst = np.ones(n_tp)
+        for c in (lengths.astype(np.float64) ** 2, vcost):
+            load = np.bincount(pack, weights=c[members.ravel()], minlength=n_tp * size)
+            load += np.bincount(f_pack, weights=c[f_ids], minlength=n_tp * size)
+            worst = np.maximum(worst, imbalance(load.reshape(n_tp, size)))
+        deals.append((members, dest, worst))
+    second = (deals[1][2] < deals[0][2])[tp_of]
+    members = np.where(second[:, None], deals[1][0], deals[0][0])
+    dest = np.where(second[:, None], deals[1][1], deals[0][1])
     pack = (tp_of[:, None] * size + dest).ravel()
     return pack, members.ravel(), members.size, f_pack, f_ids, rest
 
