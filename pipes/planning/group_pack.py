@@ -244,14 +244,27 @@ def _split(
 ) -> tuple[FloatArray, IntArray, IntArray]:
     """(vision cost per sample, fillers, the other samples by (has images, length, visual)).
     Fillers: ``share`` of the tokens, text-only samples first (no vision to even), shortest
-    first. One stable sort on a packed key (lengths < 2**24, visual <= length)."""
+    first."""
+    return _splits(lengths, visual, (share,), images)[share]
+
+
+def _splits(
+    lengths: IntArray, visual: IntArray, shares: tuple[float, ...], images: IntArray | None
+) -> dict[float, tuple[FloatArray, IntArray, IntArray]]:
+    """``_split`` for each share, from two stable sorts on packed keys (lengths < 2**24,
+    visual <= length): the others keep the order of all samples by the key."""
     vcost = _vision_cost(visual, images)
     has = (visual > 0).astype(np.int64)
     by_filler = np.argsort((has << 24) | lengths, kind="stable")
-    k = int(np.searchsorted(np.cumsum(lengths[by_filler]), share * lengths.sum()))
-    rest = np.sort(by_filler[k:])
-    key = (has[rest] << 48) | (lengths[rest] << 24) | visual[rest]
-    return vcost, by_filler[:k], rest[np.argsort(key, kind="stable")]
+    by_key = np.argsort((has << 48) | (lengths << 24) | visual, kind="stable")
+    cum = np.cumsum(lengths[by_filler])
+    out = {}
+    for share in shares:
+        k = int(np.searchsorted(cum, share * float(cum[-1] if cum.size else 0)))
+        filler = np.zeros(lengths.size, dtype=bool)
+        filler[by_filler[:k]] = True
+        out[share] = (vcost, by_filler[:k], by_key[~filler[by_key]])
+    return out
 
 
 def _build(
@@ -329,37 +342,54 @@ def _groups(
     used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
     # 4. fillers into the room every pack of a group shares
     f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
-    # 5. members to packs, dealt twice: on vision cost, and on attention and vision each
-    # over its mean (a tuple of long samples spread in length needs the attention dealt);
-    # each group keeps the deal with the lower max/mean of the two (fillers counted)
-    attention = lengths[np.concatenate([tup.ravel(), f_ids])].astype(np.float64) ** 2
-    both = np.zeros(lengths.size)
-    both[tup] = lengths[tup].astype(np.float64) ** 2 / max(float(attention.mean()), 1.0)
-    both[f_ids] = lengths[f_ids].astype(np.float64) ** 2 / max(float(attention.mean()), 1.0)
-    seen = vcost[tup] > 0
-    if seen.any():
-        v_mean = float(vcost[tup][seen].mean())
-        both[tup] += vcost[tup] / v_mean
-        both[f_ids] += vcost[f_ids] / v_mean
-    deals = []
-    for cost in (vcost, both):
-        start = np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size).astype(np.float64)
-        members = tup[t_ids]
-        spread = cost[members].max(axis=1) - cost[members].min(axis=1)
-        members = members[np.lexsort((-spread, tp_of))]  # widest spread first
-        dest = _assign(members, cost, tp_of, n_tp, size, start.reshape(n_tp, size))
-        pack = (tp_of[:, None] * size + dest).ravel()
-        worst = np.ones(n_tp)
-        for c in (lengths.astype(np.float64) ** 2, vcost):
-            load = np.bincount(pack, weights=c[members.ravel()], minlength=n_tp * size)
-            load += np.bincount(f_pack, weights=c[f_ids], minlength=n_tp * size)
-            worst = np.maximum(worst, imbalance(load.reshape(n_tp, size)))
-        deals.append((members, dest, worst))
-    second = (deals[1][2] < deals[0][2])[tp_of]
-    members = np.where(second[:, None], deals[1][0], deals[0][0])
-    dest = np.where(second[:, None], deals[1][1], deals[0][1])
+    # 5. members to packs, dealt on vision cost; the groups where attention is then the
+    # worse term are dealt again on attention plus vision, each over its mean (the tuple
+    # of the longest samples is spread in length), and keep the deal with the lower max/mean
+    rows = tup[t_ids]
+    members, dest = _deal(rows, vcost, tp_of, n_tp, size, f_pack, f_ids)
+    att, vis = _spreads(lengths, vcost, members, dest, tp_of, n_tp, f_pack, f_ids)
+    again = np.flatnonzero(att > vis)
+    if again.size:
+        sq = lengths.astype(np.float64) ** 2
+        both = sq / max(float(sq[rows].mean()), 1.0)
+        if (vcost[rows] > 0).any():
+            both += vcost / float(vcost[rows][vcost[rows] > 0].mean())
+        in_again = np.zeros(n_tp, dtype=bool)
+        in_again[again] = True
+        sub, f_sub = in_again[tp_of], in_again[f_pack // size]
+        local = np.searchsorted(again, tp_of[sub])
+        f_local = np.searchsorted(again, f_pack[f_sub] // size) * size + f_pack[f_sub] % size
+        m2, d2 = _deal(rows[sub], both, local, again.size, size, f_local, f_ids[f_sub])
+        att2, vis2 = _spreads(lengths, vcost, m2, d2, local, again.size, f_local, f_ids[f_sub])
+        better = (np.maximum(att2, vis2) < np.maximum(att, vis)[again])[local]
+        members[sub] = np.where(better[:, None], m2, members[sub])
+        dest[sub] = np.where(better[:, None], d2, dest[sub])
     pack = (tp_of[:, None] * size + dest).ravel()
     return pack, members.ravel(), members.size, f_pack, f_ids, rest
+
+
+def _deal(rows: IntArray, cost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
+          f_pack: IntArray, f_ids: IntArray) -> tuple[IntArray, IntArray]:  # fmt: skip
+    """Step 5 on ``cost``: (the tuples, widest spread first in each group, and the pack of
+    each member), the fillers' cost counted."""
+    start = np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size).astype(np.float64)
+    spread = cost[rows].max(axis=1) - cost[rows].min(axis=1)
+    members = rows[np.lexsort((-spread, tp_of))]
+    return members, _assign(members, cost, tp_of, n_tp, size, start.reshape(n_tp, size))
+
+
+def _spreads(lengths: IntArray, vcost: FloatArray, members: IntArray, dest: IntArray,
+             tp_of: IntArray, n_tp: int, f_pack: IntArray,
+             f_ids: IntArray) -> tuple[FloatArray, FloatArray]:  # fmt: skip
+    """Per group: max/mean over its packs of attention and of vision cost, fillers counted."""
+    size = dest.shape[1]
+    pack = (tp_of[:, None] * size + dest).ravel()
+    out = []
+    for cost in (lengths.astype(np.float64) ** 2, vcost):
+        load = np.bincount(pack, weights=cost[members.ravel()], minlength=n_tp * size)
+        load += np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size)
+        out.append(imbalance(load.reshape(n_tp, size)))
+    return out[0], out[1]
 
 
 def _finish(
@@ -491,10 +521,8 @@ def group_packs(
     shape = (group_size, SCORE_PER_RANK if per_rank is None else per_rank)
     today = _scored(bf_off, bf_ids, 0, tok, vis, *shape, images=imgs)
     best = (today[0] - SCORE_MARGIN, today[1])  # made groups must win clearly
-    splits: dict[float, tuple[FloatArray, IntArray, IntArray]] = {}
+    splits = _splits(tok, vis, tuple(sorted({share for _, share in CANDIDATES})), imgs)
     for span, share in CANDIDATES:
-        if share not in splits:
-            splits[share] = _split(tok, vis, share, imgs)
         built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1,
                        splits[share])  # fmt: skip
         if built is not None:
