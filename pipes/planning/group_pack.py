@@ -113,6 +113,9 @@ FILL_SLACK: Final = 0.0018
 #: alone); the filler share, how much of the tokens (the shortest samples) is kept back to
 #: fill each pack's room (more where tuples of many ranks leave more room).
 CANDIDATES: Final = ((1, 0.05), (1, 0.10), (4, 0.05), (16, 0.20), (64, 0.20))
+#: Groups whose attention max/mean is above ``1 +`` this after the vision deal (and above
+#: their vision's) are dealt again on both terms: most groups are even in attention already.
+REDEAL_ABOVE: Final = 0.01
 #: How much lower (in max/mean) made groups must score than best fit's packs to be kept.
 SCORE_MARGIN: Final = 0.01
 #: Packs per rank of the second step shape candidates are scored on, where the caller does
@@ -348,7 +351,7 @@ def _groups(
     rows = tup[t_ids]
     members, dest = _deal(rows, vcost, tp_of, n_tp, size, f_pack, f_ids)
     att, vis = _spreads(lengths, vcost, members, dest, tp_of, n_tp, f_pack, f_ids)
-    again = np.flatnonzero(att > vis)
+    again = np.flatnonzero((att > vis) & (att > 1 + REDEAL_ABOVE))
     if again.size:
         sq = lengths.astype(np.float64) ** 2
         both = sq / max(float(sq[rows].mean()), 1.0)
