@@ -44,22 +44,29 @@ Measured (``benchmarks/bench_step_balance.py``: p95 over steps of max/mean atten
 vision, shuffle on, two epochs; one / four packs per rank), against the sorted finished
 packs (``cost_order``):
 
-============================  ===============  ===============  ===============
-lengths                        ranks            made groups      cost_order
-============================  ===============  ===============  ===============
-generated, 100k samples        8                1.006 / 1.034    1.083 / 1.073
-                                                1.012 / 1.019    1.032 / 1.036
-generated, 100k samples        64               1.014 / 1.046    1.206 / 1.242
-                                                1.037 / 1.034    1.122 / 1.079
-OmniBal docvqa (10,211)        64               1.073 / 1.064    1.094 / 1.123
-                                                1.022 / 1.023    1.037 / 1.055
-============================  ===============  ===============  ===============
+=========================  =====  ===============  ===============
+lengths                    ranks  made groups      cost_order
+=========================  =====  ===============  ===============
+generated, 100k samples    8      1.007 / 1.034    1.083 / 1.073
+                                  1.012 / 1.019    1.032 / 1.036
+generated, 100k samples    64     1.014 / 1.046    1.206 / 1.242
+                                  1.038 / 1.034    1.122 / 1.079
+generated, 1M samples      8      1.003 / 1.012    1.022 / 1.023
+                                  1.004 / 1.009    1.008 / 1.016
+generated, 1M samples      64     1.008 / 1.036    1.086 / 1.067
+                                  1.012 / 1.017    1.038 / 1.034
+OmniBal docvqa (10,211)    64     1.073 / 1.064    1.094 / 1.123
+                                  1.020 / 1.023    1.037 / 1.055
+=========================  =====  ===============  ===============
 
-every other cell (ai2d, chartqa, docvqa and their mix at 8 and 64 ranks) <= 1.04; fill
-within 0.18 points of best fit's. docvqa at 64 ranks has 160 samples per rank and 29 steps
-an epoch: sorting best fit's packs by attention alone leaves p95 1.093 (the worst step at
-least 1.28, the heaviest pack over the mean of the 64 heaviest), and the group of free packs
-the fill leaves (84 packs) steps at 1.11-1.13 once an epoch.
+Every other cell (ai2d, chartqa, docvqa and their mix, whole, at 8 and 64 ranks) <= 1.04;
+fill within 0.18 points of best fit's. docvqa at 64 ranks has 160 samples per rank and 29
+steps an epoch: sorting best fit's packs by attention alone leaves p95 1.093 (the worst step
+at least 1.28: the heaviest pack over the mean of the 64 heaviest), and the group of free
+packs the fill leaves (84 packs) steps at 1.11-1.13 once an epoch. Planning 1M samples takes
+2.5-3.6 s at 64 / 8 ranks (about 1.3x / 1.9x the first version, which at 8 ranks kept best
+fit's packs; best fit alone: 0.1 s).
+
 The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
 permutes whole groups and draws the short last group from the free packs, so every step of
 the epoch is a made group or a group of free packs. Another world size is another plan
