@@ -8,7 +8,8 @@ ways, and ``balance="cost"``'s packs a fifth, shuffle on, the same lengths for e
   (``balance.balanced_order("cost")``: what ``balance="cost"`` did before it made packs);
 - ``cost``: ``balance="cost"``: packs made for their step groups (``group_pack.py``) where
   that beats ``cost_order`` on the plan's own groups, else ``cost_order``'s (``made_groups``
-  says which, ``fill`` what it cost);
+  says which, ``fill`` what it cost); planned with ``per_rank`` as a graph passes its
+  ``batch_size``;
 - ``kk``: veRL's way: packs in a random order per epoch, each step's ``world x per_rank``
   packs split over the ranks by Karmarkar-Karp (equal count) on the step cost;
 - ``lpt_swaps``: LoongForge's way: the same random steps, longest-processing-time first,
@@ -22,7 +23,7 @@ p50 / p95 / max over steps; the simulated epoch time is the sum over steps of th
 rank's step cost, over the same sum of the mean rank (1.0 = no waiting).
 
 Lengths: ``generated`` (the VLM draw of ``bench_balance.py``) and the real per-sample lengths
-of ai2d, chartqa and docvqa (``benchmarks/data/omnibal_lengths.npz``, from ModelTC/OmniBal:
+of ai2d, chartqa and docvqa, whole (``benchmarks/data/omnibal_lengths.npz``, from ModelTC/OmniBal:
 448px tiles of 256 tokens each).
 
     python benchmarks/bench_step_balance.py           # 100k generated samples, 2 epochs
@@ -153,7 +154,8 @@ def evaluate(
     kw: dict[str, Any] = {"visual": visual, "world_size": world, "seed": seed, "overlong": "drop"}
     plans = {
         "tokens": plan_packs(total, 8192, balance="tokens", **kw),
-        "cost": plan_packs(total, 8192, balance="cost", **kw),
+        # as a graph plans it: its batch_size is the packs per rank per step
+        "cost": plan_packs(total, 8192, balance="cost", per_rank=per_rank, **kw),
     }
     same = sorted(map(tuple, plans["tokens"].packs())) == sorted(map(tuple, plans["cost"].packs()))
     out: dict[str, Any] = {

@@ -3,11 +3,13 @@
 Sorting finished packs (``balance.balanced_order``) can only pick neighbours among packs that
 best fit made without knowing the ranks. Here the packs of a step group are made together:
 
-1. fillers are kept back: ``FILLER_SHARE`` of the tokens, text-only samples first (they add
-   no vision to even), shortest first;
-2. the other samples, text-only apart from those with images (a tuple mixing both could not
-   be evened) and by length inside each, are cut into *tuples* of ``group_size`` neighbours:
-   alike in length, so in attention (``length ** 2``). With a span above 1, windows of
+1. fillers are kept back: a share of the tokens (the candidate's), text-only samples first
+   (they add no vision to even), shortest first;
+2. the other samples, text-only apart from those with images and by length inside each, are
+   cut into *tuples* of ``group_size`` neighbours: alike in length, so in attention
+   (``length ** 2``). Each class is cut into whole tuples (its shortest ``count % size``
+   samples join the fillers): a tuple of both could not be evened (at 64 ranks the one
+   mixed tuple made a group of vision max/mean 17). With a span above 1, windows of
    ``span`` tuples are sorted by vision cost first, so a tuple is alike in vision too, at
    some cost in length;
 3. the tuples are packed by best fit on their longest member (``best_fit_decreasing``, or
@@ -15,28 +17,55 @@ best fit made without knowing the ranks. Here the packs of a step group are made
    of its ``group_size`` packs takes one member of every tuple in it;
 4. fillers go, best fit, into the room every pack of the group shares (``capacity`` minus
    the tuples' longest members);
-5. which member goes to which pack is dealt tuple by tuple, the widest spread of vision cost
-   first, the member of most vision cost to the pack with the least so far (LPT, the fillers'
-   vision counted), then up to ``SWAP_ROUNDS`` trades of one tuple's two members between the
-   heaviest and the lightest pack: the vision encoder is evened, attention already is;
-6. fillers left over go, best fit, into each pack's own room; the rest, and the groups whose
-   fill would pull the plan's below best fit's by more than ``FILL_SLACK`` (the worst filled
-   first), are packed by best fit after the groups (the *free* packs, in
+5. which member goes to which pack is dealt tuple by tuple, the widest spread first, the
+   member of most cost to the pack with the least so far (LPT, the fillers counted), then up
+   to ``SWAP_ROUNDS`` trades of one tuple's two members between the heaviest and the lightest
+   pack. Dealt twice, on vision cost and on attention plus vision (each over its mean: the
+   tuple of the longest samples is spread in length, 2,171 to 2,538 tokens in docvqa), and
+   each group keeps the deal with the lower max/mean of the two terms;
+6. fillers left over go, best fit, into each pack's own room (its longest members minus its
+   own: 0.45 % of the tokens at 64 ranks, which left unfilled cost 0.5 fill points), and
+   only those that fit nowhere make step groups of their own (steps 2-5 again). The groups
+   whose fill would pull the plan's below best fit's by more than ``FILL_SLACK`` (the worst
+   filled first; how many, estimated from their tokens, then checked by best fit and
+   bisected) are packed by best fit after the groups (the *free* packs, in
    ``balanced_order("cost")``). With ``max_visual``, fillers that break the budget move out
    (``binpack.within_budget``; the members stay).
 
-``group_packs`` builds one candidate per ``TUPLE_SPANS`` span and keeps the one whose step
-groups have the lowest p95 max/mean (``balance.group_p95``), the worse of the two terms,
-or best fit's packs in ``balanced_order("cost")`` where those score lower: so the plan is
-never worse than sorting finished packs on its own measure. Few samples per rank (real
-corpora of a few thousand samples at 64 ranks) or sparse long samples leave too few alike
-neighbours for tuples, and best fit wins there (``bench_step_balance.py``).
+``group_packs`` builds one candidate per ``CANDIDATES`` (span, filler share) and keeps the one
+whose step groups have the lowest p95 max/mean (``balance.group_p95``), the worse of the two
+terms, with one pack per rank and with ``per_rank`` (a graph's ``batch_size``; else
+``SCORE_PER_RANK``), or best fit's packs in ``balanced_order("cost")`` where those score
+lower: so the plan is never worse than sorting finished packs on its own measure. ``images``
+(media items per sample) price vision as ``balance.pack_cost_terms`` does, so the deal and
+the score agree.
 
-Measured (``benchmarks/bench_step_balance.py``, p95 over steps of max/mean attention /
-vision, shuffle on): 100k generated samples at 8 ranks 1.008 / 1.052 (one pack per rank) and
-1.015 / 1.048 (four), against 1.083 / 1.073 and 1.032 / 1.036 for the sorted finished packs,
-fill 0.16 points lower; 1M at 64 ranks 1.003 / 1.051 and 1.006 / 1.025 against 1.086 / 1.067
-and 1.038 / 1.034. Planning 10M samples takes about 70 s (best fit alone: 2 s).
+Measured (``benchmarks/bench_step_balance.py``: p95 over steps of max/mean attention /
+vision, shuffle on, two epochs; one / four packs per rank), against the sorted finished
+packs (``cost_order``):
+
+=========================  =====  ===============  ===============
+lengths                    ranks  made groups      cost_order
+=========================  =====  ===============  ===============
+generated, 100k samples    8      1.007 / 1.034    1.083 / 1.073
+                                  1.012 / 1.019    1.032 / 1.036
+generated, 100k samples    64     1.014 / 1.046    1.206 / 1.242
+                                  1.038 / 1.034    1.122 / 1.079
+generated, 1M samples      8      1.003 / 1.012    1.022 / 1.023
+                                  1.004 / 1.009    1.008 / 1.016
+generated, 1M samples      64     1.008 / 1.036    1.086 / 1.067
+                                  1.012 / 1.017    1.038 / 1.034
+OmniBal docvqa (10,211)    64     1.073 / 1.064    1.094 / 1.123
+                                  1.020 / 1.023    1.037 / 1.055
+=========================  =====  ===============  ===============
+
+Every other cell (ai2d, chartqa, docvqa and their mix, whole, at 8 and 64 ranks) <= 1.04;
+fill within 0.18 points of best fit's. docvqa at 64 ranks has 160 samples per rank and 29
+steps an epoch: sorting best fit's packs by attention alone leaves p95 1.093 (the worst step
+at least 1.28: the heaviest pack over the mean of the 64 heaviest), and the group of free
+packs the fill leaves (84 packs) steps at 1.11-1.13 once an epoch. Planning 1M samples takes
+2.5-3.6 s at 64 / 8 ranks (about 1.3x / 1.9x the first version, which at 8 ranks kept best
+fit's packs; best fit alone: 0.1 s).
 
 The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
 permutes whole groups and draws the short last group from the free packs, so every step of
@@ -77,24 +106,27 @@ from neatpack.pipes.planning.binpack import (
 )
 
 __all__ = [
-    "FILLER_SHARE",
+    "CANDIDATES",
     "FILL_SLACK",
-    "TUPLE_SPANS",
     "GroupedPacks",
     "group_packs",
     "grouped_order",
 ]
 
-#: Share of the tokens (the shortest samples) kept back to fill each pack's room.
-FILLER_SHARE: Final = 0.05
 #: How far below best fit's fill (a fraction of capacity) the plan may go: 0.18 points.
 FILL_SLACK: Final = 0.0018
-#: Windows (in tuples) of samples by length inside which tuples are cut by vision cost: each
-#: is tried, the best kept (1: by length alone).
-TUPLE_SPANS: Final = (1, 4, 16, 64)
+#: The candidates built, the best kept: (span, filler share). The span is the window (in
+#: tuples) of samples by length inside which tuples are cut by vision cost (1: by length
+#: alone); the filler share, how much of the tokens (the shortest samples) is kept back to
+#: fill each pack's room (more where tuples of many ranks leave more room).
+CANDIDATES: Final = ((1, 0.05), (1, 0.10), (4, 0.05), (16, 0.20), (64, 0.20))
+#: Groups whose attention max/mean is above ``1 +`` this after the vision deal (and above
+#: their vision's) are dealt again on both terms: most groups are even in attention already.
+REDEAL_ABOVE: Final = 0.01
 #: How much lower (in max/mean) made groups must score than best fit's packs to be kept.
 SCORE_MARGIN: Final = 0.01
-#: Packs per rank of the second step shape candidates are scored on.
+#: Packs per rank of the second step shape candidates are scored on, where the caller does
+#: not say (``group_packs(per_rank=)``).
 SCORE_PER_RANK: Final = 4
 #: Member trades per group after the deal, over its ``SWAP_TUPLES`` widest-spread tuples,
 #: ``SWAP_BLOCK`` groups at a time (bounded memory at 100M samples).
@@ -208,17 +240,41 @@ def _swap(dest: IntArray, vc: FloatArray, load: FloatArray, counts: IntArray,
         dest[r] = np.where(in_h, low[:, None], np.where(in_l, h[:, None], dest[r]))
 
 
-def _split(lengths: IntArray, visual: IntArray) -> tuple[FloatArray, IntArray, IntArray]:
+def _vision_cost(visual: IntArray, images: IntArray | None) -> FloatArray:
+    """Vision cost per sample as ``balance.pack_cost_terms`` prices it: its visual tokens
+    split over ``images`` equal images (None, or 0 items: one image)."""
+    pairs = visual.astype(np.float64) ** 2
+    if images is not None:
+        pairs /= np.maximum(images, 1)
+    return VISION_LINEAR * visual + pairs
+
+
+def _split(
+    lengths: IntArray, visual: IntArray, share: float = 0.05, images: IntArray | None = None
+) -> tuple[FloatArray, IntArray, IntArray]:
     """(vision cost per sample, fillers, the other samples by (has images, length, visual)).
-    Fillers: ``FILLER_SHARE`` of the tokens, text-only samples first (no vision to even),
-    shortest first. One stable sort on a packed key (lengths < 2**24, visual <= length)."""
-    vcost = VISION_LINEAR * visual + visual.astype(np.float64) ** 2
+    Fillers: ``share`` of the tokens, text-only samples first (no vision to even), shortest
+    first."""
+    return _splits(lengths, visual, (share,), images)[share]
+
+
+def _splits(
+    lengths: IntArray, visual: IntArray, shares: tuple[float, ...], images: IntArray | None
+) -> dict[float, tuple[FloatArray, IntArray, IntArray]]:
+    """``_split`` for each share, from two stable sorts on packed keys (lengths < 2**24,
+    visual <= length): the others keep the order of all samples by the key."""
+    vcost = _vision_cost(visual, images)
     has = (visual > 0).astype(np.int64)
     by_filler = np.argsort((has << 24) | lengths, kind="stable")
-    k = int(np.searchsorted(np.cumsum(lengths[by_filler]), FILLER_SHARE * lengths.sum()))
-    rest = np.sort(by_filler[k:])
-    key = (has[rest] << 48) | (lengths[rest] << 24) | visual[rest]
-    return vcost, by_filler[:k], rest[np.argsort(key, kind="stable")]
+    by_key = np.argsort((has << 48) | (lengths << 24) | visual, kind="stable")
+    cum = np.cumsum(lengths[by_filler])
+    out = {}
+    for share in shares:
+        k = int(np.searchsorted(cum, share * float(cum[-1] if cum.size else 0)))
+        filler = np.zeros(lengths.size, dtype=bool)
+        filler[by_filler[:k]] = True
+        out[share] = (vcost, by_filler[:k], by_key[~filler[by_key]])
+    return out
 
 
 def _build(
@@ -237,6 +293,12 @@ def _build(
         return None
     pack, ids, n_members, f_pack, f_ids, rest = made
     n_packs = int(pack.max()) + 1
+    if rest.size:  # 6. fillers left over, into each pack's own room (before they make groups)
+        placed = np.concatenate([ids, f_ids])
+        used = np.bincount(np.concatenate([pack, f_pack]), weights=lengths[placed],
+                           minlength=n_packs).astype(np.int64)  # fmt: skip
+        p2, i2, rest = _into_rooms(used, rest, lengths, capacity)
+        f_pack, f_ids = np.concatenate([f_pack, p2]), np.concatenate([f_ids, i2])
     if rest.size >= size:  # fillers the rooms did not take: step groups of their own
         key = ((visual[rest] > 0).astype(np.int64) << 48) | (lengths[rest] << 24) | visual[rest]
         order = rest[np.argsort(key, kind="stable")]
@@ -271,12 +333,15 @@ def _groups(
 ) -> tuple[IntArray, IntArray, int, IntArray, IntArray, IntArray] | None:
     """Steps 2-5 over ``order`` (ids by images or not, then length): (pack of each member,
     members, their count, pack of each placed filler, placed fillers, samples left over)."""
-    big = _tuples(visual, vcost, order, span * size)
-    m = big.size // size * size
-    if m == 0:
+    # each class (text-only, then with images) cut into whole tuples: its shortest
+    # ``count % size`` samples join the fillers (a tuple of both could not be evened)
+    n_text = int(np.count_nonzero(visual[order] == 0))
+    r_text, r_img = n_text % size, (order.size - n_text) % size
+    fillers = np.concatenate([fillers, order[:r_text], order[n_text : n_text + r_img]])
+    order = np.concatenate([order[r_text:n_text], order[n_text + r_img :]])
+    if order.size == 0:
         return None
-    fillers = np.concatenate([fillers, big[m:]])
-    tup = big[:m].reshape(-1, size)
+    tup = _tuples(visual, vcost, order, span * size).reshape(-1, size)
     longest = lengths[tup].max(axis=1)
     if max_visual is None:
         t_off, t_ids = best_fit_decreasing(longest, capacity)
@@ -287,14 +352,54 @@ def _groups(
     used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
     # 4. fillers into the room every pack of a group shares
     f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
-    start_v = np.bincount(f_pack, weights=vcost[f_ids], minlength=n_tp * size).astype(np.float64)
-    # 5. members to packs: widest vision spread first
-    members = tup[t_ids]
-    vc = vcost[members]
-    members = members[np.lexsort((-(vc.max(axis=1) - vc.min(axis=1)), tp_of))]
-    dest = _assign(members, vcost, tp_of, n_tp, size, start_v.reshape(n_tp, size))
+    # 5. members to packs, dealt on vision cost; the groups where attention is then the
+    # worse term are dealt again on attention plus vision, each over its mean (the tuple
+    # of the longest samples is spread in length), and keep the deal with the lower max/mean
+    rows = tup[t_ids]
+    members, dest = _deal(rows, vcost, tp_of, n_tp, size, f_pack, f_ids)
+    att, vis = _spreads(lengths, vcost, members, dest, tp_of, n_tp, f_pack, f_ids)
+    again = np.flatnonzero((att > vis) & (att > 1 + REDEAL_ABOVE))
+    if again.size:
+        sq = lengths.astype(np.float64) ** 2
+        both = sq / max(float(sq[rows].mean()), 1.0)
+        if (vcost[rows] > 0).any():
+            both += vcost / float(vcost[rows][vcost[rows] > 0].mean())
+        in_again = np.zeros(n_tp, dtype=bool)
+        in_again[again] = True
+        sub, f_sub = in_again[tp_of], in_again[f_pack // size]
+        local = np.searchsorted(again, tp_of[sub])
+        f_local = np.searchsorted(again, f_pack[f_sub] // size) * size + f_pack[f_sub] % size
+        m2, d2 = _deal(rows[sub], both, local, again.size, size, f_local, f_ids[f_sub])
+        att2, vis2 = _spreads(lengths, vcost, m2, d2, local, again.size, f_local, f_ids[f_sub])
+        better = (np.maximum(att2, vis2) < np.maximum(att, vis)[again])[local]
+        members[sub] = np.where(better[:, None], m2, members[sub])
+        dest[sub] = np.where(better[:, None], d2, dest[sub])
     pack = (tp_of[:, None] * size + dest).ravel()
     return pack, members.ravel(), members.size, f_pack, f_ids, rest
+
+
+def _deal(rows: IntArray, cost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
+          f_pack: IntArray, f_ids: IntArray) -> tuple[IntArray, IntArray]:  # fmt: skip
+    """Step 5 on ``cost``: (the tuples, widest spread first in each group, and the pack of
+    each member), the fillers' cost counted."""
+    start = np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size).astype(np.float64)
+    spread = cost[rows].max(axis=1) - cost[rows].min(axis=1)
+    members = rows[np.lexsort((-spread, tp_of))]
+    return members, _assign(members, cost, tp_of, n_tp, size, start.reshape(n_tp, size))
+
+
+def _spreads(lengths: IntArray, vcost: FloatArray, members: IntArray, dest: IntArray,
+             tp_of: IntArray, n_tp: int, f_pack: IntArray,
+             f_ids: IntArray) -> tuple[FloatArray, FloatArray]:  # fmt: skip
+    """Per group: max/mean over its packs of attention and of vision cost, fillers counted."""
+    size = dest.shape[1]
+    pack = (tp_of[:, None] * size + dest).ravel()
+    out = []
+    for cost in (lengths.astype(np.float64) ** 2, vcost):
+        load = np.bincount(pack, weights=cost[members.ravel()], minlength=n_tp * size)
+        load += np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size)
+        out.append(imbalance(load.reshape(n_tp, size)))
+    return out[0], out[1]
 
 
 def _finish(
@@ -315,22 +420,58 @@ def _finish(
     floor_fill = total / (best_fit_packs * capacity) - FILL_SLACK
     g_tok = np.bincount(pack // size, weights=lengths[ids], minlength=n_groups)
     worst = np.argsort(g_tok, kind="stable")
-    keep = np.ones(n_groups, dtype=bool)
-    drop = 0
-    while True:  # a few rounds: the estimate assumes the free packs fill as best fit does
-        keep[:] = True
+
+    def free_packs(drop: int) -> tuple[npt.NDArray[np.bool_], IntArray, IntArray, IntArray, bool]:
+        keep = np.ones(n_groups, dtype=bool)
         keep[worst[:drop]] = False
         free = np.concatenate([rest, ids[~keep[pack // size]]])
         if max_visual is None:
             f_off, f_sub = best_fit_decreasing(lengths[free], capacity)
         else:
             f_off, f_sub = best_fit_two_budgets(lengths[free], visual[free], capacity, max_visual)
-        kept = int(keep.sum())
-        fill = total / ((kept * size + f_off.size - 1) * capacity)
-        if fill >= floor_fill or kept == 0:
+        fill = total / ((int(keep.sum()) * size + f_off.size - 1) * capacity)
+        return keep, free, f_off, f_sub, fill >= floor_fill
+
+    # the fewest worst-filled groups to drop: estimated from the free tokens (a prefix sum)
+    # packed at a fill ``eff`` (first best fit's own, then what best fit of the free samples
+    # measured), checked by best fit; then doubling and bisection between a count that fell
+    # short and one that did not, to within 2 % (a few rounds of best fit; the fill is
+    # nearly monotone in the count)
+    free_tok = float(lengths[rest].sum()) + np.concatenate([[0.0], np.cumsum(g_tok[worst])])
+    counts = size * (n_groups - np.arange(n_groups + 1))
+
+    def estimate(eff: float) -> int:
+        fill = total / ((counts + np.ceil(free_tok / (capacity * eff))) * capacity)
+        return int(np.argmax(fill >= floor_fill)) if (fill >= floor_fill).any() else n_groups
+
+    short, hi, found = -1, n_groups + 1, None  # short: fell short; hi: the fewest that did not
+    drop, eff = estimate(floor_fill + FILL_SLACK), floor_fill + FILL_SLACK
+    for _ in range(3):
+        trial = free_packs(drop)
+        if trial[4]:
+            hi, found = drop, trial
+        else:
+            short = drop
+        if trial[2].size > 1 and free_tok[drop] > 0:
+            eff = free_tok[drop] / ((trial[2].size - 1) * capacity)
+        drop = min(max(estimate(eff), short + 1), hi - 1)
+        if drop <= short or drop >= hi:
             break
-        drop = min(n_groups, max(drop + 1, 2 * drop))  # O(log groups) rounds of best fit
-    if kept == 0 or fill < floor_fill:
+    step = 1
+    while found is None and short < n_groups:
+        drop = min(n_groups, short + step)
+        trial = free_packs(drop)
+        hi, found, short = (drop, trial, short) if trial[4] else (hi, None, drop)
+        step *= 2
+    if found is None:
+        return None
+    while hi - short > max(1, hi // 50):
+        mid = (short + hi) // 2
+        trial = free_packs(mid)
+        short, hi, found = (short, mid, trial) if trial[4] else (mid, hi, found)
+    keep, free, f_off, f_sub, _ = found
+    kept = int(keep.sum())
+    if kept == 0:
         return None
     renumber = np.cumsum(keep) - 1
     in_kept = keep[pack // size]
@@ -361,12 +502,18 @@ def group_packs(
     group_size: int,
     *,
     max_visual: int | None = None,
+    images: npt.ArrayLike | None = None,
+    per_rank: int | None = None,
 ) -> GroupedPacks | None:
     """Packs made ``group_size`` at a time (module docstring), every sample exactly once, each
     within ``capacity`` tokens (and ``max_visual`` visual tokens when set; every sample must
     fit both alone): ``GroupedPacks``. Where made groups do not beat them (or lose more
     than ``FILL_SLACK`` of fill), best fit's packs in ``balanced_order("cost")`` with
-    ``grouped=0``. None for ``group_size < 2`` or fewer samples than that.
+    ``grouped=0``. None for ``group_size < 2`` or fewer samples than that. ``images``: media
+    items per sample (``LengthIndex.images``), which price the vision encoder as
+    ``balance.pack_cost_terms`` does (None: one image per sample). ``per_rank``: packs per
+    rank per step, when known: candidates are scored on that step shape as well as on one
+    pack per rank (None: ``SCORE_PER_RANK``).
 
     >>> offsets, ids, order, grouped = group_packs([5, 5, 3, 3, 2, 2], [4, 3, 0, 0, 0, 0], 10, 2)
     >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])], order.tolist(), grouped
@@ -374,19 +521,22 @@ def group_packs(
     """
     tok = np.asarray(lengths).astype(np.int64, copy=False)
     vis = np.asarray(visual).astype(np.int64, copy=False)
+    imgs = None if images is None else np.asarray(images).astype(np.int64, copy=False)
     if group_size < 2 or tok.size < group_size:
         return None
     if max_visual is None:
         bf_off, bf_ids = best_fit_decreasing(tok, capacity)
     else:
         bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
-    today = _scored(bf_off, bf_ids, 0, tok, vis, group_size)
+    shape = (group_size, SCORE_PER_RANK if per_rank is None else per_rank)
+    today = _scored(bf_off, bf_ids, 0, tok, vis, *shape, images=imgs)
     best = (today[0] - SCORE_MARGIN, today[1])  # made groups must win clearly
-    split = _split(tok, vis)
-    for span in TUPLE_SPANS:
-        built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1, split)
+    splits = _splits(tok, vis, tuple(sorted({share for _, share in CANDIDATES})), imgs)
+    for span, share in CANDIDATES:
+        built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1,
+                       splits[share])  # fmt: skip
         if built is not None:
-            made = _scored(*built, tok, vis, group_size)
+            made = _scored(*built, tok, vis, *shape, images=imgs)
             best = made if made[0] < best[0] else best
     return best[1]
 
@@ -402,22 +552,23 @@ def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:
 
 
 def _scored(offsets: IntArray, ids: IntArray, grouped: int, lengths: IntArray,
-            visual: IntArray, group_size: int) -> tuple[float, GroupedPacks]:  # fmt: skip
+            visual: IntArray, group_size: int, per_rank: int = SCORE_PER_RANK, *,
+            images: IntArray | None = None) -> tuple[float, GroupedPacks]:  # fmt: skip
     """The packs in storage order, and what the candidates are chosen on: the worst p95 over
     steps of max/mean attention or vision cost, with one pack per rank (a step group) and
-    with ``SCORE_PER_RANK`` (that many groups, drawn as an epoch's shuffle would: a few bad
-    groups then touch more steps)."""
-    terms = pack_cost_terms(offsets, ids, lengths, visual)
+    with ``per_rank`` (that many groups, drawn as an epoch's shuffle would: a few bad groups
+    then touch more steps). ``images`` prices vision as ``balance.pack_cost_terms`` does."""
+    terms = pack_cost_terms(offsets, ids, lengths, visual, images)
     _, vision = pack_costs(terms)
     order = grouped_order(terms, grouped, group_size)
     n = order.size // group_size * group_size
     groups = np.random.default_rng(0).permutation(n // group_size)  # fixed: a pure function
-    n4 = groups.size // SCORE_PER_RANK * SCORE_PER_RANK
+    n4 = groups.size // per_rank * per_rank if per_rank > 1 else 0
     score = 1.0
     for col in (terms[order, COST_TERMS.index("attention")], vision[order]):
         score = max(score, group_p95(col[:, None], group_size))
         if n4:
             by_rank = col[:n].reshape(-1, group_size)[groups[:n4]]
-            steps = by_rank.reshape(-1, SCORE_PER_RANK, group_size).sum(axis=1)
+            steps = by_rank.reshape(-1, per_rank, group_size).sum(axis=1)
             score = max(score, float(np.percentile(imbalance(steps), 95)))
     return score, (offsets, ids, order, grouped)

@@ -324,6 +324,7 @@ def _check_visual(vis: npt.NDArray[Any], total: npt.NDArray[Any]) -> None:
 def _params(
     capacity: int, packing_ratio: float, max_packs: int | None, overlong: str, world_size: int,
     seed: int, shuffle: bool, balance: str, max_visual: int | None, max_images: int | None = None,
+    per_rank: int | None = None,
 ) -> dict[str, object]:  # fmt: skip
     params: dict[str, object] = {
         "capacity": int(capacity),
@@ -337,7 +338,11 @@ def _params(
     if balance != "tokens":  # so the default plan keeps its fingerprint (saved states load)
         params["balance"] = balance
     if balance == "cost":  # its packs are made for the step groups now (group_pack.py): a
-        params["packs"] = "grouped"  # state or plan file from the sorted-packs plan is refused
+        # state or plan file from the sorted-packs plan, or from group_pack's first version
+        # (its tuples could mix text-only and image samples), is refused
+        params["packs"] = "grouped/2"
+        if per_rank is not None:  # the step shape its candidates are scored on
+            params["per_rank"] = int(per_rank)
     if max_visual is not None:  # only when set: plans without it keep their fingerprint
         params["max_visual"] = int(max_visual)
     if max_images is not None:  # the same
@@ -361,6 +366,7 @@ def plan_fingerprint(
     images: npt.ArrayLike | None = None,
     max_images: int | None = None,
     supervised: npt.ArrayLike | None = None,
+    per_rank: int | None = None,
 ) -> str:
     """The ``fingerprint`` ``plan_packs`` gives these arguments, without planning (hashing the
     lengths only: a plan file is looked up by it, ``plan_file.shared_plan``).
@@ -373,7 +379,7 @@ def plan_fingerprint(
     imgs = None if images is None else np.asarray(images)
     sup = None if supervised is None else np.asarray(supervised)
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
-                     balance, max_visual, max_images)  # fmt: skip
+                     balance, max_visual, max_images, per_rank)  # fmt: skip
     return _fingerprint(total, vis, params, plan_images(imgs, balance, max_images),
                         plan_supervised(sup, balance))  # fmt: skip
 
@@ -411,6 +417,7 @@ def plan_packs(
     images: npt.ArrayLike | None = None,
     max_images: int | None = None,
     supervised: npt.ArrayLike | None = None,
+    per_rank: int | None = None,
 ) -> PackPlan:
     """Plan packs of at most ``capacity`` tokens, grouped for ``world_size`` ranks.
 
@@ -442,6 +449,11 @@ def plan_packs(
     only by ``balance="supervised"``, which needs them: step groups alike in label tokens
     (best fit's packs, only ordered).
 
+    ``per_rank``: packs per rank per step (a graph's ``batch_size``), when known: under
+    ``"cost"`` the made groups are chosen on that step shape (``group_pack.group_packs``);
+    None scores them on one and on ``group_pack.SCORE_PER_RANK`` packs per rank. The other
+    policies ignore it.
+
     >>> plan = plan_packs([5, 4, 3, 3, 2], 8)
     >>> len(plan), plan.packs(), plan.totals.tolist()
     (3, [[4], [1, 3], [0, 2]], [2, 7, 8])
@@ -472,8 +484,10 @@ def plan_packs(
         over_images = check_budget(total, imgs, max_images, overlong, "plan_packs",
                                    "max_images", fix="split those records")  # fmt: skip
         over_budget = np.union1d(over_budget, over_images).astype(np.int64)
+    if per_rank is not None and per_rank < 1:
+        raise ValueError(f"{per_rank=} must be None or >= 1 (packs per rank per step)")
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
-                     balance, max_visual, max_images)  # fmt: skip
+                     balance, max_visual, max_images, per_rank)  # fmt: skip
     # the fingerprint hashes every length (1.2 s at 100M samples); hashlib and numpy's casts
     # let go of the GIL, so it runs on another core while the packer works
     hashing = ThreadPoolExecutor(1, thread_name_prefix="plan-fingerprint")
@@ -493,7 +507,7 @@ def plan_packs(
     grouped = None
     if balance == "cost" and max_images is None:
         grouped = _group_packs(work, vis, dropped, over_budget, plan_capacity, world_size,
-                               max_visual)  # fmt: skip
+                               max_visual, plan_images(imgs, balance, None), per_rank)  # fmt: skip
     budgets = [(v, b) for v, b in ((vis, max_visual), (imgs, max_images)) if b is not None]
     if grouped is not None:
         offsets, ids, by_load, free_from = grouped
@@ -567,14 +581,18 @@ def plan_packs(
 def _group_packs(
     work: npt.NDArray[Any], vis: npt.NDArray[Any] | None, dropped: IntArray,
     over_budget: IntArray, capacity: int, world_size: int, max_visual: int | None,
+    images: npt.NDArray[Any] | None = None, per_rank: int | None = None,
 ) -> tuple[IntArray, npt.NDArray[Any], IntArray, int] | None:  # fmt: skip
-    """``group_pack.group_packs`` over the samples that are not dropped, in sample ids."""
+    """``group_pack.group_packs`` over the samples that are not dropped, in sample ids
+    (``images``: media items per sample, which price the vision cost)."""
     placed = np.ones(work.shape[0], dtype=bool)
     placed[dropped] = False
     placed[over_budget] = False
     kept = np.flatnonzero(placed).astype(np.int64)
     visual = vis[kept] if vis is not None else np.zeros(kept.size, np.int64)
-    made = group_packs(work[kept], visual, capacity, world_size, max_visual=max_visual)
+    imgs = images[kept] if images is not None else None
+    made = group_packs(work[kept], visual, capacity, world_size, max_visual=max_visual,
+                       images=imgs, per_rank=per_rank)  # fmt: skip
     if made is None:
         return None
     offsets, sub, order, free_from = made

@@ -156,3 +156,24 @@ def test_cost_balanced_graph_serves_packs_made_for_its_groups(corpus: Path) -> N
     made = {p.group_size: p.free_from for p in plans if p.balance == "cost"}
     assert made.keys() >= {2, 3}
     assert all(free_from > 0 for free_from in made.values())
+
+
+def test_cost_balanced_graph_plans_for_its_batch_size(corpus: Path, tmp_path: Path) -> None:
+    """The graph passes its ``batch_size`` (packs per rank per step) to ``plan_packs`` as
+    ``per_rank`` under ``balance="cost"``: another batch size is another plan (fingerprint),
+    while the token order does not depend on it."""
+    prints: dict[tuple[str, int], set[str]] = {}
+    for balance in ("cost", "tokens"):
+        for batch in (1, 2):
+            cache = tmp_path / f"{balance}-{batch}"
+            config = NeatVLMConfig(
+                pack_size=1024, batch_size=batch, media_root=str(corpus / "media"),
+                cache_dir=str(cache), tail="drop", balance=balance,  # type: ignore[arg-type]
+            )  # fmt: skip
+            graph = neat_vlm_graph(corpus / "data.jsonl", load_tiny_processor("qwen2_vl"),
+                                   config=config, rank=0, world_size=2)  # fmt: skip
+            next(iter(graph))
+            prints[(balance, batch)] = {load_plan(p).fingerprint for p in cache.rglob("plan-*.npz")}
+    assert prints[("cost", 1)].isdisjoint(prints[("cost", 2)])
+    assert prints[("tokens", 1)] == prints[("tokens", 2)]
+    assert all(len(p) == 1 for p in prints.values())
