@@ -158,15 +158,19 @@ def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, si
     load = start_v.astype(np.float64)  # (a copy; bincount of nothing is int)
     dest = np.empty_like(members)
     vc = vcost[members]
+    heavy_all = np.argsort(-vc, axis=1, kind="stable")  # one call: rows keep their order
     for i in range(int(counts.max(initial=0))):
         has = np.flatnonzero(counts > i)
         rows = starts[has] + i
-        heavy = np.argsort(-vc[rows], axis=1, kind="stable")
+        heavy = heavy_all[rows]
         light = np.argsort(load[has], axis=1, kind="stable")
         d = np.empty((has.size, size), dtype=np.int64)
         np.put_along_axis(d, heavy, light, axis=1)
         dest[rows] = d
-        load[has[:, None], d] += vc[rows]
+        # each pack of a group takes one member: its load grows by that member's cost
+        gain = np.empty((has.size, size))
+        np.put_along_axis(gain, light, np.take_along_axis(vc[rows], heavy, axis=1), axis=1)
+        load[has] += gain
     for g0 in range(0, n_tp, SWAP_BLOCK):
         _swap(dest, vc, load, counts, starts, g0, min(n_tp, g0 + SWAP_BLOCK))
     return dest
@@ -187,25 +191,28 @@ def _swap(dest: IntArray, vc: FloatArray, load: FloatArray, counts: IntArray,
     cost = np.zeros((ng, k, size))
     np.put_along_axis(cost, dest[rows], np.where(valid[:, :, None], vc[rows], 0.0), axis=2)
     lo_all = load[g0:g1]
-    gi = np.arange(ng)
+    live = np.arange(ng)  # a group no trade helps stays so (nothing in it changes): dropped
     for _ in range(SWAP_ROUNDS):
-        hi, lo = lo_all.argmax(axis=1), lo_all.argmin(axis=1)
-        gap = lo_all[gi, hi] - lo_all[gi, lo]
-        delta = cost[gi, :, hi] - cost[gi, :, lo]  # [groups, k]: hi's member minus lo's
+        at = np.arange(live.size)
+        sub = lo_all[live]
+        hi, lo = sub.argmax(axis=1), sub.argmin(axis=1)
+        gap = sub[at, hi] - sub[at, lo]
+        delta = cost[live, :, hi] - cost[live, :, lo]  # [groups, k]: hi's member minus lo's
         after = np.abs(gap[:, None] - 2 * delta)
-        after[(delta <= 0) | ~valid] = np.inf
+        after[(delta <= 0) | ~valid[live]] = np.inf
         best = after.argmin(axis=1)
-        ok = after[gi, best] < gap * (1 - 1e-9)
+        ok = after[at, best] < gap * (1 - 1e-9)
         if not ok.any():
             break
-        g, i = gi[ok], best[ok]
-        h, low, d = hi[ok], lo[ok], delta[gi, best][ok]
+        g, i = live[ok], best[ok]
+        h, low, d = hi[ok], lo[ok], delta[at, best][ok]
         cost[g, i, h], cost[g, i, low] = cost[g, i, low], cost[g, i, h]
         lo_all[g, h] -= d
         lo_all[g, low] += d
         r = rows[g, i]
         in_h, in_l = dest[r] == h[:, None], dest[r] == low[:, None]
         dest[r] = np.where(in_h, low[:, None], np.where(in_l, h[:, None], dest[r]))
+        live = g
 
 
 def _split(lengths: IntArray, visual: IntArray) -> tuple[FloatArray, IntArray, IntArray]:
