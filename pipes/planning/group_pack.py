@@ -185,11 +185,17 @@ def _swap(dest: IntArray, vc: FloatArray, load: FloatArray, counts: IntArray,
     if k == 0 or size < 2:
         return
     ng = g1 - g0
-    valid = np.arange(k)[None, :] < counts[g0:g1, None]  # [groups, k]
-    rows = np.where(valid, starts[g0:g1, None] + np.arange(k)[None, :], 0)
-    # cost[g, i, j]: vision of the member of tuple i in pack j (0 where no tuple i)
-    cost = np.zeros((ng, k, size))
-    np.put_along_axis(cost, dest[rows], np.where(valid[:, :, None], vc[rows], 0.0), axis=2)
+    kc = np.minimum(counts[g0:g1], k)  # the tuples of each group that may trade
+    first = _csr(kc)  # group g's in by_pack: rows first[g]:first[g + 1]
+    valid = np.arange(k)[None, :] < kc[:, None]  # [groups, k]
+    # (group, i) -> its row of by_pack (clamped where there is no tuple i: masked below)
+    tuple_i = np.minimum(np.arange(k)[None, :], np.maximum(kc, 1)[:, None] - 1)
+    pair = np.minimum(first[:-1, None] + tuple_i, max(int(first[-1]) - 1, 0))
+    row_of = np.repeat(starts[g0:g1] - first[:-1], kc) + np.arange(first[-1])  # in dest
+    # by_pack[p, j]: vision of the member of p's tuple in pack j. Only the groups' own tuples
+    # (5.9 a group on average at 10M samples, not 16 with padding): 5x less at 64 ranks
+    by_pack = np.empty((row_of.size, size))
+    np.put_along_axis(by_pack, dest[row_of], vc[row_of], axis=1)
     lo_all = load[g0:g1]
     live = np.arange(ng)  # a group no trade helps stays so (nothing in it changes): dropped
     for _ in range(SWAP_ROUNDS):
@@ -197,19 +203,20 @@ def _swap(dest: IntArray, vc: FloatArray, load: FloatArray, counts: IntArray,
         sub = lo_all[live]
         hi, lo = sub.argmax(axis=1), sub.argmin(axis=1)
         gap = sub[at, hi] - sub[at, lo]
-        delta = cost[live, :, hi] - cost[live, :, lo]  # [groups, k]: hi's member minus lo's
+        p = pair[live]
+        delta = by_pack[p, hi[:, None]] - by_pack[p, lo[:, None]]  # [groups, k]: hi's - lo's
         after = np.abs(gap[:, None] - 2 * delta)
         after[(delta <= 0) | ~valid[live]] = np.inf
         best = after.argmin(axis=1)
         ok = after[at, best] < gap * (1 - 1e-9)
         if not ok.any():
             break
-        g, i = live[ok], best[ok]
+        g, q = live[ok], p[at, best][ok]
         h, low, d = hi[ok], lo[ok], delta[at, best][ok]
-        cost[g, i, h], cost[g, i, low] = cost[g, i, low], cost[g, i, h]
+        by_pack[q, h], by_pack[q, low] = by_pack[q, low], by_pack[q, h]
         lo_all[g, h] -= d
         lo_all[g, low] += d
-        r = rows[g, i]
+        r = row_of[q]
         in_h, in_l = dest[r] == h[:, None], dest[r] == low[:, None]
         dest[r] = np.where(in_h, low[:, None], np.where(in_l, h[:, None], dest[r]))
         live = g
