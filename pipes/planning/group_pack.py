@@ -429,7 +429,7 @@ def _scored(offsets: IntArray, ids: IntArray, grouped: int, lengths: IntArray,
     n4 = groups.size // SCORE_PER_RANK * SCORE_PER_RANK
     score = 1.0
     for col in (terms[order, COST_TERMS.index("attention")], vision[order]):
-        score = max(score, group_p95(col[:, None], group_size))
+        score = max(score, group_p95((col,), group_size))
         if n4:
             by_rank = col[:n].reshape(-1, group_size)[groups[:n4]]
             steps = by_rank.reshape(-1, SCORE_PER_RANK, group_size).sum(axis=1)
