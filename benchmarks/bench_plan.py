@@ -47,8 +47,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -345,8 +345,9 @@ def main(argv: list[str] | None = None) -> None:
     corpus_n = args.corpus or (100 if args.quick else 1944)
     ranks = [int(x) for x in args.ranks.split(",")]
     balances = args.balance.split(",")
-    bal_args = ["--sizes", ",".join(map(str, sizes)), "--ranks", args.ranks, "--balance",
-                args.balance, "--capacity", str(args.capacity), "--seed", str(args.seed)]  # fmt: skip
+    bal_args = ["--sizes", ",".join(map(str, sizes)), "--ranks", args.ranks,
+                "--balance", args.balance, "--capacity", str(args.capacity),
+                "--seed", str(args.seed)]  # fmt: skip
     mine: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []
     planner = ""
