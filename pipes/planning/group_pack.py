@@ -155,22 +155,34 @@ def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, si
     then swaps of one tuple's members between the heaviest and the lightest pack."""
     counts = np.bincount(tp_of, minlength=n_tp)
     starts = _csr(counts)[:-1]
-    load = start_v.astype(np.float64)  # (a copy; bincount of nothing is int)
-    dest = np.empty_like(members)
     vc = vcost[members]
-    heavy_all = np.argsort(-vc, axis=1, kind="stable")  # one call: rows keep their order
-    for i in range(int(counts.max(initial=0))):
-        has = np.flatnonzero(counts > i)
-        rows = starts[has] + i
-        heavy = heavy_all[rows]
-        light = np.argsort(load[has], axis=1, kind="stable")
-        d = np.empty((has.size, size), dtype=np.int64)
-        np.put_along_axis(d, heavy, light, axis=1)
-        dest[rows] = d
+    n_rounds = int(counts.max(initial=0))
+    # Each round as slices, not gathers and scatters by group: the groups by tuple count, most
+    # first (those a round deals to are a prefix), members laid out round by round (round
+    # i's are one block, in that group order). 1.6x faster at 10M samples.
+    by_count = np.argsort(-counts, kind="stable")
+    rank = np.empty(n_tp, dtype=np.int64)
+    rank[by_count] = np.arange(n_tp)
+    dealt = n_tp - np.cumsum(np.bincount(counts, minlength=n_rounds + 1))[:n_rounds]
+    block = _csr(dealt)
+    slot = block[np.arange(tp_of.size) - starts[tp_of]] + rank[tp_of]  # each row's place
+    vc_r = np.empty_like(vc)
+    vc_r[slot] = vc
+    heavy_r = np.argsort(-vc_r, axis=1, kind="stable")
+    dest_r = np.empty_like(members)
+    load_r = start_v[by_count].astype(np.float64)  # (a copy; bincount of nothing is int)
+    for i in range(n_rounds):
+        here, heavy = slice(block[i], block[i + 1]), heavy_r[block[i] : block[i + 1]]
+        load = load_r[: dealt[i]]
+        light = np.argsort(load, axis=1, kind="stable")
+        np.put_along_axis(dest_r[here], heavy, light, axis=1)
         # each pack of a group takes one member: its load grows by that member's cost
-        gain = np.empty((has.size, size))
-        np.put_along_axis(gain, light, np.take_along_axis(vc[rows], heavy, axis=1), axis=1)
-        load[has] += gain
+        gain = np.empty((dealt[i], size))
+        np.put_along_axis(gain, light, np.take_along_axis(vc_r[here], heavy, axis=1), axis=1)
+        load += gain
+    dest = dest_r[slot]
+    load = np.empty_like(load_r)
+    load[by_count] = load_r
     for g0 in range(0, n_tp, SWAP_BLOCK):
         _swap(dest, vc, load, counts, starts, g0, min(n_tp, g0 + SWAP_BLOCK))
     return dest
