@@ -180,7 +180,7 @@ def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, si
         gain = np.empty((dealt[i], size))
         np.put_along_axis(gain, light, np.take_along_axis(vc_r[here], heavy, axis=1), axis=1)
         load += gain
-    dest = dest_r[slot]
+    dest: IntArray = dest_r[slot]
     load = np.empty_like(load_r)
     load[by_count] = load_r
     for g0 in range(0, n_tp, SWAP_BLOCK):
