@@ -168,7 +168,8 @@ def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, si
     slot = block[np.arange(tp_of.size) - starts[tp_of]] + rank[tp_of]  # each row's place
     vc_r = np.empty_like(vc)
     vc_r[slot] = vc
-    heavy_r = np.argsort(-vc_r, axis=1, kind="stable")
+    del vc  # (gathered back for the swaps: one [members, size] array less at the peak)
+    heavy_r = np.argsort(-vc_r, axis=1, kind="stable").astype(np.min_scalar_type(-size))
     dest_r = np.empty_like(members)
     load_r = start_v[by_count].astype(np.float64)  # (a copy; bincount of nothing is int)
     for i in range(n_rounds):
@@ -180,7 +181,10 @@ def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, si
         gain = np.empty((dealt[i], size))
         np.put_along_axis(gain, light, np.take_along_axis(vc_r[here], heavy, axis=1), axis=1)
         load += gain
+    del heavy_r
     dest: IntArray = dest_r[slot]
+    del dest_r
+    vc = vc_r[slot]
     load = np.empty_like(load_r)
     load[by_count] = load_r
     for g0 in range(0, n_tp, SWAP_BLOCK):
