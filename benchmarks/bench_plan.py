@@ -23,17 +23,32 @@ pack, alone and with the visual budget at ``x1.0``: the same columns, the lower 
 ``max(ceil(sum total / capacity), ceil(sum images / max_images)[, ceil(sum visual /
 max_visual)])`` and the largest pack's items.
 
+The planning time of a step balance (``plan_packs(balance=...)``), under
+``metrics["balance_plan"]``: ``vlm/<n>/<ranks>`` rows per ``--balance`` policy (seconds,
+packs, token fill, ``free_from``: packs made as step groups under ``"cost"``).
+``--baseline DIR`` times the same rows with the neatpack of another checkout (``git
+worktree`` or ``git archive`` of the commit to compare with), in a subprocess per repeat,
+alternating with this one's, under ``metrics["balance_plan_baseline"]``; the plans must be
+the same (``same_plan``: a hash of offsets and ids), only the time may differ.
+
     python benchmarks/bench_plan.py            # 1M and 10M samples, capacity 8192
     python benchmarks/bench_plan.py --quick    # 100k samples
+    python benchmarks/bench_plan.py --balance-only --baseline /tmp/base   # before / after
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -252,6 +267,63 @@ def images_rows(
     return rows
 
 
+def balance_rows(
+    sizes: list[int], ranks: list[int], balances: list[str], capacity: int, repeats: int,
+    seed: int,
+) -> dict[str, Any]:  # fmt: skip
+    """``plan_packs`` on the VLM lengths per size, ranks and balance: best of ``repeats``."""
+    rows: dict[str, Any] = {}
+    for n in sizes:
+        total, visual, _ = vlm_lengths(n, capacity, seed)
+        for world in ranks:
+            row: dict[str, Any] = {}
+            for balance in balances:
+                t, plan, cpu = best_time(
+                    partial(plan_packs, total, capacity, visual=visual, world_size=world,
+                            balance=balance),
+                    repeats,
+                )  # fmt: skip
+                digest = hashlib.sha256(np.asarray(plan.offsets, np.int64).tobytes())
+                digest.update(np.asarray(plan.ids, np.int64).tobytes())
+                row[balance] = {
+                    "plan_s": round(t, 3),
+                    "plan_cpu_s": round(cpu, 3),
+                    "packs": len(plan),
+                    "free_from": int(plan.free_from),
+                    "utilization": round(plan.utilization(), 5),
+                    "plan_hash": digest.hexdigest()[:16],
+                }
+            rows[f"vlm/{n}/{world}"] = row
+    return rows
+
+
+def baseline_rows(checkout: str, argv: list[str]) -> tuple[dict[str, Any], str]:
+    """This script's ``--balance-only`` rows with the neatpack of ``checkout`` (its ``pipes``
+    and ``graphs`` folders as ``neatpack.pipes`` / ``neatpack.graphs``), in a subprocess, and
+    the file its ``plan_packs`` came from."""
+    root = Path(checkout).resolve()
+    with tempfile.TemporaryDirectory() as shim:
+        (Path(shim) / "neatpack").mkdir()
+        for sub in ("pipes", "graphs"):
+            (Path(shim) / "neatpack" / sub).symlink_to(root / sub)
+        env = {**os.environ, "PYTHONPATH": shim}
+        cmd = [sys.executable, __file__, *argv, "--balance-only", "--repeats", "1"]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    printed = json.loads(out.stdout)
+    return printed["metrics"]["balance_plan"], printed["params"]["planner"]
+
+
+def _min_rows(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per cell, the run of least ``plan_s``."""
+    best = runs[0]
+    for run_rows in runs[1:]:
+        for key, row in run_rows.items():
+            for balance, cell in row.items():
+                if cell["plan_s"] < best[key][balance]["plan_s"]:
+                    best[key][balance] = cell
+    return best
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100k samples only")
@@ -261,29 +333,59 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--corpus", type=int, default=None, help="write_corpus samples (1944)")
     ap.add_argument("--world-size", type=int, default=8)
+    ap.add_argument("--balance", default="tokens,cost", help="policies timed (balance_plan)")
+    ap.add_argument("--ranks", default="8,64", help="world sizes of the balance_plan rows")
+    ap.add_argument("--sizes", default=None, help="samples, comma-separated (1M,10M; quick: 100k)")
+    ap.add_argument("--balance-only", action="store_true", help="only the balance_plan rows")
+    ap.add_argument("--baseline", default=None, help="a checkout to time balance_plan against")
     args = ap.parse_args(argv)
     sizes = [100_000] if args.quick else [1_000_000, 10_000_000]
+    if args.sizes:
+        sizes = [int(float(x)) for x in args.sizes.split(",")]
     corpus_n = args.corpus or (100 if args.quick else 1944)
-    metrics = run(sizes, args.capacity, args.repeats, args.greedy_timeout, args.seed)
-    budget: dict[str, Any] = {}
-    items: dict[str, Any] = {}
-    for n in sizes[:1]:
-        total, visual, images = vlm_lengths(n, args.capacity, args.seed)
-        budget[f"vlm/{n}"] = budget_rows(
+    ranks = [int(x) for x in args.ranks.split(",")]
+    balances = args.balance.split(",")
+    bal_args = ["--sizes", ",".join(map(str, sizes)), "--ranks", args.ranks,
+                "--balance", args.balance, "--capacity", str(args.capacity),
+                "--seed", str(args.seed)]  # fmt: skip
+    mine: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
+    planner = ""
+    for _ in range(args.repeats if args.baseline else 1):  # alternate: the same machine load
+        if args.baseline:
+            rows, planner = baseline_rows(args.baseline, bal_args)
+            theirs.append(rows)
+        reps = 1 if args.baseline else args.repeats
+        mine.append(balance_rows(sizes, ranks, balances, args.capacity, reps, args.seed))
+    metrics: dict[str, Any] = {"balance_plan": _min_rows(mine)}
+    if theirs:
+        base = _min_rows(theirs)
+        for key, row in metrics["balance_plan"].items():
+            for balance, cell in row.items():
+                cell["same_plan"] = cell["plan_hash"] == base[key][balance]["plan_hash"]
+                cell["baseline_plan_s"] = base[key][balance]["plan_s"]
+        metrics["balance_plan_baseline"] = {"planner": planner, "rows": base}
+    if not args.balance_only:
+        metrics.update(run(sizes, args.capacity, args.repeats, args.greedy_timeout, args.seed))
+        budget: dict[str, Any] = {}
+        items: dict[str, Any] = {}
+        for n in sizes[:1]:
+            total, visual, images = vlm_lengths(n, args.capacity, args.seed)
+            budget[f"vlm/{n}"] = budget_rows(
+                total, visual, args.capacity, args.repeats, args.world_size
+            )
+            items[f"vlm/{n}"] = images_rows(
+                total, visual, images, args.capacity, args.repeats, args.world_size
+            )
+        total, visual, images = corpus_lengths(corpus_n, args.seed)
+        budget[f"corpus/{corpus_n}"] = budget_rows(
             total, visual, args.capacity, args.repeats, args.world_size
         )
-        items[f"vlm/{n}"] = images_rows(
+        items[f"corpus/{corpus_n}"] = images_rows(
             total, visual, images, args.capacity, args.repeats, args.world_size
         )
-    total, visual, images = corpus_lengths(corpus_n, args.seed)
-    budget[f"corpus/{corpus_n}"] = budget_rows(
-        total, visual, args.capacity, args.repeats, args.world_size
-    )
-    items[f"corpus/{corpus_n}"] = images_rows(
-        total, visual, images, args.capacity, args.repeats, args.world_size
-    )
-    metrics["visual_budget"] = budget
-    metrics["images_budget"] = items
+        metrics["visual_budget"] = budget
+        metrics["images_budget"] = items
     out = {
         "benchmark": "plan",
         "params": {
@@ -298,6 +400,11 @@ def main(argv: list[str] | None = None) -> None:
             "world_size": args.world_size,
             "budget_fractions": list(BUDGET_FRACTIONS),
             "image_fractions": list(IMAGE_FRACTIONS),
+            "balance": balances,
+            "ranks": ranks,
+            "balance_only": args.balance_only,
+            "baseline": args.baseline,
+            "planner": os.path.realpath(plan_packs.__code__.co_filename),
         },
         "metrics": metrics,
         "env": machine(),

@@ -40,6 +40,7 @@ __all__ = [
     "lower_bound",
     "overlong_ids",
     "packed_csr",
+    "radix_argsort",
     "within_budget",
 ]
 
@@ -512,6 +513,22 @@ def packed_csr(
         for src, dst in zip(carry, out, strict=True):
             dst[pos] = src[c0 : c0 + local.shape[0]][local]  # (overlong ones wrap: cut off)
     return offsets, ids[:n_kept], [c[:n_kept] for c in out], tokens
+
+
+def radix_argsort(key: npt.NDArray[np.integer[Any]], bits: int) -> npt.NDArray[np.intp]:
+    """``np.argsort(key, kind="stable")`` of non-negative ints below ``2**bits``, 16 bits at a
+    time from the lowest digit: numpy sorts 16-bit keys by radix (~5 ns a sample), where its
+    stable sort of wider keys is a timsort (~100 ns at 10M random keys); each further digit
+    costs two gathers.
+
+    >>> radix_argsort(np.array([70000, 3, 70000, 1, 3]), 17).tolist()
+    [3, 1, 4, 0, 2]
+    """
+    order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+    for shift in range(16, bits, 16):
+        digit = ((key[order] >> shift) & 0xFFFF).astype(np.uint16)
+        order = order[np.argsort(digit, kind="stable")]
+    return order
 
 
 def id_dtype(n: int) -> type[np.signedinteger[Any]]:
