@@ -63,9 +63,11 @@ Every other cell (ai2d, chartqa, docvqa and their mix, whole, at 8 and 64 ranks)
 fill within 0.18 points of best fit's. docvqa at 64 ranks has 160 samples per rank and 29
 steps an epoch: sorting best fit's packs by attention alone leaves p95 1.093 (the worst step
 at least 1.28: the heaviest pack over the mean of the 64 heaviest), and the group of free
-packs the fill leaves (84 packs) steps at 1.11-1.13 once an epoch. Planning 1M samples takes
-2.5-3.6 s at 64 / 8 ranks (about 1.3x / 1.9x the first version, which at 8 ranks kept best
-fit's packs; best fit alone: 0.1 s).
+packs the fill leaves (84 packs) steps at 1.11-1.13 once an epoch. Planning takes 1.9-2.0 s
+at 1M samples and 28-29 s at 10M (8 or 64 ranks; the first version: 2.0-2.1 s and 24-26 s
+with four candidates and one deal; best fit alone 0.07 s and 0.6 s): ``python
+benchmarks/bench_plan.py --balance-only --balance cost,tokens --sizes 1000000,10000000 --ranks
+8,64 --baseline <checkout>``.
 
 The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
 permutes whole groups and draws the short last group from the free packs, so every step of
