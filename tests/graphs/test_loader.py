@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import time
@@ -16,6 +15,7 @@ from torchdata.nodes import Batcher, Mapper, ParallelMapper
 from neatpack.graphs.runtime.loader import NeatLoader, StateMismatchError
 from neatpack.pipes.planning.source import PackSource
 from neatpack.pipes.testing.resume import assert_exactly_once, same_item
+from tests.support.states import roundtrip
 
 
 class ShufflePlan:
@@ -85,13 +85,6 @@ def make_loader(
 
 def run_epochs(loader: NeatLoader, epochs: int) -> list[list[dict[str, Any]]]:
     return [list(loader) for _ in range(epochs)]
-
-
-def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=True)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -5,13 +5,11 @@ every sample exactly once (the plan is a pure function of lengths, config and gr
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from neatpack.graphs.command.report import imbalance
 from neatpack.graphs.config import checkpoint_key
@@ -22,6 +20,8 @@ from neatpack.pipes.planning.plan_file import load_plan
 from neatpack.pipes.testing.resume import assert_exactly_once
 from neatpack.pipes.testing.synth import write_corpus
 from neatpack.pipes.testing.tiny import load_tiny_processor
+from tests.support.states import pack_ids as ids
+from tests.support.states import roundtrip
 
 NUM_SAMPLES = 40
 
@@ -102,17 +102,6 @@ def loader(root: Path, rank: int, world: int, balance: str = "cost") -> Any:
         root / "data.jsonl", load_tiny_processor("qwen2_vl"), config=config,
         rank=rank, world_size=world,
     )  # fmt: skip
-
-
-def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=True)
-
-
-def ids(batch: dict[str, Any]) -> list[list[int]]:
-    return [list(m["sample_ids"]) for m in batch["packs"]]
 
 
 def test_cost_balanced_graph_resumes_mid_epoch_exactly(corpus: Path) -> None:

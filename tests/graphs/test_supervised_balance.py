@@ -6,7 +6,6 @@ the loader and ``neatpack plan`` report the supervised term."""
 
 from __future__ import annotations
 
-import io
 import json
 import random
 from collections import Counter
@@ -29,6 +28,8 @@ from neatpack.pipes.indexing.supervised import supervised_estimator
 from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
 from neatpack.pipes.testing.resume import assert_exactly_once
 from neatpack.pipes.testing.tiny import load_tiny_processor
+from tests.support.states import pack_ids as ids
+from tests.support.states import roundtrip
 
 WORLD = 4
 PACK = 2048
@@ -176,17 +177,6 @@ def test_an_index_without_the_counts_is_refused_with_the_fix(corpus: Path) -> No
     # a file written without the column loads without it: the same refusal
     plain.save(corpus / "plain.npz")
     assert LengthIndex.load(corpus / "plain.npz").supervised is None
-
-
-def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=True)
-
-
-def ids(batch: dict[str, Any]) -> list[list[int]]:
-    return [list(m["sample_ids"]) for m in batch["packs"]]
 
 
 def test_supervised_balanced_graph_resumes_mid_epoch_exactly(corpus: Path) -> None:

@@ -30,6 +30,7 @@ from neatpack.pipes.indexing.lengths import (
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.testing.synth import write_corpus
 from neatpack.pipes.testing.tiny import load_tiny_processor
+from tests.support.states import pack_ids as _ids
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -55,10 +56,6 @@ def _config(root: Path, **kw: Any) -> NeatVLMConfig:
                             "overlong": "drop", "cache_dir": str(root / "cache"),
                             "tail": "drop"}  # fmt: skip
     return NeatVLMConfig(**{**base, **kw})
-
-
-def _ids(batch: dict[str, Any]) -> list[list[int]]:
-    return [list(m["sample_ids"]) for m in batch["packs"]]
 
 
 # -- a worker process killed from outside -----------------------------------------------
