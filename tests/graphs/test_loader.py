@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.states import roundtrip
 from torchdata.nodes import Batcher, Mapper, ParallelMapper
 
 from neatpack.graphs.runtime.loader import NeatLoader, StateMismatchError
 from neatpack.pipes.planning.source import PackSource
 from neatpack.pipes.testing.resume import assert_exactly_once, same_item
-from tests.support.states import roundtrip
 
 
 class ShufflePlan:

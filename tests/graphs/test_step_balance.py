@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.states import pack_ids as ids
+from support.states import roundtrip
 
 from neatpack.graphs.command.report import imbalance
 from neatpack.graphs.config import checkpoint_key
@@ -20,8 +22,6 @@ from neatpack.pipes.planning.plan_file import load_plan
 from neatpack.pipes.testing.resume import assert_exactly_once
 from neatpack.pipes.testing.synth import write_corpus
 from neatpack.pipes.testing.tiny import load_tiny_processor
-from tests.support.states import pack_ids as ids
-from tests.support.states import roundtrip
 
 NUM_SAMPLES = 40
 

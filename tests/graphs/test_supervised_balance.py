@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.states import pack_ids as ids
+from support.states import roundtrip
 
 from neatpack.graphs.command.cli import main
 from neatpack.graphs.command.report import imbalance
@@ -28,8 +30,6 @@ from neatpack.pipes.indexing.supervised import supervised_estimator
 from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
 from neatpack.pipes.testing.resume import assert_exactly_once
 from neatpack.pipes.testing.tiny import load_tiny_processor
-from tests.support.states import pack_ids as ids
-from tests.support.states import roundtrip
 
 WORLD = 4
 PACK = 2048

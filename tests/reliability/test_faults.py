@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.states import pack_ids as _ids
 
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.runtime.loader import StateMismatchError
@@ -30,7 +31,6 @@ from neatpack.pipes.indexing.lengths import (
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.testing.synth import write_corpus
 from neatpack.pipes.testing.tiny import load_tiny_processor
-from tests.support.states import pack_ids as _ids
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
