@@ -310,6 +310,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_common(args)
     if args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be >= 1")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size} must be >= 1 (packs per rank per step)")
     if not 0.0 < args.packing_ratio <= 1.0:
         raise UsageError(f"--packing-ratio {args.packing_ratio} must be in (0, 1]")
     budget = getattr(args, "max_visual_tokens", None)
@@ -346,6 +348,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             overlong=args.overlong, world_size=args.world_size, seed=args.seed,
             balance=args.balance, max_visual=budget, images=images, max_images=max_images,
             supervised=index.supervised,
+            per_rank=args.batch_size if args.balance == "cost" else None,  # as the graphs pass it
         )  # fmt: skip
         report = {"data": str(args.data), **plan_report(index, plan, world_size=args.world_size)}
         report["visual_per_pack"] = {  # the second budget (#27): its limit and the largest pack
@@ -583,6 +586,13 @@ def add_report_commands(sub: Any) -> None:
         help="what the ranks of a step are made alike on: tokens, or the compute cost of the "
         "language model (lm), the vision encoder (vision) or both (cost), or the supervised "
         "(label) tokens (supervised: the length index then counts them)",
+    )
+    plan.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="packs per rank per step (the graph's batch_size): --balance cost makes its step "
+        "groups for it, so the plan printed is the one the loader trains on",
     )
     plan.add_argument("--png", help="write a picture of pack fill and per-step balance")
     plan.add_argument(

@@ -166,3 +166,31 @@ def test_cost_balanced_graph_plans_for_its_batch_size(corpus: Path, tmp_path: Pa
     assert prints[("cost", 1)].isdisjoint(prints[("cost", 2)])
     assert prints[("tokens", 1)] == prints[("tokens", 2)]
     assert all(len(p) == 1 for p in prints.values())
+
+
+def test_neatpack_plan_prints_the_cost_plan_the_graph_trains_on(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``neatpack plan --balance cost --batch-size N`` plans for the step shape the graph's
+    ``batch_size`` gives (``per_rank``): the plan it prints is the loader's, for each size."""
+    import json
+
+    from neatpack.graphs.command.cli import main
+
+    for batch in (1, 2):
+        cache = tmp_path / f"cost-{batch}"
+        config = NeatVLMConfig(
+            pack_size=1024, batch_size=batch, media_root=str(corpus / "media"),
+            cache_dir=str(cache), tail="drop", balance="cost",
+        )  # fmt: skip
+        graph = neat_vlm_graph(corpus / "data.jsonl", load_tiny_processor("qwen2_vl"),
+                               config=config, rank=0, world_size=2)  # fmt: skip
+        next(iter(graph))
+        (trained,) = {load_plan(p).fingerprint for p in cache.rglob("plan-*.npz")}
+        args = ["plan", str(corpus / "data.jsonl"), "--processor", "qwen2_vl", "--pack-size",
+                "1024", "--media-root",
+                str(corpus / "media"), "--cache-dir", str(cache), "--world-size", "2",
+                "--balance", "cost", "--batch-size", str(batch), "--json"]  # fmt: skip
+        assert main(args) == 0
+        assert json.loads(capsys.readouterr().out)["fingerprint"] == trained
+    assert main([*args[:-2], "0", "--json"]) == 2  # --batch-size 0: a usage error
