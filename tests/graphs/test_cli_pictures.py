@@ -202,8 +202,9 @@ def test_plan_png_balance_cost_draws_each_steps_cost(
     )  # fmt: skip
     assert index.images is not None
     assert int(index.images.max()) > 1  # multi-image records: the vision cost splits them
+    # per_rank=1: the plan command's --batch-size default, as the graphs pass batch_size
     plan = plan_packs(index.total, 4096, visual=index.visual, images=index.images,
-                      world_size=world, balance="cost")  # fmt: skip
+                      world_size=world, balance="cost", per_rank=1)  # fmt: skip
     assert report["balance"] == "cost"
     assert report["packs"] == len(plan)
     tot, vis = np.asarray(index.total, float), np.asarray(index.visual, float)
