@@ -30,22 +30,10 @@ from neatpack.graphs.train import model_inputs
 from neatpack.pipes import choose_attention_format, use_varlen_attention
 from neatpack.pipes.collating.leak_probe import PackingLeakError, probe_packing_leak
 from neatpack.pipes.reading.read import JsonlSource
-from neatpack.pipes.testing.synth import write_corpus
-from neatpack.pipes.testing.tiny import load_tiny_processor
 from neatpack.pipes.testing.tiny_models import tiny_model
 
 pytestmark = pytest.mark.parity
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def proc() -> Any:
-    return load_tiny_processor("qwen2_vl")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus"), num_samples=10, seed=3)
 
 
 def _config(corpus: Path, **kw: Any) -> NeatVLMConfig:

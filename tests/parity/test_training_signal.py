@@ -44,11 +44,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def proc() -> Any:
-    return load_tiny_processor("qwen2_vl")
-
-
-@pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus"), num_samples=12, seed=3)
 

@@ -25,23 +25,11 @@ from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.graphs.train import model_inputs
 from neatpack.pipes import check_boundaries, register_varlen_attention
 from neatpack.pipes.reading.read import JsonlSource
-from neatpack.pipes.testing.synth import write_corpus
-from neatpack.pipes.testing.tiny import load_tiny_processor
 from neatpack.pipes.testing.tiny_models import tiny_model
 
 pytestmark = pytest.mark.parity
 TOL = 1e-4
 TEXT_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-
-
-@pytest.fixture(scope="module")
-def proc() -> Any:
-    return load_tiny_processor("qwen2_vl")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus"), num_samples=10, seed=3)
 
 
 @pytest.fixture(scope="module")
