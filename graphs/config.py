@@ -49,7 +49,7 @@ from neatpack.pipes.indexing.index_workers import IndexStartMethod, index_start_
 from neatpack.pipes.materializing.materialize import BadSamplePolicy, OverflowPolicy
 from neatpack.pipes.materializing.transfer import WorkerTransfer
 from neatpack.pipes.mixtures.mixture import check_mixture_config
-from neatpack.pipes.planning.balance import BalancePolicy
+from neatpack.pipes.planning.balance import GRAPH_BALANCE, BalancePolicy
 from neatpack.pipes.planning.binpack import OverlongPolicy
 from neatpack.pipes.planning.source import TailPolicy
 from neatpack.pipes.reading.read import MAX_RECORD_BYTES
@@ -93,11 +93,21 @@ def option(
     doc: str,
     key: bool | Literal["when_set"],
     default_factory: Any = dataclasses.MISSING,
+    unkeyed: Any = dataclasses.MISSING,
 ) -> Any:
-    """A config field with its description and its checkpoint-key declaration (module doc)."""
+    """A config field with its description and its checkpoint-key declaration (module doc).
+
+    ``unkeyed`` (with ``key=KEY_WHEN_SET``): the value a key without this field stands for,
+    where the default changed after states were saved under the old one. The field enters
+    the key when it differs from ``unkeyed`` (not from the default), so those states still
+    load with the old value set, and are refused, naming the field, under the new default."""
     if not doc:
         raise ValueError("every option is documented where it is declared: pass doc=")
+    if unkeyed is not dataclasses.MISSING and key != KEY_WHEN_SET:
+        raise ValueError(f"option(unkeyed={unkeyed!r}) needs key=KEY_WHEN_SET, not {key=}")
     meta = {"doc": doc, "key": key}
+    if unkeyed is not dataclasses.MISSING:
+        meta["unkeyed"] = unkeyed
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -152,16 +162,20 @@ class PackingOptions(EpochOptions):
         key=KEY_WHEN_SET,
     )
     balance: BalancePolicy = option(
-        "tokens",
-        doc="what the ranks of a step are made alike on: tokens (visual, then total), or the "
-        "compute cost of the language model (lm: tokens and squared document lengths), the "
-        "vision encoder (vision: patches and squared patches per image) or both quadratic "
-        "terms (cost: attention and vision), or the supervised (label) tokens (supervised: "
-        "the length index then counts them per sample, pipes/indexing/supervised.py). tokens, "
-        "lm, vision and supervised keep the packs and only pick which share a step; cost makes "
-        "the packs for their step groups (pipes/planning/group_pack.py) where that evens the "
-        "ranks more, fill within 0.2 points",
+        GRAPH_BALANCE,
+        doc="what the ranks of a step are made alike on: cost (the default: the attention "
+        "and vision-encoder work, squared document lengths and squared patches per image, "
+        "since a step waits for its slowest rank), tokens (visual, then total), the cost of "
+        "the language model alone (lm: tokens and squared document lengths) or of the vision "
+        "encoder alone (vision: patches and squared patches per image), or the supervised "
+        "(label) tokens (supervised: the length index then counts them per sample, "
+        "pipes/indexing/supervised.py). tokens, lm, vision and supervised keep best fit's "
+        "packs and only pick which share a step; cost makes the packs for their step groups "
+        "(pipes/planning/group_pack.py) where that evens the ranks more, fill within 0.2 "
+        "points. One rank: every policy gives best fit's packs. States saved before cost "
+        "became the default were planned on tokens: resume them with balance='tokens'",
         key=KEY_WHEN_SET,
+        unkeyed="tokens",
     )
 
     def _check(self) -> None:
@@ -356,7 +370,8 @@ def checkpoint_key(config: Any) -> dict[str, Any]:
     key: dict[str, Any] = {}
     for f in _fields(config):
         value = getattr(config, f.name)  # not asdict: it would deep-copy
-        if f.metadata["key"] is True or (f.metadata["key"] == KEY_WHEN_SET and value != f.default):
+        unkeyed = f.metadata.get("unkeyed", f.default)
+        if f.metadata["key"] is True or (f.metadata["key"] == KEY_WHEN_SET and value != unkeyed):
             key[f.name] = value
     return key
 
@@ -574,6 +589,12 @@ class NeatStreamConfig(NeatVLMConfig, StreamOptions):
     ``estimate_mode="calibrated"``, ``on_bad_sample="replace"`` and ``tail="drop"``.
     ``shuffle`` shuffles the shards' order each epoch; the index options do nothing here."""
 
+    balance: BalancePolicy = option(
+        "tokens",
+        doc="a stream packs online and has no plan to balance steps in: tokens only",
+        key=KEY_WHEN_SET,
+    )
+
     def _check(self) -> None:
         refused = {
             "max_packs": (self.max_packs is not None, "every pack of the stream is used"),
@@ -632,6 +653,8 @@ def options_markdown() -> str:
             f = by_name[name]
             default = "(required)" if f.default is dataclasses.MISSING else repr(f.default)
             key = {True: "yes", False: "no", KEY_WHEN_SET: "when set"}[f.metadata["key"]]
+            if "unkeyed" in f.metadata:
+                key = f"when not `{f.metadata['unkeyed']!r}`"
             out.append(f"| `{name}` | `{default}` | {key} | {f.metadata['doc']} |")
         return out
 

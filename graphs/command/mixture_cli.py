@@ -28,7 +28,7 @@ import numpy as np
 from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
 from neatpack.pipes.mixtures.mixture_report import realized_shares, target_shares
 from neatpack.pipes.mixtures.mixture_source import MixtureLayout
-from neatpack.pipes.planning.balance import BalancePolicy
+from neatpack.pipes.planning.balance import GRAPH_BALANCE, BalancePolicy
 
 __all__ = ["cmd_plan_mixture", "load_mixture", "mixture_plan_report"]
 
@@ -79,7 +79,7 @@ def mixture_plan_report(
     seed: int = 0,
     estimate_mode: str = "exact",
     cache_dir: str | None = None,
-    balance: BalancePolicy = "tokens",
+    balance: BalancePolicy = GRAPH_BALANCE,
     max_visual: int | None = None,
     max_images: int | None = None,
 ) -> dict[str, Any]:
@@ -171,7 +171,7 @@ def cmd_plan_mixture(args: argparse.Namespace) -> int:
         mix, load_processor(args.processor), pack_size=args.pack_size,
         world_size=args.world_size, window_steps=args.window_steps, seed=args.seed,
         estimate_mode=args.estimate_mode, cache_dir=args.cache_dir,
-        balance=getattr(args, "balance", "tokens"),
+        balance=getattr(args, "balance", GRAPH_BALANCE),
         max_visual=getattr(args, "max_visual_tokens", None),
         max_images=getattr(args, "max_images", None),
     )  # fmt: skip

@@ -33,6 +33,7 @@ from neatpack.pipes.indexing.overlong import OverlongSummary, summarize_overlong
 from neatpack.pipes.planning.balance import (
     BALANCE_POLICIES,
     COST_TERMS,
+    GRAPH_BALANCE,
     imbalance,
     pack_cost_terms,
     pack_costs,
@@ -582,10 +583,11 @@ def add_report_commands(sub: Any) -> None:
     plan.add_argument(
         "--balance",
         choices=BALANCE_POLICIES,
-        default="tokens",
-        help="what the ranks of a step are made alike on: tokens, or the compute cost of the "
-        "language model (lm), the vision encoder (vision) or both (cost), or the supervised "
-        "(label) tokens (supervised: the length index then counts them)",
+        default=GRAPH_BALANCE,
+        help="what the ranks of a step are made alike on: cost (the default, as the graphs: "
+        "attention and vision-encoder work), tokens, the language model's cost alone (lm), "
+        "the vision encoder's alone (vision), or the supervised (label) tokens (supervised: "
+        "the length index then counts them)",
     )
     plan.add_argument(
         "--batch-size",

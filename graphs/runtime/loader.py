@@ -679,6 +679,11 @@ def _mismatch_message(
         if "lengths" in changed
         else ""
     )
+    if "balance" in changed and "balance" not in state["config"]:
+        what += (
+            " (a state without 'balance' in its key was planned with balance='tokens', the "
+            "default before 'cost': pass balance='tokens' to resume it)"
+        )
     if "attn_implementation" in changed:  # "auto" resolves per machine (attention_choice.py)
         saved = state["config"].get("attn_implementation")
         what += (

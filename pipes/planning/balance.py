@@ -62,6 +62,7 @@ __all__ = [
     "BALANCE_COST",
     "BALANCE_POLICIES",
     "COST_TERMS",
+    "GRAPH_BALANCE",
     "LM_LINEAR",
     "VISION_LINEAR",
     "BalancePolicy",
@@ -74,6 +75,11 @@ __all__ = [
 
 BalancePolicy = Literal["tokens", "cost", "lm", "vision", "supervised"]
 BALANCE_POLICIES: tuple[str, ...] = get_args(BalancePolicy)
+
+#: The graphs' and ``neatpack plan``'s default: a step waits for its slowest rank, and ranks
+#: differ by attention and vision-encoder work, not by token counts (README, "Step cost").
+#: ``plan_packs`` keeps ``"tokens"`` as its own default (the plain function, bit for bit).
+GRAPH_BALANCE: Final[BalancePolicy] = "cost"
 
 #: How many strip counts ``balanced_order("cost", ...)`` tries.
 STRIP_CANDIDATES: Final = 12

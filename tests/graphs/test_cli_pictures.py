@@ -90,8 +90,10 @@ def expected_plan(data: Path, pack: int, world: int, overlong: str = "raise") ->
         open_source(data, None), LengthEstimator.from_processor(load_tiny_processor()),
         progress=False,
     )  # fmt: skip
-    return plan_packs(index.total, pack, visual=index.visual, overlong=overlong,
-                      world_size=world, seed=0)  # fmt: skip
+    # the CLI's defaults: the graphs' balance (cost), planned for one pack per rank
+    return plan_packs(index.total, pack, visual=index.visual, images=index.images,
+                      overlong=overlong, world_size=world, seed=0, balance="cost",
+                      per_rank=1)  # fmt: skip
 
 
 def check_panel(img: Image.Image, box: tuple[int, int, int, int], values: Any) -> None:
@@ -153,7 +155,8 @@ def test_plan_png_10k_images_videos_text(
     fill = np.asarray(plan.totals) / 8192 * 100
     counts, _ = np.histogram(fill, bins=20, range=(0.0, 100.0))
     assert (counts == 0).any()  # empty bins
-    assert ((counts > 0) & (counts < counts.max() / 180)).any()  # a bin under a pixel tall
+    if world == 1:  # best fit's last packs are part-filled (cost's made groups at 8: none)
+        assert ((counts > 0) & (counts < counts.max() / 180)).any()  # a bin under a pixel tall
     check_picture(png, plan, 8192, world)
 
 

@@ -89,7 +89,8 @@ def test_plan_json_matches_the_plan(
     assert "length index" in err  # the progress bar goes to stderr
     r = json.loads(out)
     total = index.total
-    plan = plan_packs(total, PACK, visual=index.visual, world_size=2)
+    # the CLI's defaults: the graphs' balance (cost), planned for one pack per rank
+    plan = plan_packs(total, PACK, visual=index.visual, world_size=2, balance="cost", per_rank=1)
     assert r["samples"] == 30 == total.size
     assert r["packs"] == len(plan)
     assert r["lower_bound"] == lower_bound(total, PACK) <= r["packs"]

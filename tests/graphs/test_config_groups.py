@@ -29,6 +29,7 @@ from neatpack.graphs import (
 )
 from neatpack.graphs.config import KEY_WHEN_SET, Options, field_docs, options_markdown
 from neatpack.pipes import load_tiny_processor, write_corpus
+from neatpack.pipes.planning.source import StateMismatchError
 
 CONFIGS = (NeatVLMConfig, NeatLLMConfig, GroupedConfig)
 OLD = json.loads((Path(__file__).parent / "data" / "states_before_config_groups.json").read_text())
@@ -110,13 +111,17 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 def test_text_states_saved_before_the_groups_resume_exactly() -> None:
     records = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 3, 7, 4, 6, 8, 2, 11, 5)]
-    cases = [("neat_llm", NeatLLMConfig(pack_size=16), 2),
-             ("neat_llm_cp", NeatLLMConfig(pack_size=16, cp_size=2), 1)]  # fmt: skip
+    # saved when tokens was the default balance: resumed with it set, refused without
+    cases = [("neat_llm", NeatLLMConfig(pack_size=16, balance="tokens"), 2),
+             ("neat_llm_cp", NeatLLMConfig(pack_size=16, cp_size=2, balance="tokens"), 1)]  # fmt: skip
     for name, cfg, done in cases:
         whole = _batches(neat_llm_graph(records, config=cfg), done + 1)
         resumed = neat_llm_graph(records, config=cfg)
         resumed.load_state_dict(OLD[name])
         _same(next(iter(resumed)), whole[done])
+        default = neat_llm_graph(records, config=dataclasses.replace(cfg, balance="cost"))
+        with pytest.raises(StateMismatchError, match="pass balance='tokens' to resume it"):
+            default.load_state_dict(OLD[name])
 
 
 @pytest.mark.parametrize(("name", "graph"), [("neat_vlm", neat_vlm_graph),
@@ -126,13 +131,18 @@ def test_vlm_states_saved_before_the_groups_resume_exactly(
 ) -> None:
     data = write_corpus(tmp_path, num_samples=12, seed=3)  # the corpus the states were saved on
     media = f"{tmp_path}/media"
-    cfg: Any = (NeatVLMConfig(pack_size=1024, media_root=media) if name == "neat_vlm"
-                else GroupedConfig(batch_size=2, media_root=media))  # fmt: skip
+    # saved when tokens was the default balance: resumed with it set, refused without
+    cfg: Any = (NeatVLMConfig(pack_size=1024, media_root=media, balance="tokens")
+                if name == "neat_vlm" else GroupedConfig(batch_size=2, media_root=media))  # fmt: skip
     processor = load_tiny_processor()
     whole = _batches(graph(data, processor, config=cfg), 3)
     resumed = graph(data, processor, config=cfg)
     resumed.load_state_dict(OLD[name])
     _same(next(iter(resumed)), whole[2])
+    if name == "neat_vlm":
+        default = graph(data, processor, config=NeatVLMConfig(pack_size=1024, media_root=media))
+        with pytest.raises(StateMismatchError, match="pass balance='tokens' to resume it"):
+            default.load_state_dict(OLD[name])
 
 
 def test_grouped_graph_takes_the_shared_worker_method(tmp_path: Path) -> None:

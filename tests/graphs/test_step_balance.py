@@ -15,6 +15,7 @@ from support.states import roundtrip
 
 from neatpack.graphs.command.report import imbalance
 from neatpack.graphs.config import checkpoint_key
+from neatpack.graphs.neat_llm import NeatLLMConfig
 from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.planning.balance import pack_cost_terms, pack_costs
 from neatpack.pipes.planning.plan import plan_packs
@@ -79,9 +80,13 @@ def test_one_term_balance_sorts_neighbours_alike(balance: str) -> None:
         plan_packs(total, 8192, visual=visual, balance="speed")  # type: ignore[arg-type]
 
 
-def test_default_balance_stays_out_of_the_checkpoint_key() -> None:
-    assert "balance" not in checkpoint_key(NeatVLMConfig())
-    assert checkpoint_key(NeatVLMConfig(balance="cost"))["balance"] == "cost"
+def test_the_default_balance_is_cost_and_tokens_keeps_the_old_key() -> None:
+    """cost is the graphs' default and enters the key; tokens, the default states were saved
+    under before it, stays out of the key, so those states still load with it set."""
+    assert NeatVLMConfig().balance == "cost" and NeatLLMConfig().balance == "cost"
+    assert checkpoint_key(NeatVLMConfig())["balance"] == "cost"
+    assert "balance" not in checkpoint_key(NeatVLMConfig(balance="tokens"))
+    assert checkpoint_key(NeatVLMConfig(balance="lm"))["balance"] == "lm"
     with pytest.raises(ValueError, match="balance"):
         NeatVLMConfig(balance="speed")  # type: ignore[arg-type]
 
