@@ -162,10 +162,8 @@ def plan_report(
     cap = max(int(plan.capacity * plan.packing_ratio), 1)
     bound = lower_bound(np.minimum(total[keep], cap), cap)
     vis, tot = step_loads(plan, world_size, batch_size=batch_size)
-    costs = step_costs(
-        plan, total, index.visual, world_size, images=index.images, supervised=index.supervised,
-        batch_size=batch_size,
-    )
+    costs = step_costs(plan, total, index.visual, world_size, images=index.images,
+                       supervised=index.supervised, batch_size=batch_size)  # fmt: skip
     packs = len(plan)
     fill = np.asarray(plan.totals, float) / plan.capacity * 100.0
     fallback_ids = np.asarray(index.fallback_ids, np.int64)

@@ -21,7 +21,6 @@ from support.states import roundtrip
 
 import neatpack.graphs.mixture as mixture_graph
 import neatpack.graphs.neat_llm as llm_graph
-
 from neatpack.graphs.command.cli import main
 from neatpack.graphs.command.report import imbalance
 from neatpack.graphs.config import checkpoint_key
@@ -339,10 +338,9 @@ def test_a_text_mixture_counts_the_labels_once_and_serves_its_plan(
     assert loads.shape[0] >= 10
     got = ranks[0].data_metrics()["data/step_imbalance/supervised"]
     assert got == pytest.approx(loads.max(axis=1).sum() / loads.mean(axis=1).sum(), rel=1e-6)
-    before = np.asarray(
-        [[int((b["labels"] != -100).sum()) for b in bs] for bs in zip(*graphs("tokens"), strict=True)],
-        np.float64,
-    )
+    tokens_order = zip(*graphs("tokens"), strict=True)
+    before = np.asarray([[int((b["labels"] != -100).sum()) for b in bs] for bs in tokens_order],
+                        np.float64)  # fmt: skip
     assert np.percentile(imbalance(loads), 95) < 0.8 * np.percentile(imbalance(before), 95)
 
 
