@@ -2,7 +2,8 @@
 the hook.
 
     sources ─► one length index each (cached) ─► MixtureRecords (global ids)
-            ─► neat_vlm_parts(records, lengths=concatenated)   (materialize, collate: as ever)
+            ─► neat_vlm_parts / neat_llm_parts(records, lengths=the concatenated index)
+               (materialize, collate: as ever; the index's label counts are not counted again)
             ─► its PackSource replaced by MixturePackSource     (the epoch's mixture plan)
             ─► SourceTagger after the Collater                  (batch["doc_sources"])
 
