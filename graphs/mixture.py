@@ -2,7 +2,8 @@
 the hook.
 
     sources ─► one length index each (cached) ─► MixtureRecords (global ids)
-            ─► neat_vlm_parts(records, lengths=concatenated)   (materialize, collate: as ever)
+            ─► neat_vlm_parts / neat_llm_parts(records, lengths=the concatenated index)
+               (materialize, collate: as ever; the index's label counts are not counted again)
             ─► its PackSource replaced by MixturePackSource     (the epoch's mixture plan)
             ─► SourceTagger after the Collater                  (batch["doc_sources"])
 
@@ -59,10 +60,12 @@ def mixture_parts(
         return None
     cfg = dataclasses.replace(config)  # without a deprecated config(mixture=...)
     rank, world_size = resolve_rank(rank, world_size)
+    # each graph gets the mixture's length index (lengths, and the label counts under
+    # balance="supervised"): nothing is counted twice
     if processor is None:  # pre-tokenized sources: exact lengths, no headroom
         records, lengths = _token_sources(mix, cfg.balance)
         parts = build_parts(records, config=cfg, rank=rank, world_size=world_size,
-                            lengths=lengths.total, **hooks)  # fmt: skip
+                            lengths=lengths, **hooks)  # fmt: skip
     else:
         records, lengths = _record_sources(mix, processor, cfg, rank, world_size)
         parts = build_parts(records, processor, config=cfg, rank=rank, world_size=world_size,
@@ -186,6 +189,8 @@ def _mixed(
         images=None if images is None else np.asarray(images, np.int64),
         max_images=max_images,
         supervised=None if lengths.supervised is None else np.asarray(lengths.supervised, np.int64),
+        # the step shape the cost plan makes its groups for, as the single-source graph passes
+        per_rank=cfg.batch_size if cfg.balance == "cost" else None,
     )  # fmt: skip
     pack_source = MixturePackSource(
         layout, mix.blend(), on_change=mix.on_change, rank=rank, world_size=world_size,

@@ -33,6 +33,7 @@ from neatpack.graphs.mixture import mixture_parts
 from neatpack.graphs.runtime.dist import resolve_rank
 from neatpack.graphs.runtime.stages import GraphParts
 from neatpack.graphs.token_source import TokenSource, token_lengths, token_supervised
+from neatpack.pipes.indexing.lengths import LengthIndex
 from neatpack.pipes.materializing.pack import build_pack
 from neatpack.pipes.steps import PackMaterializer
 
@@ -65,7 +66,7 @@ def neat_llm_parts(
     config: NeatLLMConfig | None = None,
     rank: int | None = None,
     world_size: int | None = None,
-    lengths: np.ndarray | None = None,
+    lengths: LengthIndex | np.ndarray | None = None,
     pack_transform: Callable[[Any], Any] | None = None,
     batch_transform: Callable[[Any], Any] | None = None,
     model: Any = None,
@@ -74,7 +75,10 @@ def neat_llm_parts(
     """The pieces of ``neat_llm_graph`` (same arguments) to compose a graph of your own.
 
     ``data``: pre-tokenized records (a list, a path, a ``datasets.Dataset``) or a ``Mixture``
-    of several. ``model`` (a model or its transformers config) turns on ``seq_idx`` /
+    of several. ``lengths``: each sample's length after the shift (read from the records when
+    None), or a ``LengthIndex`` (a mixture hands its own: ``total``, and the ``supervised``
+    label counts, which ``balance="supervised"`` then takes instead of counting them again).
+    ``model`` (a model or its transformers config) turns on ``seq_idx`` /
     ``cu_seq_lens`` for hybrid models, and a hybrid model is probed first: packing it when its
     layers leak across documents raises ``PackingLeakError`` unless ``allow_packing_leak``
     (docs/long_context.md). ``cp_size > 1`` plans and packs documents padded to a multiple of
@@ -90,15 +94,22 @@ def neat_llm_parts(
     boundaries = probe_boundaries(cfg, hooks)  # before any record is read
     rank, world_size = resolve_rank(rank, world_size)
     source = TokenSource(data)
-    total = token_lengths(source) if lengths is None else np.asarray(lengths, dtype=np.int64)
+    index = lengths if isinstance(lengths, LengthIndex) else None
+    if index is not None:
+        total = np.asarray(index.total, dtype=np.int64)
+    else:
+        total = token_lengths(source) if lengths is None else np.asarray(lengths, dtype=np.int64)
+    supervised = None if index is None else index.supervised
+    if cfg.balance == "supervised" and supervised is None:
+        # exact label counts, read only when the steps are balanced on them and not given
+        supervised = token_supervised(source)
     fingerprint = lengths_fingerprint_of(total)
     return packed_parts(
         cfg,
         graph="neat_llm",
         total=total,
         lengths_fingerprint=fingerprint[:16],
-        # exact label counts, read only when the steps are balanced on them
-        supervised=token_supervised(source) if cfg.balance == "supervised" else None,
+        supervised=supervised,
         materialize=PackMaterializer(TokenPacker(source, cfg.padding_idx, cp_alignment(cfg))),
         collate_options={"padding_idx": cfg.padding_idx, "max_length": cfg.pack_size},
         rank=rank,

@@ -82,10 +82,12 @@ def mixture_plan_report(
     balance: BalancePolicy = GRAPH_BALANCE,
     max_visual: int | None = None,
     max_images: int | None = None,
+    batch_size: int = 1,
 ) -> dict[str, Any]:
     """The report ``neatpack plan --mixture`` prints, as a dict (the plan with the graph's
     ``balance`` and ``max_visual_tokens`` / ``max_images`` budgets, as ``--balance`` /
-    ``--max-visual-tokens`` / ``--max-images``)."""
+    ``--max-visual-tokens`` / ``--max-images``; ``batch_size``: packs per rank per step, the
+    step shape ``balance="cost"`` plans for, as the graph's, and a window's steps hold)."""
     from neatpack.graphs.open_data import open_source
     from neatpack.pipes.indexing.estimate import LengthEstimator
     from neatpack.pipes.indexing.lengths import build_length_index
@@ -111,13 +113,14 @@ def mixture_plan_report(
         supervised=None if balance != "supervised" else np.concatenate(
             [i.require_supervised("--balance supervised") for i in indexes]
         ).astype(np.int64),
+        per_rank=batch_size if balance == "cost" else None,  # as the graph passes batch_size
     )  # fmt: skip
     blend = mix.blend()
     plan = layout.epoch_plan([(0, blend)], epoch, world_size)
     src = plan.source_of(plan.ids)
     planned = [int(layout.total[plan.ids][src == s].sum()) for s in range(len(mix.names))]
     target = target_shares(blend, planned)
-    window = max(window_steps * world_size, 1)
+    window = max(window_steps * world_size * batch_size, 1)
     shares = realized_shares(plan, layout.total, mix.names, target, window=window)
     uses = layout.targets(blend)
     rows = []
@@ -132,6 +135,7 @@ def mixture_plan_report(
         "packs": len(plan),
         "epoch": epoch,
         "world_size": world_size,
+        "batch_size": batch_size,
         "window_steps": window_steps,
         "window_packs": window,
         "worst_window_error": shares["worst"],
@@ -163,9 +167,10 @@ def cmd_plan_mixture(args: argparse.Namespace) -> int:
 
     if args.data is not None:
         raise UsageError("pass either a data file or --mixture, not both")
-    if args.world_size < 1 or args.window_steps < 1:
-        raise UsageError(f"--world-size {args.world_size} and --window-steps "
-                         f"{args.window_steps} must be >= 1")  # fmt: skip
+    batch_size = getattr(args, "batch_size", 1)
+    if args.world_size < 1 or args.window_steps < 1 or batch_size < 1:
+        raise UsageError(f"--world-size {args.world_size}, --window-steps {args.window_steps} "
+                         f"and --batch-size {batch_size} must be >= 1")  # fmt: skip
     mix = load_mixture(args.mixture)
     report = mixture_plan_report(
         mix, load_processor(args.processor), pack_size=args.pack_size,
@@ -173,7 +178,7 @@ def cmd_plan_mixture(args: argparse.Namespace) -> int:
         estimate_mode=args.estimate_mode, cache_dir=args.cache_dir,
         balance=getattr(args, "balance", GRAPH_BALANCE),
         max_visual=getattr(args, "max_visual_tokens", None),
-        max_images=getattr(args, "max_images", None),
+        max_images=getattr(args, "max_images", None), batch_size=batch_size,
     )  # fmt: skip
     print(json.dumps(report, indent=2) if args.json else _text(args.mixture, report))
     return 0

@@ -48,6 +48,7 @@ __all__ = [
     "plan_report",
     "step_costs",
     "step_loads",
+    "step_rows",
 ]
 
 FIRST_IDS = 10  # ids listed for overlong samples and fallbacks
@@ -58,16 +59,37 @@ PICTURE_STEPS = 64  # steps drawn in the plan picture
 MISSING_MEDIA = ("raise", "fallback")
 
 
-def step_loads(plan: PackPlan, world_size: int, epoch: int = 0) -> tuple[Any, Any]:
-    """``(visual, total)`` tokens as ``[steps, world_size]``: step ``s`` is the ``world_size``
-    consecutive packs ``s*W .. s*W+W-1`` of the epoch's order (pack ``g`` goes to rank
-    ``g % W``). A short last group (the tail the source pads or drops) is left out."""
+def step_rows(plan: PackPlan, world_size: int, epoch: int = 0, batch_size: int = 1) -> Any:
+    """The epoch's pack indices as ``[steps, batch_size, world_size]``, as the loader serves
+    them: slot ``s`` of the epoch's order goes to rank ``s % W`` (``PackSource``) and each rank
+    batches its next ``batch_size`` packs, so step ``k`` is the ``W x B`` slots from ``k*W*B``
+    and rank ``r`` trains on slots ``k*W*B + j*W + r``, ``j < B`` (one pack of each of ``B``
+    consecutive groups of ``W``). A short last step (the tail the source pads or drops) is
+    left out.
+
+    >>> class Plan:  # 10 packs served in order, 2 ranks x 2 packs per step: 2 steps, 2 left
+    ...     def epoch_order(self, epoch): return np.arange(10)
+    >>> step_rows(Plan(), 2, batch_size=2).tolist()  # rank 0 trains on packs 0 and 2
+    [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    """
+    if world_size < 1 or batch_size < 1:
+        raise ValueError(
+            f"{world_size=} and {batch_size=} must be >= 1 (ranks, and packs per rank per step)"
+        )
+    unit = world_size * batch_size
     order = np.asarray(plan.epoch_order(epoch))
-    n = order.size // world_size * world_size
-    take = order[:n]
+    return order[: order.size // unit * unit].reshape(-1, batch_size, world_size)
+
+
+def step_loads(
+    plan: PackPlan, world_size: int, epoch: int = 0, batch_size: int = 1
+) -> tuple[Any, Any]:
+    """``(visual, total)`` tokens as ``[steps, world_size]``: each rank's ``batch_size`` packs
+    of a step summed, steps and ranks as the loader serves them (:func:`step_rows`)."""
+    rows = step_rows(plan, world_size, epoch, batch_size)
     return (
-        np.asarray(plan.visual)[take].reshape(-1, world_size),
-        np.asarray(plan.totals)[take].reshape(-1, world_size),
+        np.asarray(plan.visual)[rows].sum(axis=1),
+        np.asarray(plan.totals)[rows].sum(axis=1),
     )
 
 
@@ -79,9 +101,11 @@ def step_costs(
     epoch: int = 0,
     images: npt.ArrayLike | None = None,
     supervised: npt.ArrayLike | None = None,
+    batch_size: int = 1,
 ) -> dict[str, npt.NDArray[np.float64]]:
-    """Each cost term of ``STEP_COSTS`` as ``[steps, world_size]``, steps cut as in
-    :func:`step_loads`: ``lm`` (linear + attention), ``attention`` (sum of squared document
+    """Each cost term of ``STEP_COSTS`` as ``[steps, world_size]``, each rank's
+    ``batch_size`` packs of a step summed (:func:`step_rows`, as the loader serves them):
+    ``lm`` (linear + attention), ``attention`` (sum of squared document
     lengths), ``vision`` (patches + squared patches per image, a sample's ``images`` taken as
     equal), from per-sample lengths; and ``supervised`` (label tokens) when the per-sample
     counts are given (``LengthIndex.supervised``: an index that counts them)."""
@@ -98,9 +122,8 @@ def step_costs(
             if labels.size
             else np.zeros(len(plan), np.float64)
         )
-    order = np.asarray(plan.epoch_order(epoch))
-    take = order[: order.size // world_size * world_size]
-    return {k: v[take].reshape(-1, world_size) for k, v in per_pack.items()}
+    rows = step_rows(plan, world_size, epoch, batch_size)
+    return {k: v[rows].sum(axis=1) for k, v in per_pack.items()}
 
 
 def _quantiles(x: npt.NDArray[np.float64]) -> dict[str, float]:
@@ -123,8 +146,12 @@ def _stats(x: npt.NDArray[np.float64]) -> dict[str, float]:
     }
 
 
-def plan_report(index: LengthIndex, plan: PackPlan, *, world_size: int) -> dict[str, Any]:
-    """The figures of ``neatpack plan`` (plain JSON-able values).
+def plan_report(
+    index: LengthIndex, plan: PackPlan, *, world_size: int, batch_size: int = 1
+) -> dict[str, Any]:
+    """The figures of ``neatpack plan`` (plain JSON-able values). A step is ``world_size``
+    ranks of ``batch_size`` packs each (the graph's ``batch_size``), its per-rank loads and
+    costs each rank's packs summed as the loader serves them (:func:`step_rows`).
 
     ``lower_bound`` is for the samples the plan kept, at the planning capacity
     (``pack_size x packing_ratio``; longer samples get a pack alone, as the planner does).
@@ -135,10 +162,9 @@ def plan_report(index: LengthIndex, plan: PackPlan, *, world_size: int) -> dict[
     keep[np.asarray(plan.dropped_ids, np.int64)] = False
     cap = max(int(plan.capacity * plan.packing_ratio), 1)
     bound = lower_bound(np.minimum(total[keep], cap), cap)
-    vis, tot = step_loads(plan, world_size)
-    costs = step_costs(
-        plan, total, index.visual, world_size, images=index.images, supervised=index.supervised
-    )
+    vis, tot = step_loads(plan, world_size, batch_size=batch_size)
+    costs = step_costs(plan, total, index.visual, world_size, images=index.images,
+                       supervised=index.supervised, batch_size=batch_size)  # fmt: skip
     packs = len(plan)
     fill = np.asarray(plan.totals, float) / plan.capacity * 100.0
     fallback_ids = np.asarray(index.fallback_ids, np.int64)
@@ -149,8 +175,9 @@ def plan_report(index: LengthIndex, plan: PackPlan, *, world_size: int) -> dict[
         "pack_size": int(plan.capacity),
         "planning_capacity": cap,
         "world_size": int(world_size),
+        "batch_size": int(batch_size),
         "steps": int(vis.shape[0]),
-        "tail_packs": packs - int(vis.size),
+        "tail_packs": packs - int(vis.size) * int(batch_size),
         "estimated_tokens": int(np.asarray(plan.totals).sum()),
         "estimated_utilization": round(
             float(np.asarray(plan.totals).sum()) / max(packs * plan.capacity, 1), 4
@@ -351,7 +378,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             supervised=index.supervised,
             per_rank=args.batch_size if args.balance == "cost" else None,  # as the graphs pass it
         )  # fmt: skip
-        report = {"data": str(args.data), **plan_report(index, plan, world_size=args.world_size)}
+        report = {
+            "data": str(args.data),
+            **plan_report(index, plan, world_size=args.world_size, batch_size=args.batch_size),
+        }
         report["visual_per_pack"] = {  # the second budget (#27): its limit and the largest pack
             "max_visual_tokens": budget,
             "max": int(plan.visual.max()) if len(plan) else 0,
@@ -367,9 +397,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if png is not None:
             from neatpack.graphs.command.pictures import plan_picture
 
-            vis, tot = step_loads(plan, args.world_size)
+            vis, tot = step_loads(plan, args.world_size, batch_size=args.batch_size)
             title = (f"{Path(args.data).name}: {len(plan)} packs of {args.pack_size} tokens, "
-                     f"{args.world_size} rank(s), epoch 0")  # fmt: skip
+                     f"{args.world_size} rank(s) x {args.batch_size} pack(s), epoch 0")  # fmt: skip
             img = plan_picture(
                 np.asarray(plan.totals) / args.pack_size * 100.0,
                 vis[:PICTURE_STEPS], tot[:PICTURE_STEPS], title=title,
@@ -377,7 +407,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     k: imbalance(v[:PICTURE_STEPS])
                     for k, v in step_costs(
                         plan, index.total, index.visual, args.world_size, images=images,
-                        supervised=index.supervised,
+                        supervised=index.supervised, batch_size=args.batch_size,
                     ).items()
                 },
             )  # fmt: skip
@@ -409,8 +439,8 @@ def _plan_text(r: dict[str, Any]) -> str:
         f"  pack size           {r['pack_size']} (planning capacity {r['planning_capacity']})",
         f"  est. utilization    {100 * r['estimated_utilization']:.1f} % "
         f"(fill min {r['fill_pct']['min']} %, max {r['fill_pct']['max']} %)",
-        f"  steps               {r['steps']} of {r['world_size']} rank(s), "
-        f"{r['tail_packs']} tail pack(s)",
+        f"  steps               {r['steps']} of {r['world_size']} rank(s) x "
+        f"{r['batch_size']} pack(s), {r['tail_packs']} tail pack(s)",
         f"  overlong samples    {r['overlong']['count']} {r['overlong']['first_ids'] or ''}",
         *(
             ("    " + line for line in r["overlong"]["message"].splitlines())

@@ -173,13 +173,15 @@ def _plan_entries(
     images: IntArray | None = None,
     max_images: int | None = None,
     supervised: IntArray | None = None,
+    per_rank: int | None = None,
 ) -> tuple[IntArray, IntArray, IntArray]:
     """Packs of ``entries`` (global ids, repeats allowed) as CSR, and the overlong ones left
     out. One ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``, so no pack
-    holds a sample twice), and per source with ``single_source``. ``balance`` and
-    ``max_visual`` (``images`` / ``max_images``) are ``plan_packs``' own: each part's packs keep
-    the budgets and come
-    in its balance order, and ``mix_order`` cuts step groups from neighbours in that order."""
+    holds a sample twice), and per source with ``single_source``. ``balance``, ``max_visual``
+    (``images`` / ``max_images``) and ``per_rank`` (packs per rank per step, the step shape
+    ``balance="cost"`` makes its groups for) are ``plan_packs``' own: each part's packs keep
+    the budgets and come in its balance order, and ``mix_order`` cuts step groups from
+    neighbours in that order."""
     rounds = _use_index(entries)
     src = np.searchsorted(bounds, entries, side="right") - 1
     sources = range(int(bounds.size - 1)) if single_source else [None]
@@ -205,6 +207,7 @@ def _plan_entries(
             images=None if images is None else images[part],
             max_images=max_images,
             supervised=None if supervised is None else supervised[part],
+            per_rank=per_rank,
         )
         offs.append(plan.offsets[1:] + offs[-1][-1] if len(offs) else plan.offsets[1:])
         ids.append(part[plan.ids])
@@ -252,13 +255,19 @@ def _finish(
 
 
 def _set_options(
-    balance: str, max_visual: int | None, max_images: int | None = None
+    balance: str,
+    max_visual: int | None,
+    max_images: int | None = None,
+    per_rank: int | None = None,
 ) -> list[object]:
     """The plan options set away from their defaults (plans without them keep their
-    fingerprints, so states saved before them still load)."""
+    fingerprints, so states saved before them still load); ``per_rank`` only where it plans
+    (``balance="cost"``), as in ``plan_packs``' fingerprint."""
     out: list[object] = []
     if balance != "tokens":
         out.append(f"balance={balance}")
+    if balance == "cost" and per_rank is not None:
+        out.append(f"per_rank={int(per_rank)}")
     if max_visual is not None:
         out.append(f"max_visual={int(max_visual)}")
     if max_images is not None:
@@ -291,9 +300,12 @@ def plan_mixture(
     images: npt.ArrayLike | None = None,
     max_images: int | None = None,
     supervised: npt.ArrayLike | None = None,
+    per_rank: int | None = None,
 ) -> MixturePlan:
     """Epoch ``epoch``'s plan: ``counts[s][i]`` uses of sample ``i`` of source ``s``
     (``mixture.epoch_counts``); ``total`` / ``visual`` are the concatenated length indexes.
+    ``per_rank``: packs per rank per step (the graph's ``batch_size``), which
+    ``balance="cost"`` makes its step groups for (``plan_packs``); the other balances ignore it.
 
     >>> from neatpack.pipes.mixtures.mixture import epoch_counts
     >>> counts = epoch_counts([4, 3], [2, 3], ["a", "b"], seed=0, epoch=0)
@@ -318,7 +330,7 @@ def plan_mixture(
         entries, tot, vis, bounds, capacity=capacity, packing_ratio=packing_ratio,
         overlong=overlong, group_size=group_size, seed=seed, single_source=single_source,
         balance=balance, max_visual=max_visual, images=imgs, max_images=max_images,
-        supervised=sup,
+        supervised=sup, per_rank=per_rank,
     )  # fmt: skip
     rng = np.random.default_rng([seed, epoch, 1])
     empty = np.zeros(1, np.int64)
@@ -327,7 +339,8 @@ def plan_mixture(
     )
     fp = _fingerprint(
         "mixture-plan/1", epoch, group_size, capacity, packing_ratio, overlong, seed,
-        single_source, offsets, ids, order, *_set_options(balance, max_visual, max_images),
+        single_source, offsets, ids, order,
+        *_set_options(balance, max_visual, max_images, per_rank),
     )  # fmt: skip
     return MixturePlan(
         offsets=offsets, ids=ids, order=order, bounds=bounds, epoch=epoch,
@@ -354,9 +367,11 @@ def replan_from_cursor(
     images: npt.ArrayLike | None = None,
     max_images: int | None = None,
     supervised: npt.ArrayLike | None = None,
+    per_rank: int | None = None,
 ) -> MixturePlan:
     """``plan`` with ``order[:cursor]`` kept (served) and the rest planned for ``targets``
-    (uses per source in the whole epoch, e.g. ``source_targets`` of the new blend).
+    (uses per source in the whole epoch, e.g. ``source_targets`` of the new blend), with the
+    plan options ``plan_mixture`` takes.
 
     >>> from neatpack.pipes.mixtures.mixture import epoch_counts
     >>> counts = epoch_counts([2, 3], [2, 3], ["a", "b"], seed=0, epoch=0)
@@ -406,7 +421,7 @@ def replan_from_cursor(
         np.concatenate(entries), tot, vis, bounds, capacity=capacity,
         packing_ratio=packing_ratio, overlong=overlong, group_size=plan.group_size, seed=seed,
         single_source=single_source, balance=balance, max_visual=max_visual, images=imgs,
-        max_images=max_images, supervised=sup,
+        max_images=max_images, supervised=sup, per_rank=per_rank,
     )  # fmt: skip
     rng = np.random.default_rng([seed, plan.epoch, 2, cursor])
     offsets, ids, order = _finish(

@@ -104,6 +104,7 @@ class MixtureLayout:
     images: IntArray | None = None  # media items per sample (None: unknown)
     max_images: int | None = None  # plan_packs' media-item budget per pack
     supervised: IntArray | None = None  # label tokens per sample (balance="supervised")
+    per_rank: int | None = None  # packs per rank per step balance="cost" plans for (batch_size)
 
     @property
     def tokens(self) -> list[int]:
@@ -120,6 +121,8 @@ class MixtureLayout:
             key += [self.max_images]
         if self.balance == "supervised" and self.supervised is not None:  # what it orders by
             key += [hashlib.sha256(np.asarray(self.supervised, "<i8").tobytes()).hexdigest()]
+        if self.balance == "cost" and self.per_rank is not None:  # the step shape it plans for
+            key += [f"per_rank={int(self.per_rank)}"]
         return hashlib.sha256(("mixture/1" + json.dumps(key)).encode()).hexdigest()
 
     def targets(self, blend: Blend) -> IntArray:
@@ -135,7 +138,7 @@ class MixtureLayout:
             capacity=self.capacity, packing_ratio=self.packing_ratio, overlong=self.overlong,
             seed=self.seed, single_source=self.single_source, balance=self.balance,
             max_visual=self.max_visual, images=self.images, max_images=self.max_images,
-            supervised=self.supervised,
+            supervised=self.supervised, per_rank=self.per_rank,
         )  # fmt: skip
         for cursor, blend in segments[1:]:
             if cursor < len(plan):
@@ -145,6 +148,7 @@ class MixtureLayout:
                     overlong=self.overlong, seed=self.seed, single_source=self.single_source,
                     balance=self.balance, max_visual=self.max_visual, images=self.images,
                     max_images=self.max_images, supervised=self.supervised,
+                    per_rank=self.per_rank,
                 )  # fmt: skip
         return plan
 

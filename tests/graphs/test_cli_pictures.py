@@ -125,7 +125,7 @@ def check_panel(img: Image.Image, box: tuple[int, int, int, int], values: Any) -
     assert px[x, top + 1] == RANK_COLORS[j % len(RANK_COLORS)]
 
 
-def check_picture(png: Path, plan: Any, pack: int, world: int) -> None:
+def check_picture(png: Path, plan: Any, pack: int, world: int, batch_size: int = 1) -> None:
     with Image.open(png) as img:
         assert img.format == "PNG"
         assert img.size == PLAN_SIZE
@@ -134,7 +134,7 @@ def check_picture(png: Path, plan: Any, pack: int, world: int) -> None:
         fill = np.clip(np.asarray(plan.totals, float) / pack * 100.0, 0.0, 100.0)
         counts, _ = np.histogram(fill, bins=20, range=(0.0, 100.0))
         check_panel(img, (_LEFT + 10, 70, right, 250), counts[:, None])
-        vis, tot = step_loads(plan, world)
+        vis, tot = step_loads(plan, world, batch_size=batch_size)
         check_panel(img, (_LEFT + 10, 320, right, 490), vis[:PICTURE_STEPS])
         check_panel(img, (_LEFT + 10, 545, right, 715), tot[:PICTURE_STEPS])
 
@@ -190,24 +190,27 @@ def test_plan_png_100k_records(tmp_path: Path, capsys: pytest.CaptureFixture[str
     check_picture(png, plan, 16384, 8)
 
 
+@pytest.mark.parametrize("batch", [1, 2])
 def test_plan_png_balance_cost_draws_each_steps_cost(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], batch: int
 ) -> None:
     """``--balance cost``: the cost panel shows, per step and term, how far the slowest rank's
-    cost exceeds the mean rank's, recomputed here from each pack's samples."""
+    cost exceeds the mean rank's, recomputed here from each pack's samples; with
+    ``--batch-size 2`` a rank's load in a step is its 2 packs (slots ``k*W*2 + j*W + r``)."""
     data = write_records(tmp_path / "data.jsonl", 600, seed=4)
     png = tmp_path / "plan.png"
     world = 4
-    report = plan_png(capsys, data, png, 4096, world, "--balance", "cost")
+    report = plan_png(capsys, data, png, 4096, world, "--balance", "cost", "--batch-size",
+                      str(batch))  # fmt: skip
     index = build_length_index(
         open_source(data, None), LengthEstimator.from_processor(load_tiny_processor()),
         progress=False,
     )  # fmt: skip
     assert index.images is not None
     assert int(index.images.max()) > 1  # multi-image records: the vision cost splits them
-    # per_rank=1: the plan command's --batch-size default, as the graphs pass batch_size
+    # per_rank: the plan command's --batch-size, as the graphs pass batch_size
     plan = plan_packs(index.total, 4096, visual=index.visual, images=index.images,
-                      world_size=world, balance="cost", per_rank=1)  # fmt: skip
+                      world_size=world, balance="cost", per_rank=batch)  # fmt: skip
     assert report["balance"] == "cost"
     assert report["packs"] == len(plan)
     tot, vis = np.asarray(index.total, float), np.asarray(index.visual, float)
@@ -219,10 +222,12 @@ def test_plan_png_balance_cost_draws_each_steps_cost(
         per_pack["lm"].append(24576.0 * tot[s].sum() + float((tot[s] ** 2).sum()))
         per_pack["vision"].append(7680.0 * vis[s].sum() + float((vis[s] ** 2 / items[s]).sum()))
     order = plan.epoch_order(0)
-    steps = order[: order.size // world * world].reshape(-1, world)
+    unit = world * batch
+    steps = order[: order.size // unit * unit].reshape(-1, batch, world)  # [step, pack, rank]
+    assert report["steps"] == steps.shape[0] >= 4
     ratios = {}
     for k, v in per_pack.items():
-        loads = np.asarray(v)[steps]
+        loads = np.asarray(v)[steps].sum(axis=1)  # each rank's packs of the step
         mean = loads.mean(axis=1)
         ratios[k] = np.where(mean > 0, loads.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
         assert report["per_step_cost"][k] == pytest.approx(ratios[k].tolist(), abs=1e-4)
@@ -237,4 +242,4 @@ def test_plan_png_balance_cost_draws_each_steps_cost(
         assert img.size == PLAN_SIZE
         img.load()
         check_panel(img, COST_PANEL, excess)
-    check_picture(png, plan, 4096, world)  # the other panels are where they were
+    check_picture(png, plan, 4096, world, batch)  # the other panels are where they were

@@ -15,9 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.spies import spy
 from support.states import pack_ids as ids
 from support.states import roundtrip
 
+import neatpack.graphs.mixture as mixture_graph
+import neatpack.graphs.neat_llm as llm_graph
 from neatpack.graphs.command.cli import main
 from neatpack.graphs.command.report import imbalance
 from neatpack.graphs.config import checkpoint_key
@@ -27,7 +30,8 @@ from neatpack.pipes.families import get_handler
 from neatpack.pipes.indexing.handler_lengths import handler_estimator
 from neatpack.pipes.indexing.lengths import LengthIndex, build_length_index
 from neatpack.pipes.indexing.supervised import supervised_estimator
-from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
+from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource, epoch_counts
+from neatpack.pipes.mixtures.mixture_plan import plan_mixture
 from neatpack.pipes.testing.resume import assert_exactly_once
 from neatpack.pipes.testing.tiny import load_tiny_processor
 
@@ -199,14 +203,21 @@ def test_supervised_balanced_graph_resumes_mid_epoch_exactly(corpus: Path) -> No
     assert checkpoint_key(config(corpus, "supervised"))["balance"] == "supervised"
 
 
-def test_text_graph_balances_the_exact_label_counts() -> None:
-    rng = np.random.default_rng(0)
+def tokenized(n: int, seed: int) -> list[dict[str, Any]]:
+    """Pre-tokenized records of 60-900 tokens whose labelled tail is half the time long, half
+    the time 1-19 tokens: equal token loads can hold very unequal label counts."""
+    rng = np.random.default_rng(seed)
     records = []
-    for _ in range(240):
-        n = int(rng.integers(60, 900))
-        answer = int(rng.integers(1, n - 1)) if rng.random() < 0.5 else int(rng.integers(1, 20))
-        ids_ = rng.integers(5, 1000, size=n).tolist()
-        records.append({"input_ids": ids_, "labels": [-100] * (n - answer) + ids_[n - answer :]})
+    for _ in range(n):
+        n_ = int(rng.integers(60, 900))
+        answer = int(rng.integers(1, n_ - 1)) if rng.random() < 0.5 else int(rng.integers(1, 20))
+        ids_ = rng.integers(5, 1000, size=n_).tolist()
+        records.append({"input_ids": ids_, "labels": [-100] * (n_ - answer) + ids_[n_ - answer :]})
+    return records
+
+
+def test_text_graph_balances_the_exact_label_counts() -> None:
+    records = tokenized(240, seed=0)
 
     def steps(balance: str) -> np.ndarray:
         cfg = NeatLLMConfig(pack_size=PACK, batch_size=1, balance=balance, tail="drop")  # type: ignore[arg-type]
@@ -267,6 +278,70 @@ def test_a_mixture_takes_the_supervised_balance(corpus: Path) -> None:
             assert got == pytest.approx(want, rel=1e-6)
     assert sum(served["supervised"].values()) == sum(served["tokens"].values())
     assert ratios["supervised"] < 0.8 * ratios["tokens"], ratios
+
+
+def test_a_text_mixture_counts_the_labels_once_and_serves_its_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``balance="supervised"`` over a pre-tokenized mixture: each source's labels are counted
+    once, by the mixture, which hands its length index (lengths and label counts) to
+    ``neat_llm_parts`` (that counted them again over all the sources' records, for a plan the
+    mixture's then replaced). The plan is the one the exact label counts give, every rank's
+    batches hold the packs at its slots with the labels the plan counted, the loader reports
+    the steps' label imbalance the batches show, and the ranks are more even than under the
+    token order."""
+    counted = {
+        module.__name__: spy(module, "token_supervised", len, monkeypatch)
+        for module in (mixture_graph, llm_graph)
+    }
+    records = tokenized(240, seed=0)
+    sizes = {"a": 140, "b": 100}
+    mix = Mixture(
+        sources=[
+            MixtureSource(name="a", data=records[:140], weight=0.6),
+            MixtureSource(name="b", data=records[140:], weight=0.4),
+        ]
+    )
+    exact = np.asarray([int((np.asarray(r["labels"][1:]) != -100).sum()) for r in records])
+
+    def graphs(balance: str) -> list[Any]:
+        cfg = NeatLLMConfig(pack_size=PACK, batch_size=1, balance=balance, tail="drop")  # type: ignore[arg-type]
+        return [neat_llm_graph(mix, config=cfg, rank=r, world_size=WORLD) for r in range(WORLD)]
+
+    ranks = graphs("supervised")
+    # once per source on every rank's graph, and never again over the whole mixture
+    assert counted == {mixture_graph.__name__: list(sizes.values()) * WORLD,
+                       llm_graph.__name__: []}  # fmt: skip
+    source = ranks[0].source
+    layout = source.layout
+    assert np.array_equal(layout.supervised, exact)  # the exact counts, in global ids
+    counts = epoch_counts(layout.targets(source.blend), layout.sizes, layout.names,
+                          layout.seed, 0)  # fmt: skip
+    plan = source.plan_for(WORLD)
+    want = plan_mixture(counts, layout.total, layout.visual, capacity=PACK, epoch=0,
+                        group_size=WORLD, seed=layout.seed, balance="supervised",
+                        supervised=exact)  # fmt: skip
+    assert plan.fingerprint == want.fingerprint
+    steps = []
+    for batches in zip(*ranks, strict=True):
+        row = []
+        for r, batch in enumerate(batches):
+            (meta,) = batch["packs"]
+            assert meta["slot"] % WORLD == r
+            assert meta["pack_index"] == int(plan.order[meta["slot"]])
+            assert sorted(meta["sample_ids"]) == sorted(plan.pack(meta["pack_index"]))
+            labels = int((batch["labels"] != -100).sum())
+            assert labels == int(exact[meta["sample_ids"]].sum())  # what the plan counted
+            row.append(labels)
+        steps.append(row)
+    loads = np.asarray(steps, np.float64)
+    assert loads.shape[0] >= 10
+    got = ranks[0].data_metrics()["data/step_imbalance/supervised"]
+    assert got == pytest.approx(loads.max(axis=1).sum() / loads.mean(axis=1).sum(), rel=1e-6)
+    tokens_order = zip(*graphs("tokens"), strict=True)
+    before = np.asarray([[int((b["labels"] != -100).sum()) for b in bs] for bs in tokens_order],
+                        np.float64)  # fmt: skip
+    assert np.percentile(imbalance(loads), 95) < 0.8 * np.percentile(imbalance(before), 95)
 
 
 def test_supervised_balanced_graph_elastic_4_to_3_is_exactly_once(corpus: Path) -> None:

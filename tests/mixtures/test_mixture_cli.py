@@ -48,6 +48,22 @@ def test_plan_prints_realized_vs_target_per_source_and_window(
     assert "ch" in text
 
 
+def test_plan_mixture_takes_the_batch_size(
+    mix_json: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--batch-size`` (packs per rank per step, as the graph's): a window of steps holds
+    ``world_size x batch_size`` packs a step, ``--balance cost`` plans for it (``per_rank``,
+    as the mixture graph does), and a size under 1 is a usage error."""
+    args = ["plan", "--mixture", str(mix_json), "--processor", "qwen2_vl", "--pack-size", "1024",
+            "--window-steps", "2", "--world-size", "2", "--balance", "cost", "--json"]  # fmt: skip
+    assert main([*args, "--batch-size", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["batch_size"], report["window_packs"]) == (2, 8)
+    assert len(report["windows"]) == report["packs"] // 8
+    assert main([*args, "--batch-size", "0"]) == 2
+    assert "--batch-size 0 must be >= 1" in capsys.readouterr().err
+
+
 def test_plan_mixture_errors_are_one_line(
     mix_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from neatpack.graphs.neat_llm import NeatLLMConfig, neat_llm_graph
 from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource, epoch_counts
+from neatpack.pipes.mixtures.mixture_plan import MixturePlan, plan_mixture
 
 SIZES = {"web": 40, "code": 20, "math": 4}
 
@@ -101,3 +102,53 @@ def test_the_deprecated_config_mixture_gives_the_batches_of_the_mixture_as_data(
     new = [b["input_ids"] for b in neat_llm_graph(_mixture(), config=_config())]
     assert len(old) == len(new) > 0
     assert all(torch.equal(a, b) for a, b in zip(old, new, strict=True))
+
+
+def test_a_cost_balanced_mixture_plans_for_its_batch_size() -> None:
+    """Under ``balance="cost"`` the mixture plans for the step shape it trains on, as the
+    single-source graph does: ``per_rank`` = its ``batch_size``. Its plan is
+    ``plan_mixture(..., per_rank=batch_size)`` for each batch size (fingerprints), and on these
+    lengths (the made groups score otherwise on 2 packs per rank than on the default shape)
+    ``per_rank=None`` makes other packs: a mixture planned without it trained on another plan
+    than the one that was scored. The layout's fingerprint (the state's) records it, and the
+    batches are the plan's packs at each slot."""
+    lengths = np.random.default_rng(0).integers(8, 400, 120)  # 2 ranks: per_rank moves packs
+    mix = Mixture(
+        sources=[
+            MixtureSource(name=name, data=[{"input_ids": list(range(1, int(n) + 2))} for n in part],
+                          samples=len(part))  # every sample once: one plan over all
+            for name, part in (("a", lengths[:80]), ("b", lengths[80:]))
+        ]
+    )  # fmt: skip
+
+    def graph(batch_size: int) -> Any:
+        cfg = NeatLLMConfig(pack_size=512, batch_size=batch_size, balance="cost", tail="drop",
+                            attn_implementation="doc_ids")  # fmt: skip
+        return neat_llm_graph(mix, config=cfg, rank=0, world_size=2)
+
+    def planned(layout: Any, blend: Any, per_rank: int | None) -> MixturePlan:
+        counts = epoch_counts(layout.targets(blend), layout.sizes, layout.names, layout.seed, 0)
+        return plan_mixture(counts, layout.total, layout.visual, capacity=512, epoch=0,
+                            group_size=2, seed=layout.seed, balance="cost",
+                            per_rank=per_rank)  # fmt: skip
+
+    loaders = {b: graph(b) for b in (1, 2)}
+    for b, loader in loaders.items():
+        assert loader.source.layout.per_rank == b
+        want = planned(loader.source.layout, loader.source.blend, b)
+        assert loader.source.plan_for(2).fingerprint == want.fingerprint
+    source = loaders[2].source
+    plan, unscored = source.plan_for(2), planned(source.layout, source.blend, None)
+    assert np.array_equal(np.sort(plan.ids), np.arange(120))  # every sample once
+    assert not (np.array_equal(plan.offsets, unscored.offsets)
+                and np.array_equal(plan.ids, unscored.ids))  # fmt: skip
+    assert loaders[1].source.layout.fingerprint != source.layout.fingerprint
+    served = 0
+    for batch in loaders[2]:
+        assert len(batch["packs"]) == 2
+        for meta in batch["packs"]:
+            assert meta["slot"] % 2 == 0  # rank 0's slots
+            assert meta["pack_index"] == int(plan.order[meta["slot"]])
+            assert sorted(meta["sample_ids"]) == sorted(plan.pack(meta["pack_index"]))
+            served += 1
+    assert served == len(plan) // 4 * 2  # whole steps of 2 ranks x 2 packs, the tail dropped
