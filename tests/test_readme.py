@@ -184,6 +184,9 @@ def test_demo_command_as_a_process(tmp_path: Path) -> None:
         "resume mid-epoch gives identical batches": True,
     }
     assert 0.5 < summary["utilization_real_tokens"] <= 1.0
+    balance = summary["step_balance_2_ranks"]  # slowest rank over mean, per step cost column
+    assert set(balance) == {"attention", "vision", "step"}
+    assert all(1.0 <= v < 1.5 for v in balance.values()), balance
 
 
 @pytest.mark.parity

@@ -89,7 +89,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "batches": stats.batches,
         "utilization_real_tokens": round(stats.utilization(), 4),
         "estimate_error": {k: round(v, 4) for k, v in stats.estimate_error().items()},
-        "visual_token_balance_2_ranks": _balance(loader, world_size=2),
+        "step_balance_2_ranks": _balance(loader, world_size=2, batch_size=args.batch_size),
         "batches_per_s": round(stats.batches / elapsed, 2) if elapsed > 0 else None,
         "resumed_at_batch": mid,
         "checks": checks,
@@ -106,22 +106,26 @@ def _comparable(batch: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _balance(loader: Any, world_size: int = 8) -> float:
-    """Mean over steps of max/mean visual tokens across the ranks of one step.
+def _balance(loader: Any, world_size: int = 2, batch_size: int = 1) -> dict[str, float]:
+    """Mean over steps of the slowest rank's cost over the mean rank's, per cost column
+    (attention, vision encoder, the whole step: ``graphs/runtime/step_cost.py``).
 
-    Computed on the epoch-0 plan grouped for ``world_size`` ranks: what a run on that many
-    GPUs would see (1.0 is perfect; a step waits for its slowest rank).
+    Computed on the epoch-0 plan for ``world_size`` ranks of ``batch_size`` packs each, with
+    the config's balance (cost by default): what a run on that many GPUs would see (1.0 is
+    even; a step waits for its slowest rank).
     """
     import numpy as np
 
     plan = loader.source.plan_for(world_size)
-    visual = np.asarray(plan.visual, dtype=float)
-    order = np.asarray(plan.epoch_order(0))
-    steps = visual[order[: len(order) // world_size * world_size]].reshape(-1, world_size)
-    steps = steps[steps.mean(axis=1) > 0]
-    if not steps.size:
-        return 1.0
-    return round(float((steps.max(axis=1) / steps.mean(axis=1)).mean()), 4)
+    order = np.asarray(loader.source.order_of(0, world_size))
+    per_step = world_size * batch_size
+    ratios: dict[str, list[float]] = {}
+    for k in range(order.size // per_step):
+        slots = [k * per_step + j * world_size for j in range(batch_size)]  # rank 0's
+        loads = loader.step_cost.step_loads(plan, order, slots=slots, rank=0, world_size=world_size)
+        for column, (peak, mean) in loads.items():
+            ratios.setdefault(column, []).append(peak / mean if mean > 0 else 1.0)
+    return {c: round(float(np.mean(r)), 4) for c, r in ratios.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
