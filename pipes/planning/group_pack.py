@@ -123,6 +123,9 @@ FILL_SLACK: Final = 0.0018
 #: alone); the filler share, how much of the tokens (the shortest samples) is kept back to
 #: fill each pack's room (more where tuples of many ranks leave more room).
 CANDIDATES: Final = ((1, 0.05), (1, 0.10), (4, 0.05), (16, 0.20), (64, 0.20))
+#: The candidate built again with the room rules (``_tuple_packs``, ``_filler_tuples``) where
+#: its fill leaves a step group of free packs.
+ROOMS_CANDIDATE: Final = (16, 0.20)
 #: Groups whose attention max/mean is above ``1 +`` this after the vision deal (and above
 #: their vision's) are dealt again on both terms: most groups are even in attention already.
 REDEAL_ABOVE: Final = 0.01
@@ -136,6 +139,12 @@ SCORE_PER_RANK: Final = 4
 SWAP_ROUNDS: Final = 16
 SWAP_TUPLES: Final = 16
 SWAP_BLOCK: Final = 1 << 15
+#: A group's shared room over this share of a pack that no filler fits costs it a tuple
+#: (``_tuple_packs``), at most ``ROOM_ROUNDS`` times over.
+ROOM_WASTE: Final = 0.01
+ROOM_ROUNDS: Final = 4
+#: Shared rooms of at least this share of a pack take fillers as tuples first.
+WIDE_ROOM: Final = 0.25
 
 FloatArray = npt.NDArray[np.float64]
 #: (offsets, ids, order, grouped): CSR packs and their storage order; its first ``grouped``
@@ -323,9 +332,11 @@ def _build(
     span: int,
     best_fit_packs: int,
     split: tuple[FloatArray, IntArray, IntArray],
+    rooms: bool = False,
 ) -> tuple[IntArray, IntArray, int] | None:
     vcost, fillers, by_length = split
-    made = _groups(lengths, visual, vcost, capacity, size, max_visual, span, by_length, fillers)
+    made = _groups(lengths, visual, vcost, capacity, size, max_visual, span, by_length, fillers,
+                   rooms)  # fmt: skip
     if made is None:
         return None
     pack, ids, n_members, f_pack, f_ids, rest = made
@@ -339,7 +350,8 @@ def _build(
     if rest.size >= size:  # fillers the rooms did not take: step groups of their own
         key = ((visual[rest] > 0).astype(np.int64) << 48) | (lengths[rest] << 24) | visual[rest]
         order = rest[np.argsort(key, kind="stable")]
-        more = _groups(lengths, visual, vcost, capacity, size, max_visual, span, order, rest[:0])
+        more = _groups(lengths, visual, vcost, capacity, size, max_visual, span, order, rest[:0],
+                       rooms)  # fmt: skip
         if more is not None:
             pack2, ids2, n2, f_pack2, f_ids2, rest = more
             pack = np.concatenate([pack, n_packs + pack2])
@@ -367,6 +379,7 @@ def _groups(
     span: int,
     order: IntArray,
     fillers: IntArray,
+    rooms: bool = False,
 ) -> tuple[IntArray, IntArray, int, IntArray, IntArray, IntArray] | None:
     """Steps 2-5 over ``order`` (ids by images or not, then length): (pack of each member,
     members, their count, pack of each placed filler, placed fillers, samples left over)."""
@@ -380,14 +393,20 @@ def _groups(
         return None
     tup = _tuples(visual, vcost, order, span * size).reshape(-1, size)
     longest = lengths[tup].max(axis=1)
-    if max_visual is None:
-        t_off, t_ids = best_fit_decreasing(longest, capacity)
-    else:
-        t_off, t_ids = best_fit_two_budgets(longest, visual[tup].max(axis=1), capacity, max_visual)
+    # the shortest room every pack of a group can fill: the ``size``-th shortest filler
+    fit = 0
+    if rooms and fillers.size >= size:
+        fit = int(np.partition(lengths[fillers], size - 1)[size - 1])
+    t_off, t_ids = _tuple_packs(longest, visual[tup].max(axis=1), capacity, max_visual, fit)
+    # 4. fillers into the room every pack of a group shares: as tuples into wide rooms
+    # (dealt as members), then one by one
+    if rooms:
+        tup, t_off, t_ids, fillers = _filler_tuples(lengths, visual, capacity, size, max_visual,
+                                                    tup, t_off, t_ids, fillers)  # fmt: skip
+    longest = lengths[tup].max(axis=1)
     n_tp = t_off.size - 1
     tp_of = np.repeat(np.arange(n_tp), np.diff(t_off))
     used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
-    # 4. fillers into the room every pack of a group shares
     f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
     # 5. members to packs, dealt on vision cost; the groups where attention is then the
     # worse term are dealt again on attention plus vision, each over its mean (the tuple
@@ -413,6 +432,83 @@ def _groups(
         dest[sub] = np.where(better[:, None], d2, dest[sub])
     pack = (tp_of[:, None] * size + dest).ravel()
     return pack, members.ravel(), members.size, f_pack, f_ids, rest
+
+
+def _tuple_packs(longest: IntArray, top_visual: IntArray, capacity: int,
+                 max_visual: int | None, fit: int) -> tuple[IntArray, IntArray]:  # fmt: skip
+    """Step 3: tuples packed by best fit on their longest member (CSR over tuple indices).
+    A group whose shared room is over ``ROOM_WASTE`` of a pack yet under ``fit`` (no filler
+    fits it) gives up its shortest tuple, and the tuples given up are packed again, up to
+    ``ROOM_ROUNDS`` times: best fit puts five docvqa tuples of ~1,490 tokens into 8,192 and
+    leaves rooms of ~700 that none of its fillers (>= 821 tokens but 15) fits (fill .90)."""
+
+    def packed(sub: IntArray) -> tuple[IntArray, IntArray]:
+        if max_visual is None:
+            off, ids = best_fit_decreasing(longest[sub], capacity)
+        else:
+            off, ids = best_fit_two_budgets(longest[sub], top_visual[sub], capacity, max_visual)
+        return off, sub[ids]
+
+    off, ids = packed(np.arange(longest.size))
+    done_off, done_ids = [np.zeros(1, dtype=np.int64)], []
+    for _ in range(ROOM_ROUNDS):
+        count = np.diff(off)
+        room = capacity - np.add.reduceat(longest[ids], off[:-1]) if ids.size else count
+        bad = (room > ROOM_WASTE * capacity) & (room < fit) & (count > 1)
+        if not bad.any():
+            break
+        group = np.repeat(np.arange(count.size), count)
+        shortest = np.lexsort((longest[ids], group))[off[:-1]]  # each group's shortest tuple
+        out = np.zeros(ids.size, dtype=bool)
+        out[shortest[bad]] = True
+        done_off.append(np.diff(off) - np.bincount(group[out], minlength=count.size))
+        done_ids.append(ids[~out])
+        off, ids = packed(ids[out])
+    done_off.append(np.diff(off))
+    done_ids.append(ids)
+    return _csr(np.concatenate(done_off[1:])), np.concatenate(done_ids).astype(np.int64)
+
+
+def _filler_tuples(lengths: IntArray, visual: IntArray, capacity: int, size: int,
+                   max_visual: int | None, tup: IntArray, t_off: IntArray, t_ids: IntArray,
+                   fillers: IntArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:  # fmt: skip
+    """Fillers cut into tuples (by images or not, then length: alike) that go, best fit on
+    their longest member, into the rooms of at least ``WIDE_ROOM`` of a pack: (tuples, the
+    groups as CSR over them, the fillers left). Best fit of single fillers fills one pack
+    after another: in a docvqa group of one tuple and 6,700 tokens of room some packs took
+    five fillers of 1,337 tokens and 5 tiles, others seven of ~1,000 and 3 tiles (attention
+    max/mean 1.12, vision 1.22); as tuples they are dealt like members."""
+    if fillers.size < size or t_ids.size == 0:
+        return tup, t_off, t_ids, fillers
+    n_groups = t_off.size - 1
+    used = np.add.reduceat(lengths[tup].max(axis=1)[t_ids], t_off[:-1])
+    if not (used <= (1 - WIDE_ROOM) * capacity).any():
+        return tup, t_off, t_ids, fillers
+    used[used > (1 - WIDE_ROOM) * capacity] = capacity  # narrow rooms: fillers one by one
+    has = visual[fillers] > 0
+    by = fillers[np.lexsort((visual[fillers], lengths[fillers], has))]
+    n_text = int(np.count_nonzero(~has))
+    r_text, r_img = n_text % size, (by.size - n_text) % size  # each class cut whole
+    left = [by[:r_text], by[n_text : n_text + r_img]]
+    ftup = np.concatenate([by[r_text:n_text], by[n_text + r_img :]]).reshape(-1, size)
+    group, placed, out = _into_rooms(used, np.arange(ftup.shape[0]), lengths[ftup].max(axis=1),
+                                     capacity)  # fmt: skip
+    if max_visual is not None and placed.size:  # a group over the visual budget takes none
+        top = visual[tup].max(axis=1)
+        load = np.bincount(np.repeat(np.arange(n_groups), np.diff(t_off)), weights=top[t_ids],
+                           minlength=n_groups)  # fmt: skip
+        load += np.bincount(group, weights=visual[ftup[placed]].max(axis=1), minlength=n_groups)
+        ok = load[group] <= max_visual
+        out = np.concatenate([out, placed[~ok]])
+        group, placed = group[ok], placed[ok]
+    if placed.size == 0:
+        return tup, t_off, t_ids, fillers
+    all_group = np.concatenate([np.repeat(np.arange(n_groups), np.diff(t_off)), group])
+    all_ids = np.concatenate([t_ids, tup.shape[0] + placed])
+    t_off = _csr(np.bincount(all_group, minlength=n_groups))
+    left.append(ftup[out].ravel())
+    return (np.concatenate([tup, ftup]), t_off, all_ids[np.argsort(all_group, kind="stable")],
+            np.concatenate(left).astype(np.int64))  # fmt: skip
 
 
 def _deal(rows: IntArray, cost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
@@ -570,11 +666,15 @@ def group_packs(
     best = (today[0] - SCORE_MARGIN, today[1])  # made groups must win clearly
     splits = _splits(tok, vis, tuple(sorted({share for _, share in CANDIDATES})), imgs)
     for span, share in CANDIDATES:
-        built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1,
-                       splits[share])  # fmt: skip
-        if built is not None:
+        for rooms in (False, True):
+            built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1,
+                           splits[share], rooms)  # fmt: skip
+            if built is None:
+                break
             made = _scored(*built, tok, vis, *shape, images=imgs)
             best = made if made[0] < best[0] else best
+            if (span, share) != ROOMS_CANDIDATE or built[0].size - 1 - built[2] < group_size:
+                break
     return best[1]
 
 
