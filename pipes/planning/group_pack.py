@@ -71,21 +71,23 @@ steps an epoch, so p95 over two epochs sits at the third-worst of 58 steps: one 
 The room rules are for that case. Its samples are 821 tokens or more but 15 (all with
 images), so a room under 821 stays empty: best fit put five tuples of ~1,490 into a group
 (room ~700, fill .90) in six groups, and single fillers into rooms of ~1,800-2,100 took one
-of 1,355 and left the rest (fill .90-.93). The fill then dropped two of the 30 groups
-(``ROOMS_CANDIDATE`` kept 19 of 29 groups without the rules), and the 84 free packs stepped
-at attention max/mean 1.11-1.13 once an epoch (p95 1.073 / 1.064). With the rules all 29
-groups are kept (fill .9786, above best fit's .9744), the free packs are the short last step
-(``free_from``), and the one group over 1.05 is the one holding the longest samples (2,171 to
-2,538 tokens: 1.073 on attention, its four members fill its packs). The gain depends on
-``WIDE_ROOM``: 0.25 and 0.30 pass (1.030 / 1.045 and 1.041 / 1.043); 0.20 and 0.35-0.50
-leave a group of free packs and the plan without the rules is kept (1.073 / 1.064): which
-groups the fill keeps turns on a few hundred tokens of room (``ROOM_WASTE`` 0.005-0.02 pass,
-0 and 0.03 do not). Planning takes 1.9-2.0 s at 1M samples and 28-29 s at 10M (8 or 64
-ranks; the first version: 2.0-2.1 s and 24-26 s with four candidates and one deal; best fit
-alone 0.07 s and 0.6 s): ``python benchmarks/bench_plan.py --balance-only --balance
-cost,tokens --sizes 1000000,10000000 --ranks 8,64 --baseline <checkout>``. The generated
-lengths leave no free step group to ``ROOMS_CANDIDATE``, so their plans and times are the
-same with the room rules; docvqa at 64 ranks plans in 0.13 s of CPU, 0.12 s without them.
+of 1,355 and left the rest (fill .90-.93). The plan kept (64, .20) then dropped two of its
+30 groups for the fill (``ROOMS_CANDIDATE`` kept 19 groups without the rules), and the 84
+free packs stepped at attention max/mean 1.11-1.13 once an epoch (p95 1.073 / 1.064). With
+the rules all 29 groups are kept (fill .9786, above best fit's .9744), the free packs are
+the short last step (``free_from``), and one group a term is over 1.05: on attention the one
+holding the longest samples (2,171 to 2,538 tokens, 1.073: its four tuples fill its packs,
+and the other three are too narrow to make up the longest's spread), on vision one of 1.062
+(tuples of 3- and 5-tile samples). The gain depends on ``WIDE_ROOM``: 0.25 and 0.30 pass
+(1.030 / 1.045 and 1.041 / 1.043); at 0.20 and 0.35-0.50 the build with the rules scores
+worse and the one without is kept (1.073 / 1.064): which groups the fill keeps turns on a
+few hundred tokens of room (``ROOM_WASTE`` 0.005-0.02 pass, 0 and 0.03 do not). Planning
+takes 1.9-2.0 s at 1M samples and 28-29 s at 10M (8 or 64 ranks; the first version: 2.0-2.1
+s and 24-26 s with four candidates and one deal; best fit alone 0.07 s and 0.6 s): ``python
+benchmarks/bench_plan.py --balance-only --balance cost,tokens --sizes 1000000,10000000
+--ranks 8,64 --baseline <checkout>``. The generated lengths leave no free step group to
+``ROOMS_CANDIDATE``, so their plans and times are the same with the room rules; docvqa at 64
+ranks plans in 0.13 s of CPU, 0.12 s without them.
 
 The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
 permutes whole groups and draws the short last group from the free packs, so every step of
@@ -421,7 +423,7 @@ def _groups(
     if rooms:
         tup, t_off, t_ids, fillers = _filler_tuples(lengths, visual, capacity, size, max_visual,
                                                     tup, t_off, t_ids, fillers)  # fmt: skip
-    longest = lengths[tup].max(axis=1)
+        longest = lengths[tup].max(axis=1)
     n_tp = t_off.size - 1
     tp_of = np.repeat(np.arange(n_tp), np.diff(t_off))
     used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
@@ -468,10 +470,12 @@ def _tuple_packs(longest: IntArray, top_visual: IntArray, capacity: int,
         return off, sub[ids]
 
     off, ids = packed(np.arange(longest.size))
+    if fit == 0:
+        return off, ids
     done_off, done_ids = [np.zeros(1, dtype=np.int64)], []
     for _ in range(ROOM_ROUNDS):
         count = np.diff(off)
-        room = capacity - np.add.reduceat(longest[ids], off[:-1]) if ids.size else count
+        room = capacity - np.add.reduceat(longest[ids], off[:-1])
         bad = (room > ROOM_WASTE * capacity) & (room < fit) & (count > 1)
         if not bad.any():
             break
