@@ -14,9 +14,11 @@ best fit made without knowing the ranks. Here the packs of a step group are made
    some cost in length;
 3. the tuples are packed by best fit on their longest member (``best_fit_decreasing``, or
    ``best_fit_two_budgets`` with ``max_visual``): one tuple-pack is one step group, and each
-   of its ``group_size`` packs takes one member of every tuple in it;
+   of its ``group_size`` packs takes one member of every tuple in it. With the room rules
+   (below), a group whose room no filler fits gives up its shortest tuple (``_tuple_packs``);
 4. fillers go, best fit, into the room every pack of the group shares (``capacity`` minus
-   the tuples' longest members);
+   the tuples' longest members); with the room rules, into rooms of at least ``WIDE_ROOM``
+   of a pack as tuples of alike fillers first, dealt as members (``_filler_tuples``);
 5. which member goes to which pack is dealt tuple by tuple, the widest spread first, the
    member of most cost to the pack with the least so far (LPT, the fillers counted), then up
    to ``SWAP_ROUNDS`` trades of one tuple's two members between the heaviest and the lightest
@@ -32,13 +34,14 @@ best fit made without knowing the ranks. Here the packs of a step group are made
    ``balanced_order("cost")``). With ``max_visual``, fillers that break the budget move out
    (``binpack.within_budget``; the members stay).
 
-``group_packs`` builds one candidate per ``CANDIDATES`` (span, filler share) and keeps the one
-whose step groups have the lowest p95 max/mean (``balance.group_p95``), the worse of the two
-terms, with one pack per rank and with ``per_rank`` (a graph's ``batch_size``; else
-``SCORE_PER_RANK``), or best fit's packs in ``balanced_order("cost")`` where those score
-lower: so the plan is never worse than sorting finished packs on its own measure. ``images``
-(media items per sample) price vision as ``balance.pack_cost_terms`` does, so the deal and
-the score agree.
+``group_packs`` builds one candidate per ``CANDIDATES`` (span, filler share), and
+``ROOMS_CANDIDATE`` once more with the room rules where its fill left a step group of free
+packs, and keeps the one whose step groups have the lowest p95 max/mean
+(``balance.group_p95``), the worse of the two terms, with one pack per rank and with
+``per_rank`` (a graph's ``batch_size``; else ``SCORE_PER_RANK``), or best fit's packs in
+``balanced_order("cost")`` where those score lower: so the plan is never worse than sorting
+finished packs on its own measure. ``images`` (media items per sample) price vision as
+``balance.pack_cost_terms`` does, so the deal and the score agree.
 
 Measured (``benchmarks/bench_step_balance.py``: p95 over steps of max/mean attention /
 vision, shuffle on, two epochs; one / four packs per rank), against the sorted finished
@@ -55,19 +58,36 @@ generated, 1M samples      8      1.003 / 1.012    1.022 / 1.023
                                   1.004 / 1.009    1.008 / 1.016
 generated, 1M samples      64     1.008 / 1.036    1.086 / 1.067
                                   1.012 / 1.017    1.038 / 1.034
-OmniBal docvqa (10,211)    64     1.073 / 1.064    1.094 / 1.123
-                                  1.020 / 1.023    1.037 / 1.055
+OmniBal docvqa (10,211)    64     1.030 / 1.045    1.094 / 1.123
+                                  1.026 / 1.020    1.037 / 1.055
 =========================  =====  ===============  ===============
 
 Every other cell (ai2d, chartqa, docvqa and their mix, whole, at 8 and 64 ranks) <= 1.04;
 fill within 0.18 points of best fit's. docvqa at 64 ranks has 160 samples per rank and 29
-steps an epoch: sorting best fit's packs by attention alone leaves p95 1.093 (the worst step
-at least 1.28: the heaviest pack over the mean of the 64 heaviest), and the group of free
-packs the fill leaves (84 packs) steps at 1.11-1.13 once an epoch. Planning takes 1.9-2.0 s
-at 1M samples and 28-29 s at 10M (8 or 64 ranks; the first version: 2.0-2.1 s and 24-26 s
-with four candidates and one deal; best fit alone 0.07 s and 0.6 s): ``python
-benchmarks/bench_plan.py --balance-only --balance cost,tokens --sizes 1000000,10000000 --ranks
-8,64 --baseline <checkout>``.
+steps an epoch, so p95 over two epochs sits at the third-worst of 58 steps: one group above
+1.05 (two steps) passes, two do not. Sorting best fit's packs by attention alone leaves p95
+1.093 (the worst step at least 1.28: the heaviest pack over the mean of the 64 heaviest).
+
+The room rules are for that case. Its samples are 821 tokens or more but 15 (all with
+images), so a room under 821 stays empty: best fit put five tuples of ~1,490 into a group
+(room ~700, fill .90) in six groups, and single fillers into rooms of ~1,800-2,100 took one
+of 1,355 and left the rest (fill .90-.93). The plan kept (64, .20) then dropped two of its
+30 groups for the fill (``ROOMS_CANDIDATE`` kept 19 groups without the rules), and the 84
+free packs stepped at attention max/mean 1.11-1.13 once an epoch (p95 1.073 / 1.064). With
+the rules all 29 groups are kept (fill .9786, above best fit's .9744), the free packs are
+the short last step (``free_from``), and one group a term is over 1.05: on attention the one
+holding the longest samples (2,171 to 2,538 tokens, 1.073: its four tuples fill its packs,
+and the other three are too narrow to make up the longest's spread), on vision one of 1.062
+(tuples of 3- and 5-tile samples). The gain depends on ``WIDE_ROOM``: 0.25 and 0.30 pass
+(1.030 / 1.045 and 1.041 / 1.043); at 0.20 and 0.35-0.50 the build with the rules scores
+worse and the one without is kept (1.073 / 1.064): which groups the fill keeps turns on a
+few hundred tokens of room (``ROOM_WASTE`` 0.005-0.02 pass, 0 and 0.03 do not). Planning
+takes 1.9-2.0 s at 1M samples and 28-29 s at 10M (8 or 64 ranks; the first version: 2.0-2.1
+s and 24-26 s with four candidates and one deal; best fit alone 0.07 s and 0.6 s): ``python
+benchmarks/bench_plan.py --balance-only --balance cost,tokens --sizes 1000000,10000000
+--ranks 8,64 --baseline <checkout>``. The generated lengths leave no free step group to
+``ROOMS_CANDIDATE``, so their plans and times are the same with the room rules; docvqa at 64
+ranks plans in 0.13 s of CPU, 0.12 s without them.
 
 The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
 permutes whole groups and draws the short last group from the free packs, so every step of
@@ -123,6 +143,9 @@ FILL_SLACK: Final = 0.0018
 #: alone); the filler share, how much of the tokens (the shortest samples) is kept back to
 #: fill each pack's room (more where tuples of many ranks leave more room).
 CANDIDATES: Final = ((1, 0.05), (1, 0.10), (4, 0.05), (16, 0.20), (64, 0.20))
+#: The candidate built again with the room rules (``_tuple_packs``, ``_filler_tuples``) where
+#: its fill leaves a step group of free packs.
+ROOMS_CANDIDATE: Final = (16, 0.20)
 #: Groups whose attention max/mean is above ``1 +`` this after the vision deal (and above
 #: their vision's) are dealt again on both terms: most groups are even in attention already.
 REDEAL_ABOVE: Final = 0.01
@@ -136,6 +159,12 @@ SCORE_PER_RANK: Final = 4
 SWAP_ROUNDS: Final = 16
 SWAP_TUPLES: Final = 16
 SWAP_BLOCK: Final = 1 << 15
+#: The room rules: a group's shared room over ``ROOM_WASTE`` of a pack that no filler fits
+#: costs it a tuple (``_tuple_packs``), at most ``ROOM_ROUNDS`` times over; rooms of at least
+#: ``WIDE_ROOM`` of a pack take fillers as tuples first (``_filler_tuples``).
+ROOM_WASTE: Final = 0.01
+ROOM_ROUNDS: Final = 4
+WIDE_ROOM: Final = 0.25
 
 FloatArray = npt.NDArray[np.float64]
 #: (offsets, ids, order, grouped): CSR packs and their storage order; its first ``grouped``
@@ -323,9 +352,11 @@ def _build(
     span: int,
     best_fit_packs: int,
     split: tuple[FloatArray, IntArray, IntArray],
+    rooms: bool = False,
 ) -> tuple[IntArray, IntArray, int] | None:
     vcost, fillers, by_length = split
-    made = _groups(lengths, visual, vcost, capacity, size, max_visual, span, by_length, fillers)
+    made = _groups(lengths, visual, vcost, capacity, size, max_visual, span, by_length, fillers,
+                   rooms)  # fmt: skip
     if made is None:
         return None
     pack, ids, n_members, f_pack, f_ids, rest = made
@@ -339,7 +370,8 @@ def _build(
     if rest.size >= size:  # fillers the rooms did not take: step groups of their own
         key = ((visual[rest] > 0).astype(np.int64) << 48) | (lengths[rest] << 24) | visual[rest]
         order = rest[np.argsort(key, kind="stable")]
-        more = _groups(lengths, visual, vcost, capacity, size, max_visual, span, order, rest[:0])
+        more = _groups(lengths, visual, vcost, capacity, size, max_visual, span, order, rest[:0],
+                       rooms)  # fmt: skip
         if more is not None:
             pack2, ids2, n2, f_pack2, f_ids2, rest = more
             pack = np.concatenate([pack, n_packs + pack2])
@@ -367,6 +399,7 @@ def _groups(
     span: int,
     order: IntArray,
     fillers: IntArray,
+    rooms: bool = False,
 ) -> tuple[IntArray, IntArray, int, IntArray, IntArray, IntArray] | None:
     """Steps 2-5 over ``order`` (ids by images or not, then length): (pack of each member,
     members, their count, pack of each placed filler, placed fillers, samples left over)."""
@@ -380,14 +413,20 @@ def _groups(
         return None
     tup = _tuples(visual, vcost, order, span * size).reshape(-1, size)
     longest = lengths[tup].max(axis=1)
-    if max_visual is None:
-        t_off, t_ids = best_fit_decreasing(longest, capacity)
-    else:
-        t_off, t_ids = best_fit_two_budgets(longest, visual[tup].max(axis=1), capacity, max_visual)
+    # the shortest room every pack of a group can fill: the ``size``-th shortest filler
+    fit = 0
+    if rooms and fillers.size >= size:
+        fit = int(np.partition(lengths[fillers], size - 1)[size - 1])
+    t_off, t_ids = _tuple_packs(longest, visual[tup].max(axis=1), capacity, max_visual, fit)
+    # 4. fillers into the room every pack of a group shares: as tuples into wide rooms
+    # (dealt as members), then one by one
+    if rooms:
+        tup, t_off, t_ids, fillers = _filler_tuples(lengths, visual, capacity, size, max_visual,
+                                                    tup, t_off, t_ids, fillers)  # fmt: skip
+        longest = lengths[tup].max(axis=1)
     n_tp = t_off.size - 1
     tp_of = np.repeat(np.arange(n_tp), np.diff(t_off))
     used = np.repeat(np.add.reduceat(longest[t_ids], t_off[:-1]), size)
-    # 4. fillers into the room every pack of a group shares
     f_pack, f_ids, rest = _into_rooms(used, fillers, lengths, capacity)
     # 5. members to packs, dealt on vision cost; the groups where attention is then the
     # worse term are dealt again on attention plus vision, each over its mean (the tuple
@@ -413,6 +452,85 @@ def _groups(
         dest[sub] = np.where(better[:, None], d2, dest[sub])
     pack = (tp_of[:, None] * size + dest).ravel()
     return pack, members.ravel(), members.size, f_pack, f_ids, rest
+
+
+def _tuple_packs(longest: IntArray, top_visual: IntArray, capacity: int,
+                 max_visual: int | None, fit: int) -> tuple[IntArray, IntArray]:  # fmt: skip
+    """Step 3: tuples packed by best fit on their longest member (CSR over tuple indices).
+    A group whose shared room is over ``ROOM_WASTE`` of a pack yet under ``fit`` (no filler
+    fits it) gives up its shortest tuple, and the tuples given up are packed again, up to
+    ``ROOM_ROUNDS`` times: best fit puts five docvqa tuples of ~1,490 tokens into 8,192 and
+    leaves rooms of ~700 that none of its fillers (>= 821 tokens but 15) fits (fill .90)."""
+
+    def packed(sub: IntArray) -> tuple[IntArray, IntArray]:
+        if max_visual is None:
+            off, ids = best_fit_decreasing(longest[sub], capacity)
+        else:
+            off, ids = best_fit_two_budgets(longest[sub], top_visual[sub], capacity, max_visual)
+        return off, sub[ids]
+
+    off, ids = packed(np.arange(longest.size))
+    if fit == 0:
+        return off, ids
+    done_off, done_ids = [np.zeros(1, dtype=np.int64)], []
+    for _ in range(ROOM_ROUNDS):
+        count = np.diff(off)
+        room = capacity - np.add.reduceat(longest[ids], off[:-1])
+        bad = (room > ROOM_WASTE * capacity) & (room < fit) & (count > 1)
+        if not bad.any():
+            break
+        group = np.repeat(np.arange(count.size), count)
+        shortest = np.lexsort((longest[ids], group))[off[:-1]]  # each group's shortest tuple
+        out = np.zeros(ids.size, dtype=bool)
+        out[shortest[bad]] = True
+        done_off.append(np.diff(off) - np.bincount(group[out], minlength=count.size))
+        done_ids.append(ids[~out])
+        off, ids = packed(ids[out])
+    done_off.append(np.diff(off))
+    done_ids.append(ids)
+    return _csr(np.concatenate(done_off[1:])), np.concatenate(done_ids).astype(np.int64)
+
+
+def _filler_tuples(lengths: IntArray, visual: IntArray, capacity: int, size: int,
+                   max_visual: int | None, tup: IntArray, t_off: IntArray, t_ids: IntArray,
+                   fillers: IntArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:  # fmt: skip
+    """Fillers cut into tuples (by images or not, then length: alike) that go, best fit on
+    their longest member, into the rooms of at least ``WIDE_ROOM`` of a pack: (tuples, the
+    groups as CSR over them, the fillers left). Best fit of single fillers fills one pack
+    after another: in a docvqa group of one tuple and 6,700 tokens of room some packs took
+    five fillers of 1,337 tokens and 5 tiles, others seven of ~1,000 and 3 tiles (attention
+    max/mean 1.12, vision 1.22); as tuples they are dealt like members."""
+    if fillers.size < size or t_ids.size == 0:
+        return tup, t_off, t_ids, fillers
+    n_groups = t_off.size - 1
+    used = np.add.reduceat(lengths[tup].max(axis=1)[t_ids], t_off[:-1])
+    if not (used <= (1 - WIDE_ROOM) * capacity).any():
+        return tup, t_off, t_ids, fillers
+    used[used > (1 - WIDE_ROOM) * capacity] = capacity  # narrow rooms: fillers one by one
+    has = visual[fillers] > 0
+    by = fillers[np.lexsort((visual[fillers], lengths[fillers], has))]
+    n_text = int(np.count_nonzero(~has))
+    r_text, r_img = n_text % size, (by.size - n_text) % size  # each class cut whole
+    left = [by[:r_text], by[n_text : n_text + r_img]]
+    ftup = np.concatenate([by[r_text:n_text], by[n_text + r_img :]]).reshape(-1, size)
+    group, placed, out = _into_rooms(used, np.arange(ftup.shape[0]), lengths[ftup].max(axis=1),
+                                     capacity)  # fmt: skip
+    if max_visual is not None and placed.size:  # a group over the visual budget takes none
+        top = visual[tup].max(axis=1)
+        load = np.bincount(np.repeat(np.arange(n_groups), np.diff(t_off)), weights=top[t_ids],
+                           minlength=n_groups)  # fmt: skip
+        load += np.bincount(group, weights=visual[ftup[placed]].max(axis=1), minlength=n_groups)
+        ok = load[group] <= max_visual
+        out = np.concatenate([out, placed[~ok]])
+        group, placed = group[ok], placed[ok]
+    if placed.size == 0:
+        return tup, t_off, t_ids, fillers
+    all_group = np.concatenate([np.repeat(np.arange(n_groups), np.diff(t_off)), group])
+    all_ids = np.concatenate([t_ids, tup.shape[0] + placed])
+    t_off = _csr(np.bincount(all_group, minlength=n_groups))
+    left.append(ftup[out].ravel())
+    return (np.concatenate([tup, ftup]), t_off, all_ids[np.argsort(all_group, kind="stable")],
+            np.concatenate(left).astype(np.int64))  # fmt: skip
 
 
 def _deal(rows: IntArray, cost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
@@ -570,11 +688,15 @@ def group_packs(
     best = (today[0] - SCORE_MARGIN, today[1])  # made groups must win clearly
     splits = _splits(tok, vis, tuple(sorted({share for _, share in CANDIDATES})), imgs)
     for span, share in CANDIDATES:
-        built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1,
-                       splits[share])  # fmt: skip
-        if built is not None:
+        for rooms in (False, True):
+            built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1,
+                           splits[share], rooms)  # fmt: skip
+            if built is None:
+                break
             made = _scored(*built, tok, vis, *shape, images=imgs)
             best = made if made[0] < best[0] else best
+            if (span, share) != ROOMS_CANDIDATE or built[0].size - 1 - built[2] < group_size:
+                break
     return best[1]
 
 

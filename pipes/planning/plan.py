@@ -339,8 +339,9 @@ def _params(
         params["balance"] = balance
     if balance == "cost":  # its packs are made for the step groups now (group_pack.py): a
         # state or plan file from the sorted-packs plan, or from group_pack's first version
-        # (its tuples could mix text-only and image samples), is refused
-        params["packs"] = "grouped/2"
+        # (its tuples could mix text-only and image samples) or second (no room rules:
+        # other packs where its fill left a group of free packs), is refused
+        params["packs"] = "grouped/3"
         if per_rank is not None:  # the step shape its candidates are scored on
             params["per_rank"] = int(per_rank)
     if max_visual is not None:  # only when set: plans without it keep their fingerprint
