@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from neatpack.pipes.families import EstimateFn, Handler, resolve_handler
 from neatpack.pipes.indexing._media_meta import EstimateError, image_hw, record_media
-from neatpack.pipes.indexing.estimate import FallbackCounter, SampleEstimate
+from neatpack.pipes.indexing.estimate import FallbackCounter, LengthEstimator, SampleEstimate
 
 __all__ = [
     "CALIBRATION_RECORDS",
@@ -62,6 +62,11 @@ class HandlerEstimator:
     fallbacks: FallbackCounter = field(default_factory=FallbackCounter, repr=False)
     text_scale: float = 1.0
     text_offset: float = 0.0
+    # Supervised (label) tokens as well (``supervised.py``, ``balance="supervised"``): in
+    # ``exact`` mode from the handler's own tokenize (``family_labels.py``), else the formula
+    # with ``label_marks`` template tokens a turn (``family_labels.family_label_marks``).
+    supervised: bool = False
+    label_marks: int = 1
 
     def __post_init__(self) -> None:
         h = resolve_handler(self.handler)
@@ -82,7 +87,20 @@ class HandlerEstimator:
         fit = ""
         if self.mode == "calibrated":  # the fit changes every length: the index cache must see it
             fit = f", text_scale={self.text_scale!r}, text_offset={self.text_offset!r}"
+        if self.supervised:  # only then: indexes cached before the option keep their key
+            fit += f", supervised=True, label_marks={self.label_marks}"
         return f"HandlerEstimator({name!r}, {self.mode!r}, {tokenizer_id(self.processor)}{fit})"
+
+    @property
+    def label_handler(self) -> str:
+        """The handler whose tokenize counts the supervised tokens (``supervised.py``)."""
+        return resolve_handler(self.handler).name
+
+    @property
+    def chars_per_token(self) -> float:
+        """Characters a text token in the non-exact modes: the family estimates' own
+        ``LengthEstimator`` ratio, over ``text_scale`` when calibrated."""
+        return LengthEstimator.chars_per_token / self.text_scale
 
     @classmethod
     def calibrated(

@@ -122,7 +122,13 @@ def supervised_tokens(est: Any, record: Mapping[str, Any]) -> int:
 
 def supervised_tokens_batch(est: Any, records: Sequence[Mapping[str, Any]]) -> list[int]:
     """``supervised_tokens`` of each Record; ``exact`` mode tokenizes every assistant text of
-    the list in one tokenizer call."""
+    the list in one tokenizer call, or, for an estimator with a ``label_handler``, runs that
+    family's tokenize on each record's text (``family_labels.family_supervised``)."""
+    handler = getattr(est, "label_handler", None)
+    if est.mode == "exact" and handler is not None:
+        from neatpack.pipes.indexing.family_labels import family_supervised
+
+        return [family_supervised(handler, est.processor, r) for r in records]
     texts = [assistant_texts(r.get("conversation") or ()) for r in records]
     marks = int(est.label_marks)
     if est.mode != "exact":
@@ -165,17 +171,41 @@ def label_marks(processor: Any) -> int:
     return len(resolve_role_markers(processor).end)
 
 
-def supervised_estimator(estimator: Any, processor: Any) -> Any:
+def supervised_estimator(estimator: Any, processor: Any, handler: Any = None) -> Any:
     """``estimator`` that also counts supervised tokens (its index then has
-    ``LengthIndex.supervised``, under another fingerprint). A family estimator that cannot
-    (one over a handler's ``estimate`` function) is a ``ValueError`` naming the fix."""
-    from neatpack.pipes.indexing.estimate import LengthEstimator
+    ``LengthIndex.supervised``, under another fingerprint).
 
+    ``handler`` (a name or ``Handler``; default: the processor's, ``get_handler``): the family
+    whose labels are counted. A ``HandlerEstimator`` (the families whose lengths come from
+    ``Handler.estimate``) counts in ``exact`` mode through its handler's own tokenize
+    (``family_labels.py``); a ``LengthEstimator`` (Qwen-VL, Gemma 3) keeps the batched formula
+    where ``family_labels.formula_holds`` for its family, else counts through the handler too.
+    ``label_marks`` (the other modes' marks per turn) is probed from the handler. Any other
+    estimator, or a family whose tokenize fails on a text-only probe, is a ``ValueError``
+    naming it and the fix."""
+    from neatpack.pipes.families import get_handler, resolve_handler
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.indexing.family_labels import family_label_marks, formula_holds
+    from neatpack.pipes.indexing.handler_lengths import HandlerEstimator
+
+    if isinstance(estimator, HandlerEstimator):
+        h = resolve_handler(estimator.handler)
+        proc = estimator.processor if processor is None else processor
+        if proc is None:
+            raise ValueError(
+                f"balance='supervised' with handler {h.name!r} probes the processor's labels: "
+                "give the HandlerEstimator its processor"
+            )
+        return replace(estimator, supervised=True, label_marks=family_label_marks(h, proc))
     if not isinstance(estimator, LengthEstimator):
         raise ValueError(
             f"balance='supervised' needs supervised-token counts per sample, and this family's "
             f"length estimator ({type(estimator).__name__}) has none: use balance='tokens' (or "
             "another policy), or pass lengths= a LengthIndex built with supervised=..."
         )
-    marks = estimator.label_marks if processor is None else label_marks(processor)
-    return replace(estimator, supervised=True, label_marks=marks)
+    if processor is None:
+        return replace(estimator, supervised=True, label_marks=estimator.label_marks)
+    h = resolve_handler(handler) if handler is not None else get_handler(processor)
+    marks = family_label_marks(h, processor)
+    by_handler = None if formula_holds(h, processor, marks) else h.name
+    return replace(estimator, supervised=True, label_marks=marks, label_handler=by_handler)

@@ -1,0 +1,126 @@
+"""``balance="supervised"`` for every family with a committed tiny processor, through the user's
+path: ``neat_vlm_graph(..., balance="supervised")`` over a corpus of images, 1-3 turns and
+answers with spaces and newlines at their ends (what Gemma 3's template trims and Idefics3's
+merges); the length index's per-sample supervised count must equal ``labels != -100`` of that
+sample in the graph's own batches (after the shift), exactly in ``exact`` mode and within a
+stated bound in ``estimate`` mode. Phi-4-multimodal cannot build a graph
+(``Handler.graph_refused``): its count is checked against its handler's labels directly."""
+
+from __future__ import annotations
+
+import json
+import random
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+from support import tiny
+
+from neatpack.graphs.families import plan_family
+from neatpack.graphs.neat_vlm import NeatVLMConfig, neat_vlm_graph, open_source
+from neatpack.pipes.families import get_handler
+from neatpack.pipes.indexing.handler_lengths import HandlerEstimator, handler_estimator
+from neatpack.pipes.indexing.lengths import build_length_index
+from neatpack.pipes.indexing.supervised import supervised_estimator
+from neatpack.pipes.testing.tiny import FAMILIES as QWEN_VL, load_tiny_processor
+
+GRAPH_FAMILIES = (*QWEN_VL, *sorted(f for f in tiny.PROCESSORS if f != "phi4"))
+WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "packed")
+ENDS = ("", "", "", " ", "  ", "\n", "\n\n", " \n")  # what a template may trim or merge
+
+
+@cache
+def processor(family: str) -> Any:
+    if family in QWEN_VL:
+        return load_tiny_processor(family)
+    return getattr(tiny, f"load_tiny_{family}_processor")()
+
+
+def records(root: Path, n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choices(WORDS, k=rng.randint(lo, hi)))
+
+    out = []
+    for i in range(n):
+        conv: list[dict[str, Any]] = []
+        for t in range(rng.randint(1, 3)):
+            user: list[dict[str, Any]] = []
+            if rng.random() < 0.4:
+                name = f"i{i}_{t}.png"
+                size = (rng.randint(28, 84), rng.randint(28, 84))
+                Image.new("RGB", size, (rng.randint(0, 255), 80, 20)).save(root / name)
+                user.append({"type": "image", "image": name})
+            user.append({"type": "text", "text": text(2, 30)})
+            answer = rng.choice(ENDS) + text(1, 60) + rng.choice(ENDS)
+            conv += [{"role": "user", "content": user},
+                     {"role": "assistant", "content": [{"type": "text", "text": answer}]}]  # fmt: skip
+        out.append({"conversation": conv})
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("supervised_families")
+    lines = [json.dumps(r) for r in records(root, 24, seed=5)]
+    (root / "data.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def config(root: Path, family: str, mode: str) -> NeatVLMConfig:
+    return NeatVLMConfig(
+        pack_size=2048, batch_size=1, seed=1, cache_dir=str(root / "cache" / family),
+        num_workers=0, progress=False, balance="supervised", estimate_mode=mode,
+        media_root=str(root),
+    )  # fmt: skip
+
+
+def graph_labels(root: Path, family: str) -> dict[int, int]:
+    """Each sample's label tokens in the graph's batches (one rank: every sample)."""
+    out: dict[int, int] = {}
+    for batch in neat_vlm_graph(root / "data.jsonl", processor(family),
+                                config=config(root, family, "exact")):  # fmt: skip
+        docs, labels = np.asarray(batch["doc_ids"]), np.asarray(batch["labels"])
+        for r, row in enumerate(batch["sample_ids"]):
+            for k, sid in enumerate(row):
+                out[int(sid)] = int(((docs[r] == k + 1) & (labels[r] != -100)).sum())
+    return out
+
+
+def index_counts(root: Path, family: str, mode: str) -> np.ndarray:
+    """The supervised column the graph's length index holds (same estimator, same cache)."""
+    proc = processor(family)
+    cfg = config(root, family, mode)
+    source = open_source(root / "data.jsonl", str(root))
+    plan = plan_family(proc, cfg)
+    est = supervised_estimator(plan.estimator(proc, mode, source), proc, plan.handler)
+    index = build_length_index(source, est, cache_dir=cfg.cache_dir, progress=False)
+    assert index.supervised is not None
+    return np.asarray(index.supervised, np.int64)
+
+
+@pytest.mark.parametrize("family", GRAPH_FAMILIES)
+def test_the_supervised_estimate_is_the_graphs_label_count(corpus: Path, family: str) -> None:
+    real = graph_labels(corpus, family)
+    ids = np.asarray(sorted(real))
+    truth = np.asarray([real[i] for i in ids])
+    assert ids.size == 24
+    assert truth.min() >= 2
+    assert np.array_equal(index_counts(corpus, family, "exact")[ids], truth)
+    # estimate mode: 3 characters a token + the probed end marker a turn, no tokenizer
+    rough = index_counts(corpus, family, "estimate")[ids]
+    assert np.corrcoef(rough, truth)[0, 1] > 0.95
+    assert rough.sum() == pytest.approx(truth.sum(), rel=0.35)
+
+
+def test_phi4_counts_its_own_labels() -> None:
+    proc = tiny.load_tiny_phi4_processor()
+    handler = get_handler(proc)
+    est = supervised_estimator(handler_estimator(proc, handler, "exact"), proc)
+    assert isinstance(est, HandlerEstimator)
+    rng_records = records(Path("."), 0, seed=0)  # no images written
+    assert rng_records == []
