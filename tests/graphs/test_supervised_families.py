@@ -111,16 +111,25 @@ def test_the_supervised_estimate_is_the_graphs_label_count(corpus: Path, family:
     assert ids.size == 24
     assert truth.min() >= 2
     assert np.array_equal(index_counts(corpus, family, "exact")[ids], truth)
-    # estimate mode: 3 characters a token + the probed end marker a turn, no tokenizer
+    # estimate mode: 3 characters a token + the probed end marker a turn, no tokenizer.
+    # Measured on this corpus: sum 0.85 (Gemma's vocabulary) to 1.08 of the labels,
+    # correlation >= 0.996, median |error| 9-14 % of a sample's labels
     rough = index_counts(corpus, family, "estimate")[ids]
-    assert np.corrcoef(rough, truth)[0, 1] > 0.95
-    assert rough.sum() == pytest.approx(truth.sum(), rel=0.35)
+    assert np.corrcoef(rough, truth)[0, 1] > 0.99
+    assert rough.sum() == pytest.approx(truth.sum(), rel=0.2)
 
 
-def test_phi4_counts_its_own_labels() -> None:
+def test_phi4_counts_the_labels_its_handler_sets(corpus: Path) -> None:
+    """Phi-4-multimodal has no graph (``Handler.graph_refused``); its length index counts
+    what its handler labels on the same records, images loaded."""
     proc = tiny.load_tiny_phi4_processor()
     handler = get_handler(proc)
-    est = supervised_estimator(handler_estimator(proc, handler, "exact"), proc)
+    assert handler.graph_refused
+    source = open_source(corpus / "data.jsonl", str(corpus))
+    est = supervised_estimator(handler_estimator(proc, handler, "exact"), proc, handler)
     assert isinstance(est, HandlerEstimator)
-    rng_records = records(Path("."), 0, seed=0)  # no images written
-    assert rng_records == []
+    index = build_length_index(source, est, progress=False)
+    assert index.supervised is not None
+    truth = [int((handler(source[i], proc)["labels"][1:] != -100).sum())
+             for i in range(len(source))]  # fmt: skip
+    assert index.supervised.tolist() == truth
