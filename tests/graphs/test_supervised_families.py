@@ -25,7 +25,8 @@ from neatpack.pipes.families import get_handler
 from neatpack.pipes.indexing.handler_lengths import HandlerEstimator, handler_estimator
 from neatpack.pipes.indexing.lengths import build_length_index
 from neatpack.pipes.indexing.supervised import supervised_estimator
-from neatpack.pipes.testing.tiny import FAMILIES as QWEN_VL, load_tiny_processor
+from neatpack.pipes.testing.tiny import FAMILIES as QWEN_VL
+from neatpack.pipes.testing.tiny import load_tiny_processor
 
 GRAPH_FAMILIES = (*QWEN_VL, *sorted(f for f in tiny.PROCESSORS if f != "phi4"))
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "data", "flows", "through", "packed")
@@ -57,8 +58,8 @@ def records(root: Path, n: int, seed: int) -> list[dict[str, Any]]:
                 user.append({"type": "image", "image": name})
             user.append({"type": "text", "text": text(2, 30)})
             answer = rng.choice(ENDS) + text(1, 60) + rng.choice(ENDS)
-            conv += [{"role": "user", "content": user},
-                     {"role": "assistant", "content": [{"type": "text", "text": answer}]}]  # fmt: skip
+            reply = [{"type": "text", "text": answer}]
+            conv += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
         out.append({"conversation": conv})
     return out
 
