@@ -11,16 +11,19 @@ the labels; ``prompt_answer`` labels the answer and the eos token. Rather than o
 family, ``family_supervised`` runs the family's handler (``Handler.tokenize``: the
 materializer's own call) on the record's text, its media blocks removed, and counts
 ``labels != -100`` after the shift: the materializer's count by construction. Media tokens are
-never labelled, so removing them changes the count only where a media block sits inside an
-assistant turn and the text on its two sides then tokenizes across the join (a BPE merge: at
-most one token per such block).
+never labelled, so removing them changes nothing outside the assistant turns (a question that
+held only an image gets the text ``handler_lengths.STAND_IN``: a family refuses an empty turn). Inside an
+assistant turn (rare in SFT data) each media block can cost the count its template wrapper
+(Qwen's ``<|vision_start|>`` / ``<|vision_end|>``, labelled by the materializer) and one BPE
+merge of the text on its two sides: at most 3 tokens a block on the tiny processors.
 
 ``family_label_marks``: the template tokens one assistant turn adds to its content's labels
 (the end marker: 1 for ``<|im_end|>``, ``<end_of_turn>``, ``<end_of_utterance>``...), probed by
 the same call on a one-turn conversation. ``formula_holds``: whether the formula (each assistant
 text tokenized alone + those marks) equals the family's labels on probe answers with spaces and
-newlines at their ends, so that a ``LengthEstimator`` family keeps its batched count (Qwen-VL)
-and one that trims (Gemma 3) counts through its handler.
+newlines at their ends (token for token where the answer starts with a letter), so that a family keeps the formula's cheap count
+(Qwen-VL, InternVL, LLaVA-OneVision...) and one that trims (Gemma 3 / 4) or merges (Idefics3,
+SmolVLM) counts through its handler.
 
 >>> from neatpack.pipes.testing.tiny import load_tiny_processor
 >>> proc = load_tiny_processor("qwen2_vl")
@@ -46,12 +49,18 @@ PROBE_ANSWERS: tuple[str, ...] = ("the cat sat", "a", "  spaced  ", "\nnew line"
 def family_supervised(handler: str | Handler, processor: Any, record: Mapping[str, Any]) -> int:
     """``record``'s labelled tokens after the shift, from ``handler``'s own tokenize of its text
     (module docstring). A record the handler refuses is an ``EstimateError`` naming it."""
-    from neatpack.pipes.indexing.handler_lengths import _text_only
+    return len(_labelled_ids(resolve_handler(handler), processor, record))
 
-    h = resolve_handler(handler)
+
+def _labelled_ids(h: Handler, processor: Any, record: Mapping[str, Any]) -> list[int]:
+    from neatpack.pipes.indexing._template_probe import encode_ids, tokenizer_of
+    from neatpack.pipes.indexing.handler_lengths import STAND_IN, text_record
+
     sid = record.get("sample_id", -1)
+    text, filled = text_record(record)
+    emptied = filled.count("assistant")
     try:
-        sample = h(_text_only(record), processor)
+        sample = h(text, processor)
     except RecordError:
         raise
     except (ValueError, TypeError, KeyError) as exc:  # SampleError is a ValueError
@@ -59,7 +68,12 @@ def family_supervised(handler: str | Handler, processor: Any, record: Mapping[st
             f"sample_id={sid}: counting its supervised tokens with handler {h.name!r} failed: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-    return int((sample["labels"][1:] != IGNORE_INDEX).sum())
+    ids, labels = sample["input_ids"][1:], sample["labels"][1:]
+    out = [int(i) for i in ids[labels != IGNORE_INDEX]]
+    if emptied:  # the stand-ins' tokens were labelled; the media they replace never are
+        drop = emptied * len(encode_ids(tokenizer_of(processor), [STAND_IN])[0])
+        out = out[: max(len(out) - drop, 0)]
+    return out
 
 
 def _probe(answers: tuple[str, ...]) -> dict[str, Any]:
@@ -94,15 +108,21 @@ def family_label_marks(handler: str | Handler, processor: Any) -> int:
 
 def formula_holds(handler: str | Handler, processor: Any, marks: int) -> bool:
     """Whether ``supervised.py``'s formula (each answer tokenized alone + ``marks`` a turn)
-    gives ``handler``'s labels on every answer of ``PROBE_ANSWERS``, one probe each."""
+    gives ``handler``'s labels on every answer of ``PROBE_ANSWERS``, one probe each. An answer
+    that starts with a letter must be labelled as its own tokens followed by ``marks`` more
+    (equal counts can hide a merge: Idefics3 labels ``Ġthe`` where ``the`` alone is also one
+    token); one that starts with whitespace only in number (Qwen labels the header's ``\n``
+    merged with the answer's, ``ĊĊ new``, against ``Ċ new`` alone)."""
     from neatpack.pipes.indexing._template_probe import encode_ids, tokenizer_of
 
     h = resolve_handler(handler)
     alone = encode_ids(tokenizer_of(processor), list(PROBE_ANSWERS))
     try:
-        return all(
-            family_supervised(h, processor, _probe((a,))) == len(ids) + marks
-            for a, ids in zip(PROBE_ANSWERS, alone, strict=True)
-        )
+        for a, ids in zip(PROBE_ANSWERS, alone, strict=True):
+            got = _labelled_ids(h, processor, _probe((a,)))
+            same = a[:1].isspace() or got[: len(ids)] == list(ids)
+            if len(got) != len(ids) + marks or not same:
+                return False
     except EstimateError as exc:
         raise _refused(h, exc) from exc
+    return True

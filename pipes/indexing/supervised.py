@@ -16,10 +16,10 @@ with the text tokens ``floor(chars / chars_per_token)`` in the ``estimate`` and
 
 Every family counts (``supervised_estimator``): the marks are probed through the family's
 handler (``family_labels.family_label_marks``), and in ``exact`` mode a family whose labels the
-formula does not reproduce (Gemma trims the answer, Idefics3 merges the space before it; every
-``HandlerEstimator`` family) counts through its handler's own tokenize of the record's text
-(``family_labels.family_supervised``): the materializer's labels by construction, ~2 ms a
-record on the tiny processors against ~0.1 ms for the batched formula Qwen-VL keeps.
+formula does not reproduce on probe answers (Gemma 3 / 4 trim the answer, Idefics3 / SmolVLM
+merge the space before it) counts through its handler's own tokenize of the record's text
+(``family_labels.family_supervised``): the materializer's labels by construction, at the cost
+of the processor call (``benchmarks/bench_supervised_families.py``).
 
 >>> from neatpack.pipes.indexing.estimate import LengthEstimator
 >>> est = LengthEstimator(supervised=True)
@@ -182,35 +182,34 @@ def supervised_estimator(estimator: Any, processor: Any, handler: Any = None) ->
     """``estimator`` that also counts supervised tokens (its index then has
     ``LengthIndex.supervised``, under another fingerprint).
 
-    ``handler`` (a name or ``Handler``; default: the processor's, ``get_handler``): the family
-    whose labels are counted. A ``HandlerEstimator`` (the families whose lengths come from
-    ``Handler.estimate``) counts in ``exact`` mode through its handler's own tokenize
-    (``family_labels.py``); a ``LengthEstimator`` (Qwen-VL, Gemma 3) keeps the batched formula
-    where ``family_labels.formula_holds`` for its family, else counts through the handler too.
-    ``label_marks`` (the other modes' marks per turn) is probed from the handler. Any other
-    estimator, or a family whose tokenize fails on a text-only probe, is a ``ValueError``
-    naming it and the fix."""
+    ``handler`` (a name or ``Handler``; default: a ``HandlerEstimator``'s own, else the
+    processor's, ``get_handler``): the family whose labels are counted. Its ``label_marks``
+    are probed through the handler (``family_labels.family_label_marks``); where the formula
+    does not give the handler's labels on the probe answers (``family_labels.formula_holds``:
+    Gemma trims, Idefics3 merges), ``exact`` mode counts through the handler's own tokenize
+    (``label_handler``). The estimator must be a ``LengthEstimator`` or a ``HandlerEstimator``;
+    another, or a family whose tokenize fails on a text-only probe, is a ``ValueError`` naming
+    it and the fix."""
     from neatpack.pipes.families import get_handler, resolve_handler
     from neatpack.pipes.indexing.estimate import LengthEstimator
     from neatpack.pipes.indexing.family_labels import family_label_marks, formula_holds
     from neatpack.pipes.indexing.handler_lengths import HandlerEstimator
 
     if isinstance(estimator, HandlerEstimator):
-        h = resolve_handler(estimator.handler)
-        proc = estimator.processor if processor is None else processor
-        if proc is None:
+        handler = estimator.handler if handler is None else handler
+        processor = estimator.processor if processor is None else processor
+        if processor is None:
             raise ValueError(
-                f"balance='supervised' with handler {h.name!r} probes the processor's labels: "
-                "give the HandlerEstimator its processor"
+                f"balance='supervised' with handler {resolve_handler(handler).name!r} probes "
+                "the processor's labels: give the HandlerEstimator its processor"
             )
-        return replace(estimator, supervised=True, label_marks=family_label_marks(h, proc))
-    if not isinstance(estimator, LengthEstimator):
+    elif not isinstance(estimator, LengthEstimator):
         raise ValueError(
             f"balance='supervised' needs supervised-token counts per sample, and this family's "
             f"length estimator ({type(estimator).__name__}) has none: use balance='tokens' (or "
             "another policy), or pass lengths= a LengthIndex built with supervised=..."
         )
-    if processor is None:
+    elif processor is None:  # no template to read: the estimator's own marks, the formula
         return replace(estimator, supervised=True, label_marks=estimator.label_marks)
     h = resolve_handler(handler) if handler is not None else get_handler(processor)
     marks = family_label_marks(h, processor)

@@ -56,7 +56,8 @@ def records(root: Path, n: int, seed: int) -> list[dict[str, Any]]:
                 size = (rng.randint(28, 84), rng.randint(28, 84))
                 Image.new("RGB", size, (rng.randint(0, 255), 80, 20)).save(root / name)
                 user.append({"type": "image", "image": name})
-            user.append({"type": "text", "text": text(2, 30)})
+            if not user or rng.random() < 0.6:  # else an image-only question
+                user.append({"type": "text", "text": text(2, 30)})
             answer = rng.choice(ENDS) + text(1, 60) + rng.choice(ENDS)
             reply = [{"type": "text", "text": answer}]
             conv += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
