@@ -66,8 +66,7 @@ def family_row(family: str, records: list[dict[str, Any]]) -> dict[str, Any]:
     err = np.abs(np.asarray(rough.supervised, np.float64) / truth - 1.0)
     return {
         "handler": handler.name,
-        "counts_through": "family tokenize" if getattr(counting, "label_handler", None)
-        else "formula",  # fmt: skip
+        "counts_through": "family tokenize" if counting.label_handler else "formula",
         "label_marks": int(counting.label_marks),
         "exact_us_per_record": round(us_plain, 1),
         "exact_supervised_us_per_record": round(us_counting, 1),

@@ -4,26 +4,26 @@ whose labels the text-only formula of ``supervised.py`` does not reproduce.
 The families label differently around the assistant text: Qwen's template writes
 ``<|im_start|>assistant\\n`` + content + ``<|im_end|>`` (the content's own tokens + 1, what
 ``supervised.py``'s formula counts); Idefics3 / SmolVLM write ``Assistant: `` + content, and the
-space merges into the content's first token (``" the"``: 1 token, where ``"the"`` alone is 1
-but ``"a mat"`` then counts ``Ġa Ġmat`` against ``a Ġmat``...); Gemma 3 trims the content
+space merges into the content's first token (``"yes"`` alone is 1 token, ``Ġy es`` in the row
+2); Gemma 3 trims the content
 (``"  spaced  "``: 3 tokens fewer in the row than alone); Gemma 4 keeps its thinking prefix out of
 the labels; ``prompt_answer`` labels the answer and the eos token. Rather than one rule per
 family, ``family_supervised`` runs the family's handler (``Handler.tokenize``: the
 materializer's own call) on the record's text, its media blocks removed, and counts
 ``labels != -100`` after the shift: the materializer's count by construction. Media tokens are
 never labelled, so removing them changes nothing outside the assistant turns (a question that
-held only an image gets the text ``handler_lengths.STAND_IN``: a family refuses an empty turn). Inside an
-assistant turn (rare in SFT data) each media block can cost the count its template wrapper
-(Qwen's ``<|vision_start|>`` / ``<|vision_end|>``, labelled by the materializer) and one BPE
-merge of the text on its two sides: at most 3 tokens a block on the tiny processors.
+held only an image gets the text ``handler_lengths.STAND_IN``: a family refuses an empty
+turn). Inside an assistant turn (rare in SFT data; not measured here) each media block can
+cost the count its template wrapper (Qwen's ``<|vision_start|>`` / ``<|vision_end|>``, which
+the materializer labels) and a BPE merge of the text on its two sides, as it does the formula.
 
 ``family_label_marks``: the template tokens one assistant turn adds to its content's labels
 (the end marker: 1 for ``<|im_end|>``, ``<end_of_turn>``, ``<end_of_utterance>``...), probed by
-the same call on a one-turn conversation. ``formula_holds``: whether the formula (each assistant
-text tokenized alone + those marks) equals the family's labels on probe answers with spaces and
-newlines at their ends (token for token where the answer starts with a letter), so that a family keeps the formula's cheap count
-(Qwen-VL, InternVL, LLaVA-OneVision...) and one that trims (Gemma 3 / 4) or merges (Idefics3,
-SmolVLM) counts through its handler.
+the same call on a one-turn conversation. ``formula_holds``: whether the formula (each
+assistant text tokenized alone + those marks) equals the family's labels on probe answers with
+spaces and newlines at their ends (token for token where the answer starts with a letter), so
+that a family keeps the formula's cheap count (Qwen-VL, InternVL, LLaVA-OneVision...) and one
+that trims (Gemma 3 / 4) or merges (Idefics3, SmolVLM) counts through its handler.
 
 >>> from neatpack.pipes.testing.tiny import load_tiny_processor
 >>> proc = load_tiny_processor("qwen2_vl")
