@@ -6,7 +6,7 @@ import pytest
 from support.bench import run_bench
 
 
-@pytest.mark.slow  # ~35 s: 15 families' index builds; the feature's proof is test_supervised_families
+@pytest.mark.slow  # ~35 s (15 index builds); the proof is tests/graphs/test_supervised_families
 def test_bench_supervised_families_quick() -> None:
     out = run_bench("bench_supervised_families.py", timeout=600)
     assert out["benchmark"] == "supervised_families"
