@@ -4,7 +4,9 @@ answers with spaces and newlines at their ends (what Gemma 3's template trims an
 merges); the length index's per-sample supervised count must equal ``labels != -100`` of that
 sample in the graph's own batches (after the shift), exactly in ``exact`` mode and within a
 stated bound in ``estimate`` mode. Phi-4-multimodal cannot build a graph
-(``Handler.graph_refused``): its count is checked against its handler's labels directly."""
+(``Handler.graph_refused``): its count is checked against its handler's labels directly. A
+question that holds only an image (in the corpus) is also what Idefics3's length estimate
+failed on before ``handler_lengths.text_record``."""
 
 from __future__ import annotations
 
@@ -135,3 +137,29 @@ def test_phi4_counts_the_labels_its_handler_sets(corpus: Path) -> None:
     truth = [int((handler(source[i], proc)["labels"][1:] != -100).sum())
              for i in range(len(source))]  # fmt: skip
     assert index.supervised.tolist() == truth
+
+
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_an_image_only_question_is_estimated(corpus: Path, family: str) -> None:
+    """Idefics3's template reads a turn's first block: the text-only record the estimate takes
+    the visual part from failed on a question that held only an image (any balance). It now
+    gets a stand-in text whose tokens come off the count: the same total as the real row, and
+    the same visual part as the question with a one-token text after its image."""
+    proc = processor(family)
+    handler = get_handler(proc)
+    source = open_source(corpus / "data.jsonl", str(corpus))
+    est = handler_estimator(proc, handler, "exact")
+
+    def bare(m: dict[str, Any]) -> bool:
+        return m["role"] == "user" and all(b.get("type") == "image" for b in m["content"])
+
+    image_only = [i for i in range(len(source)) if any(map(bare, source[i]["conversation"]))]
+    assert image_only
+    for i in image_only:
+        record = source[i]
+        got = est.estimate_sample(record)
+        assert got.total == handler(record, proc)["input_ids"].shape[0] - 1
+        worded = {**record, "conversation": [
+            {**m, "content": [*m["content"], {"type": "text", "text": "x"}]} if bare(m) else m
+            for m in record["conversation"]]}  # fmt: skip
+        assert got.visual == est.estimate_sample(worded).visual
