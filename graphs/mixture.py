@@ -112,7 +112,7 @@ def _record_sources(
             processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
         )
         if cfg.balance == "supervised":  # counted only when asked, as for one source
-            estimator = supervised_estimator(estimator, processor)
+            estimator = supervised_estimator(estimator, processor, family.handler)
         try:
             index = build_length_index(
                 source, estimator, cache_dir=cfg.cache_dir, progress=cfg.progress, rank=rank,

@@ -112,7 +112,7 @@ def neat_vlm_parts(
             processor, cfg.estimate_mode, source, missing_media_fix=MISSING_MEDIA_FIX
         )
         if cfg.balance == "supervised":  # counted only when asked (another fingerprint)
-            estimator = supervised_estimator(estimator, processor)
+            estimator = supervised_estimator(estimator, processor, family.handler)
         lengths = build_length_index(
             source,
             estimator,

@@ -101,6 +101,9 @@ class LengthEstimator:
     # the template tokens the labels keep per assistant turn (Qwen's closing ``<|im_end|>``).
     supervised: bool = field(default=False, repr=False)
     label_marks: int = field(default=1, repr=False)
+    # ``exact`` mode's supervised counts from this handler's own tokenize instead of the
+    # formula (``family_labels.py``: Gemma 3 trims its answers); None: the formula (Qwen-VL).
+    label_handler: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -119,6 +122,8 @@ class LengthEstimator:
         extra = ", text_tokens_include_template=True" if self.text_tokens_include_template else ""
         if self.supervised:
             extra += f", supervised=True, label_marks={self.label_marks}"
+            if self.label_handler is not None:
+                extra += f", label_handler={self.label_handler!r}"
         return repr(self) + extra
 
     # -- construction -------------------------------------------------------------------

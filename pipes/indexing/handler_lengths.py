@@ -30,20 +30,24 @@ import numpy.typing as npt
 
 from neatpack.pipes.families import EstimateFn, Handler, resolve_handler
 from neatpack.pipes.indexing._media_meta import EstimateError, image_hw, record_media
-from neatpack.pipes.indexing.estimate import FallbackCounter, SampleEstimate
+from neatpack.pipes.indexing.estimate import FallbackCounter, LengthEstimator, SampleEstimate
 
 __all__ = [
     "CALIBRATION_RECORDS",
     "HANDLER_ESTIMATE_MODES",
+    "STAND_IN",
     "HandlerEstimator",
     "check_estimate_mode",
     "handler_estimator",
+    "text_record",
 ]
 
 #: The estimate modes a ``HandlerEstimator`` takes ("calibrated": ``HandlerEstimator.calibrated``).
 HANDLER_ESTIMATE_MODES: tuple[str, ...] = ("estimate", "calibrated", "exact")
 #: Records ``HandlerEstimator.calibrated`` fits on (as ``LengthEstimator.calibrate``).
 CALIBRATION_RECORDS = 200
+#: The text of a turn that held only media in ``text_record`` (its tokens come off the count).
+STAND_IN = "x"
 
 
 @dataclass
@@ -62,6 +66,12 @@ class HandlerEstimator:
     fallbacks: FallbackCounter = field(default_factory=FallbackCounter, repr=False)
     text_scale: float = 1.0
     text_offset: float = 0.0
+    # Supervised (label) tokens as well (``supervised.py``, ``balance="supervised"``): the
+    # formula with ``label_marks`` template tokens a turn, or in ``exact`` mode this handler's
+    # own tokenize when ``label_handler`` names it (``family_labels.py``).
+    supervised: bool = False
+    label_marks: int = 1
+    label_handler: str | None = None
 
     def __post_init__(self) -> None:
         h = resolve_handler(self.handler)
@@ -82,7 +92,16 @@ class HandlerEstimator:
         fit = ""
         if self.mode == "calibrated":  # the fit changes every length: the index cache must see it
             fit = f", text_scale={self.text_scale!r}, text_offset={self.text_offset!r}"
+        if self.supervised:  # only then: indexes cached before the option keep their key
+            fit += f", supervised=True, label_marks={self.label_marks}"
+            fit += f", label_handler={self.label_handler!r}" if self.label_handler else ""
         return f"HandlerEstimator({name!r}, {self.mode!r}, {tokenizer_id(self.processor)}{fit})"
+
+    @property
+    def chars_per_token(self) -> float:
+        """Characters a text token in the non-exact modes: the family estimates' own
+        ``LengthEstimator`` ratio, over ``text_scale`` when calibrated."""
+        return LengthEstimator.chars_per_token / self.text_scale
 
     @classmethod
     def calibrated(
@@ -105,7 +124,7 @@ class HandlerEstimator:
             record = source[int(sid)]
             if not record.get("conversation"):
                 continue
-            text = _text_only(record)
+            text = text_record(record)[0]  # a stand-in in both counts: the fit is unchanged
             try:
                 x, y = rough._count(text, int(sid)), exact._count(text, int(sid))
             except EstimateError:
@@ -156,7 +175,12 @@ class HandlerEstimator:
             raise EstimateError(f"sample_id={sid}: empty conversation; nothing to estimate")
         record = _with_image_sizes(record, sid)
         total = self._count(record, sid)
-        text = self._count(_text_only(record), sid)
+        text_rec, filled = text_record(record)
+        text = self._count(text_rec, sid)
+        if filled and self.mode == "exact":  # the stand-ins' own tokens are no text of it
+            from neatpack.pipes.indexing._template_probe import encode_ids, tokenizer_of
+
+            text -= len(filled) * len(encode_ids(tokenizer_of(self.processor), [STAND_IN])[0])
         visual = max(total - text, 0)
         if self.mode == "calibrated":
             text = max(round(self.text_scale * text + self.text_offset), 0)
@@ -181,6 +205,20 @@ def _with_image_sizes(record: Mapping[str, Any], sid: int) -> Mapping[str, Any]:
             )
         sizes.append([int(size[0]), int(size[1])])
     return {**record, "images_meta": sizes}
+
+
+def text_record(record: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``(record without its media, the roles of the turns that held only media)``; each such
+    turn gets the text ``STAND_IN`` (a template may read an empty turn's first block:
+    Idefics3's ``content[0]`` fails on ``[]``; a family's tokenize refuses an empty turn)."""
+    out = _text_only(record)
+    filled = []
+    for k, msg in enumerate(out["conversation"]):
+        content = msg.get("content")
+        if isinstance(content, list) and not content:
+            out["conversation"][k] = {**msg, "content": [{"type": "text", "text": STAND_IN}]}
+            filled.append(str(msg.get("role")))
+    return out, filled
 
 
 def _text_only(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,13 @@ with the text tokens ``floor(chars / chars_per_token)`` in the ``estimate`` and
 ``exact`` mode, and ``label_marks`` the end marker's length read from the processor's template
 (``label_marks``: 1 for Qwen's). Clipped to the sample's total.
 
+Every family counts (``supervised_estimator``): the marks are probed through the family's
+handler (``family_labels.family_label_marks``), and in ``exact`` mode a family whose labels the
+formula does not reproduce on probe answers (Gemma 3 / 4 trim the answer, Idefics3 / SmolVLM
+merge the space before it) counts through its handler's own tokenize of the record's text
+(``family_labels.family_supervised``): the materializer's labels by construction, at the cost
+of the processor call (``benchmarks/bench_supervised_families.py``).
+
 >>> from neatpack.pipes.indexing.estimate import LengthEstimator
 >>> est = LengthEstimator(supervised=True)
 >>> rec = {"conversation": [{"role": "user", "content": [{"type": "text", "text": "x" * 30}]},
@@ -122,7 +129,13 @@ def supervised_tokens(est: Any, record: Mapping[str, Any]) -> int:
 
 def supervised_tokens_batch(est: Any, records: Sequence[Mapping[str, Any]]) -> list[int]:
     """``supervised_tokens`` of each Record; ``exact`` mode tokenizes every assistant text of
-    the list in one tokenizer call."""
+    the list in one tokenizer call, or, for an estimator with a ``label_handler``, runs that
+    family's tokenize on each record's text (``family_labels.family_supervised``)."""
+    handler = getattr(est, "label_handler", None)
+    if est.mode == "exact" and handler is not None:
+        from neatpack.pipes.indexing.family_labels import family_supervised
+
+        return [family_supervised(handler, est.processor, r) for r in records]
     texts = [assistant_texts(r.get("conversation") or ()) for r in records]
     marks = int(est.label_marks)
     if est.mode != "exact":
@@ -165,17 +178,40 @@ def label_marks(processor: Any) -> int:
     return len(resolve_role_markers(processor).end)
 
 
-def supervised_estimator(estimator: Any, processor: Any) -> Any:
+def supervised_estimator(estimator: Any, processor: Any, handler: Any = None) -> Any:
     """``estimator`` that also counts supervised tokens (its index then has
-    ``LengthIndex.supervised``, under another fingerprint). A family estimator that cannot
-    (one over a handler's ``estimate`` function) is a ``ValueError`` naming the fix."""
-    from neatpack.pipes.indexing.estimate import LengthEstimator
+    ``LengthIndex.supervised``, under another fingerprint).
 
-    if not isinstance(estimator, LengthEstimator):
+    ``handler`` (a name or ``Handler``; default: a ``HandlerEstimator``'s own, else the
+    processor's, ``get_handler``): the family whose labels are counted. Its ``label_marks``
+    are probed through the handler (``family_labels.family_label_marks``); where the formula
+    does not give the handler's labels on the probe answers (``family_labels.formula_holds``:
+    Gemma trims, Idefics3 merges), ``exact`` mode counts through the handler's own tokenize
+    (``label_handler``). The estimator must be a ``LengthEstimator`` or a ``HandlerEstimator``;
+    another, or a family whose tokenize fails on a text-only probe, is a ``ValueError`` naming
+    it and the fix."""
+    from neatpack.pipes.families import get_handler, resolve_handler
+    from neatpack.pipes.indexing.estimate import LengthEstimator
+    from neatpack.pipes.indexing.family_labels import family_label_marks, formula_holds
+    from neatpack.pipes.indexing.handler_lengths import HandlerEstimator
+
+    if isinstance(estimator, HandlerEstimator):
+        handler = estimator.handler if handler is None else handler
+        processor = estimator.processor if processor is None else processor
+        if processor is None:
+            raise ValueError(
+                f"balance='supervised' with handler {resolve_handler(handler).name!r} probes "
+                "the processor's labels: give the HandlerEstimator its processor"
+            )
+    elif not isinstance(estimator, LengthEstimator):
         raise ValueError(
             f"balance='supervised' needs supervised-token counts per sample, and this family's "
             f"length estimator ({type(estimator).__name__}) has none: use balance='tokens' (or "
             "another policy), or pass lengths= a LengthIndex built with supervised=..."
         )
-    marks = estimator.label_marks if processor is None else label_marks(processor)
-    return replace(estimator, supervised=True, label_marks=marks)
+    elif processor is None:  # no template to read: the estimator's own marks, the formula
+        return replace(estimator, supervised=True, label_marks=estimator.label_marks)
+    h = resolve_handler(handler) if handler is not None else get_handler(processor)
+    marks = family_label_marks(h, processor)
+    by_handler = None if formula_holds(h, processor, marks) else h.name
+    return replace(estimator, supervised=True, label_marks=marks, label_handler=by_handler)

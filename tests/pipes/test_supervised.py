@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from neatpack.pipes.errors import SampleError
+from neatpack.pipes.families import Handler
 from neatpack.pipes.indexing.estimate import LengthEstimator
 from neatpack.pipes.indexing.handler_lengths import HandlerEstimator
 from neatpack.pipes.indexing.index_parts import Piece, load_piece, save_piece
@@ -141,9 +143,28 @@ def test_the_default_estimator_keeps_its_fingerprint_and_writes_no_column(
             assert again.supervised is None
 
 
-def test_a_family_estimator_without_counts_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"HandlerEstimator\) has none: use balance='tokens'"):
-        supervised_estimator(HandlerEstimator("idefics3", None, "exact"), None)
+def test_an_estimator_without_counts_is_refused_by_name() -> None:
+    class Lengths:  # a family's own estimator of another kind (Handler.estimator)
+        mode = "exact"
+
+    with pytest.raises(ValueError, match=r"\(Lengths\) has none: use balance='tokens'"):
+        supervised_estimator(Lengths(), load_tiny_processor("qwen2_vl"))
+
+
+def test_a_family_whose_tokenize_cannot_count_is_refused_naming_it() -> None:
+    """A handler whose tokenize refuses the text-only probe (here: it needs an image) cannot
+    count labels without the media: refused at build, naming the handler and the fix."""
+
+    def needs_image(record: Any, processor: Any, **options: Any) -> dict[str, Any]:
+        raise SampleError(record.get("sample_id"), "bad_media", "this family needs an image")
+
+    handler = Handler("image_only", needs_image, estimate=lambda r, p, mode: 1)
+    processor = load_tiny_processor("qwen2_vl")
+    with pytest.raises(ValueError, match=r"handler 'image_only'.*needs an image.*Fix: use "
+                                         r"balance='tokens'.*lengths="):  # fmt: skip
+        supervised_estimator(HandlerEstimator(handler, processor, "exact"), processor)
+    with pytest.raises(ValueError, match=r"handler 'image_only' probes the processor"):
+        supervised_estimator(HandlerEstimator(handler, None, "exact"), None)
 
 
 def test_the_column_saturates_at_uint16_and_refuses_negatives() -> None:
