@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from jinja2 import TemplateError
 
 from neatpack.pipes.families import EstimateFn, Handler, resolve_handler
 from neatpack.pipes.indexing._media_meta import EstimateError, image_hw, record_media
@@ -155,8 +156,15 @@ class HandlerEstimator:
         mode = "estimate" if self.mode == "calibrated" else self.mode
         try:
             return int(fn(record, self.processor, mode=mode))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise EstimateError(f"sample_id={sid}: {type(exc).__name__}: {exc}") from exc
+        except (ValueError, TypeError, KeyError, IndexError, TemplateError) as exc:
+            # a chat template that cannot render the record (jinja's UndefinedError: e.g.
+            # Idefics3's reads content[0] of a turn with no blocks) is this record's error too,
+            # so on_bad_sample="skip" counts it like any other
+            raise EstimateError(
+                f"sample_id={sid}: {type(exc).__name__}: {exc} (the {self.handler!r} chat "
+                "template cannot render this record; fix the record, or skip it with "
+                "on_bad_sample='skip')"
+            ) from exc
 
     def estimate_raw_batch(
         self, raws: Sequence[Any]

@@ -362,3 +362,32 @@ def test_the_grouped_graph_refuses_a_family_whose_rows_are_not_the_core_ones(
     data = write_corpus(tmp_path, num_samples=4, seed=1)
     with pytest.raises(ValueError, match=r"handler 'gemma3', whose rows collate their own way"):
         grouped_vlm_graph(data, _processor("gemma3"), config=GroupedConfig(batch_size=2))
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_a_record_the_family_template_cannot_render_is_named_or_skipped(
+    tmp_path: Path, policy: str
+) -> None:
+    """Idefics3's chat template reads ``content[0]`` of every turn, so a user turn with no
+    blocks makes jinja raise ``UndefinedError`` while the length index is built. That is the
+    record's error: named (sample id, the family, the fix) under ``raise``, skipped and counted
+    in the ledger under ``skip``; before, the jinja error escaped both."""
+    import json
+
+    recs = [{"conversation": [
+        {"role": "user", "content": [{"type": "text", "text": f"question {i}"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": f"answer {i}"}]},
+    ]} for i in range(6)]  # fmt: skip
+    recs[3]["conversation"][0]["content"] = []
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    config = NeatVLMConfig(pack_size=256, on_bad_sample=policy, num_workers=0, progress=False)
+    processor = tiny.load_tiny_idefics3_processor()
+    if policy == "raise":
+        with pytest.raises(ValueError, match=r"sample_id=3: UndefinedError.*'idefics3'.*skip"):
+            neat_vlm_graph(data, processor, config=config)
+        return
+    loader = neat_vlm_graph(data, processor, config=config)
+    list(loader)
+    assert loader.ledgers[0].failed == [3]
+    assert sorted(loader.ledgers[0].consumed) == [0, 1, 2, 4, 5]
