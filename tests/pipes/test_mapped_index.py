@@ -18,6 +18,7 @@ from neatpack.graphs import NeatVLMConfig, neat_vlm_graph
 from neatpack.pipes.indexing.lengths import LengthIndex
 from neatpack.pipes.planning.plan import plan_packs
 from neatpack.pipes.planning.plan_file import load_plan, shared_plan
+from neatpack.pipes.planning.source import StateMismatchError
 from neatpack.pipes.reading.npz_files import MappedArray, read_npz, write_npz
 from neatpack.pipes.reading.read import JsonlSource
 from neatpack.pipes.testing.synth import write_corpus
@@ -315,10 +316,16 @@ def test_an_index_file_without_media_item_counts_loads_and_refuses_only_the_imag
 ) -> None:
     """A cache file written before the counts: it loads as it is (same fingerprint, so saved
     states resume and the same batches come), with ``images`` unknown; ``max_images`` then
-    refuses naming the file and the fix, and deleting the file rebuilds it with the counts."""
+    refuses naming the file and the fix, and deleting the file rebuilds it with the counts.
+    Under ``balance="tokens"``: under cost the counts price the vision encoder, so a file
+    without them is another plan, and a state saved with them is refused, not resumed on it."""
     processor = load_tiny_processor()
     data = corpus / "data.jsonl"
-    cfg = NeatVLMConfig(pack_size=1024, media_root=str(corpus / "media"), cache_dir=str(tmp_path))
+    cfg = NeatVLMConfig(pack_size=1024, media_root=str(corpus / "media"), cache_dir=str(tmp_path),
+                        balance="tokens")  # fmt: skip
+    cost_state = neat_vlm_graph(data, processor, config=dataclasses.replace(cfg, balance="cost"))
+    _batches(cost_state, 1)
+    saved_on_counts = cost_state.state_dict()
     first = neat_vlm_graph(data, processor, config=cfg)
     want = _batches(first, 3)
     state = first.state_dict()
@@ -335,6 +342,9 @@ def test_an_index_file_without_media_item_counts_loads_and_refuses_only_the_imag
     assert _batches(again, 3) == want
     resumed = neat_vlm_graph(data, processor, config=cfg)
     resumed.load_state_dict(state)  # the plan's fingerprint is unchanged
+    cost = neat_vlm_graph(data, processor, config=dataclasses.replace(cfg, balance="cost"))
+    with pytest.raises(StateMismatchError, match="different plan"):
+        cost.load_state_dict(saved_on_counts)
     with pytest.raises(ValueError, match=rf"max_images needs .*{path.name}.*delete that file"):
         neat_vlm_graph(data, processor, config=dataclasses.replace(cfg, max_images=4))
     path.unlink()
