@@ -199,10 +199,10 @@ def _plan_entries(
     and which packs are made step groups (``PackPlan.free_from``: each part's first packs).
     Per source with ``single_source``. No pack holds a sample twice: under ``balance="cost"``
     a part's uses are planned together and copies moved apart (``_apart``), else one
-    ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``). ``balance``, ``max_visual``
-    (``images`` / ``max_images``) and ``per_rank`` (packs per rank per step, the step shape
-    ``balance="cost"`` makes its groups for) are ``plan_packs``' own: each part's packs keep
-    the budgets and come in its balance order."""
+    ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``). ``balance``,
+    ``max_visual`` (``images`` / ``max_images``) and ``per_rank`` (packs per rank per step,
+    the step shape ``balance="cost"`` makes its groups for) are ``plan_packs``' own: each
+    part's packs keep the budgets and come in its balance order."""
     src = np.searchsorted(bounds, entries, side="right") - 1
     sources = range(int(bounds.size - 1)) if single_source else [None]
 
@@ -239,7 +239,7 @@ def _plan_entries(
                 packing_ratio=packing_ratio,
                 max_visual=max_visual,
                 max_images=max_images,
-            )  # fmt: skip
+            )
         )
 
     offs, ids, dropped, made, end = [np.zeros(1, np.int64)], [], [], [], 0
@@ -313,8 +313,7 @@ def _finish(
     groups stay whole and the parts' other packs are ordered together
     (``balanced_order("cost")``), not cut where one part's packs end and the next's begin."""
     offsets, ids, made = packed
-    total, visual, images = lengths
-    tokens = pack_source_tokens(offsets, ids, total, bounds)
+    tokens = pack_source_tokens(offsets, ids, lengths[0], bounds)
     if balance == "cost":
         load = _cost_load_order(offsets, ids, made, lengths, group_size)
         n_made = int(np.count_nonzero(made))
@@ -430,8 +429,10 @@ def plan_mixture(
     )  # fmt: skip
     rng = np.random.default_rng([seed, epoch, 1])
     empty = np.zeros(1, np.int64)
-    offsets, ids, order = _finish(empty, np.zeros(0, np.int64), (offsets, ids, made),
-                                  (tot, vis, imgs), bounds, group_size, rng, balance)  # fmt: skip
+    offsets, ids, order = _finish(
+        empty, np.zeros(0, np.int64), (offsets, ids, made), (tot, vis, imgs), bounds,
+        group_size, rng, balance,
+    )  # fmt: skip
     fp = _fingerprint(
         "mixture-plan/1", epoch, group_size, capacity, packing_ratio, overlong, seed,
         single_source, offsets, ids, order,
@@ -519,8 +520,10 @@ def replan_from_cursor(
         max_images=max_images, supervised=sup, per_rank=per_rank,
     )  # fmt: skip
     rng = np.random.default_rng([seed, plan.epoch, 2, cursor])
-    offsets, ids, order = _finish(prefix_offsets, prefix_ids, (offsets, ids, made),
-                                  (tot, vis, imgs), bounds, plan.group_size, rng, balance)  # fmt: skip
+    offsets, ids, order = _finish(
+        prefix_offsets, prefix_ids, (offsets, ids, made), (tot, vis, imgs), bounds,
+        plan.group_size, rng, balance,
+    )  # fmt: skip
     fp = _fingerprint("mixture-replan/1", plan.fingerprint, cursor, list(targets), offsets, ids)
     return MixturePlan(
         offsets=offsets, ids=ids, order=order, bounds=bounds, epoch=plan.epoch,

@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from neatpack.pipes.planning.balance import COST_TERMS, pack_cost_terms, pack_costs
 
-__all__ = ["WINDOW", "WINDOW_MAX", "has_copies", "separate_copies", "use_index"]
+__all__ = ["WINDOW", "WINDOW_MAX", "separate_copies", "use_index"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -58,16 +58,6 @@ def _second_copies(ids: IntArray, pack_of: IntArray) -> IntArray:
     by_pack = np.lexsort((np.arange(ids.size), ids, pack_of))
     same = (pack_of[by_pack][1:] == pack_of[by_pack][:-1]) & (ids[by_pack][1:] == ids[by_pack][:-1])
     return np.sort(by_pack[1:][same])
-
-
-def has_copies(offsets: IntArray, ids: IntArray) -> bool:
-    """Whether some pack (CSR) holds a sample twice.
-
-    >>> has_copies(np.array([0, 2, 3]), np.array([4, 5, 4])), has_copies(np.array([0, 2]), np.array([4, 4]))
-    (False, True)
-    """
-    pack_of = np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
-    return bool(_second_copies(np.asarray(ids, dtype=np.int64), pack_of).size)
 
 
 def separate_copies(
