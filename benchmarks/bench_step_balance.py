@@ -33,7 +33,8 @@ small source used 2.5 times, the big one 0.625), ``real`` ai2d / chartqa / docvq
 0.3 / 0.3 (ai2d used 2.2 times); packs mixing sources, and one source a pack
 (``single_source``). Per case: p50 / p95 / max attention and vision max/mean, fill, and
 ``one_plan``: one ``plan_packs`` of the same uses in its own epoch order (copies of a
-sample may share a pack there: the reference, not a valid plan). ``--baseline DIR`` gives
+sample may share a pack there: the reference, not a valid plan), and ``best_fit_fill``, best
+fit's fill of the same uses (the fill goal: within 0.2 points). ``--baseline DIR`` gives
 the same rows with another checkout's neatpack (``metrics["mixture_baseline"]``: before /
 after).
 
@@ -263,6 +264,8 @@ def mixture_case(
             fill = float(total[ids].sum()) / max((offsets.size - 1) * 8192, 1)
             out.setdefault(key, {"packs": offsets.size - 1, "fill": round(fill, 5)})
         if epoch == 0:
+            best_fit = plan_packs(total[plan.ids], 8192, world_size=world, seed=seed)
+            out["best_fit_fill"] = round(best_fit.utilization(), 5)  # (copies may share a pack)
             uses = np.bincount(plan.source_of(plan.ids), minlength=len(names))
             sizes = [t.size for t, _ in parts]
             out["uses_per_sample"] = [

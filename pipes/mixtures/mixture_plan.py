@@ -10,6 +10,16 @@ far closest to every source's share, so any run of served groups holds every sou
     queues  a: a1 a2 a3 a4 a5 a6   b: b1 b2   c: c1 c2     (shares 60 / 20 / 20 %)
     served  a1 b1 c1 a2 a3 b2 a4 c2 a5 a6                   (never all c at the end)
 
+Under ``balance="cost"`` (the graphs' default) a part's uses, every round of them, are one
+``plan_packs`` (``mixture_uses``: a pack's second copy of a sample is traded for a use of
+like cost in another pack), and the serving order keeps its made step groups whole: the other
+packs of every part are ordered together (``balanced_order("cost")``) and the short last
+group is drawn from them. Before, one plan a round (a sample's ``k``-th use in round ``k``)
+and groups cut from the plans laid end to end: at 8 ranks, sources of 80k and 20k samples
+(the second used 2.5 times), p95 vision max/mean 1.31 against 1.04 now, at 64 ranks 1.85
+against 1.05, as one plan of the same uses (``benchmarks/bench_step_balance.py``,
+``metrics["mixture"]``). The other balances plan by rounds as they did (their states load).
+
 ``replan_from_cursor`` keeps the packs already served (``order[:cursor]``) and plans the rest of
 the epoch again for a new blend: the unconsumed uses are kept where the new blend still wants
 them, dropped (listed in ``replan_dropped``) where it wants fewer, and topped up (least used
@@ -27,7 +37,12 @@ import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.mixtures.mixture import IntArray, fill_counts, source_rng
-from neatpack.pipes.mixtures.mixture_uses import separate_copies, use_index
+from neatpack.pipes.mixtures.mixture_uses import (
+    TRADE_MAX,
+    second_copies,
+    separate_copies,
+    use_index,
+)
 from neatpack.pipes.planning.balance import (
     COST_TERMS,
     BalancePolicy,
@@ -268,26 +283,30 @@ def _apart(
 ) -> Iterator[Packed]:
     """One plan of every use of a part (``packed``: CSR of sample ids, repeats allowed, and
     how many of its first packs are made groups, ``free_from``) with no pack holding a sample
-    twice: second copies traded away (``separate_copies``). Where some copy finds no trade,
-    it leaves its made group, and the other packs (best fit's, which puts a short sample's
-    copies together: 21 of 739 copies found no trade in a source used 2.5 times) are planned
-    again by rounds, best fit, with those copies."""
+    twice: second copies traded away (``separate_copies``). Best fit's packs after the made
+    groups put a short sample's copies together (of 85,974 second copies at 3M uses, 85,727
+    were there); where they hold more than ``TRADE_MAX`` (a large plan: trades cost ~40 us
+    each, a few more packs nothing measurable) or some copy finds no trade, those packs are
+    planned again by rounds, best fit, with the made groups' copies that found none."""
     offsets, ids, dropped, free_from = packed
-    ids, stuck = separate_copies(
-        offsets, ids, total, visual, images, capacity=int(capacity * packing_ratio),
-        max_visual=max_visual, max_images=max_images,
-    )  # fmt: skip
-    if not stuck.size:
-        yield offsets, ids, dropped, free_from
-        return
     cut = int(offsets[free_from])
+    copies = second_copies(offsets, ids)
+    whole = int(np.count_nonzero(copies >= cut)) <= TRADE_MAX  # trade in every pack
+    end = offsets.size if whole else free_from + 1
+    traded, stuck = separate_copies(
+        offsets[:end], ids[: int(offsets[end - 1])], total, visual, images,
+        capacity=int(capacity * packing_ratio), max_visual=max_visual, max_images=max_images,
+    )  # fmt: skip
+    if whole and not stuck.size:
+        yield offsets, traded, dropped, free_from
+        return
     keep = np.ones(cut, dtype=bool)
     keep[stuck[stuck < cut]] = False
     pack_of = np.repeat(np.arange(free_from, dtype=np.int64), np.diff(offsets[: free_from + 1]))
     kept = np.bincount(pack_of[keep], minlength=free_from)
     made_offsets = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
-    yield made_offsets, ids[:cut][keep], dropped, free_from
-    rest = np.concatenate([ids[:cut][~keep], ids[cut:]])
+    yield made_offsets, traded[:cut][keep], dropped, free_from
+    rest = np.concatenate([traded[:cut][~keep], traded[cut:] if whole else ids[cut:]])
     rounds = use_index(rest)
     for r in range(int(rounds.max()) + 1):
         r_offsets, r_ids, _, _ = plan(rest[rounds == r], "tokens")  # best fit's packs
