@@ -34,9 +34,9 @@ small source used 2.5 times, the big one 0.625), ``real`` ai2d / chartqa / docvq
 (``single_source``). Per case: p50 / p95 / max attention and vision max/mean, fill, and
 ``one_plan``: one ``plan_packs`` of the same uses in its own epoch order (copies of a
 sample may share a pack there: the reference, not a valid plan), and ``best_fit_fill``, best
-fit's fill of the same uses (the fill goal: within 0.2 points). ``--baseline DIR`` gives
-the same rows with another checkout's neatpack (``metrics["mixture_baseline"]``: before /
-after).
+fit's fill of the same uses (per source with ``single_source``; the goal: within 0.2
+points). ``--baseline DIR`` gives the same rows with another checkout's neatpack
+(``metrics["mixture_baseline"]``: before / after).
 
     python benchmarks/bench_step_balance.py           # 100k generated samples, 2 epochs
     python benchmarks/bench_step_balance.py --quick   # 20k generated, real lengths at 8 ranks
@@ -264,8 +264,11 @@ def mixture_case(
             fill = float(total[ids].sum()) / max((offsets.size - 1) * 8192, 1)
             out.setdefault(key, {"packs": offsets.size - 1, "fill": round(fill, 5)})
         if epoch == 0:
-            best_fit = plan_packs(total[plan.ids], 8192, world_size=world, seed=seed)
-            out["best_fit_fill"] = round(best_fit.utilization(), 5)  # (copies may share a pack)
+            # best fit of the same uses (copies may share a pack), per source for single_source
+            src = plan.source_of(plan.ids)
+            uses = [plan.ids[src == k] for k in range(len(names))] if single_source else [plan.ids]
+            n_fit = sum(len(plan_packs(total[u], 8192, world_size=world, seed=seed)) for u in uses)
+            out["best_fit_fill"] = round(float(total[plan.ids].sum()) / (n_fit * 8192), 5)
             uses = np.bincount(plan.source_of(plan.ids), minlength=len(names))
             sizes = [t.size for t, _ in parts]
             out["uses_per_sample"] = [

@@ -308,7 +308,7 @@ def _apart(
     yield made_offsets, traded[:cut][keep], dropped, free_from
     rest = np.concatenate([traded[:cut][~keep], traded[cut:] if whole else ids[cut:]])
     rounds = use_index(rest)
-    for r in range(int(rounds.max()) + 1):
+    for r in range(int(rounds.max(initial=-1)) + 1):
         r_offsets, r_ids, _, _ = plan(rest[rounds == r], "tokens")  # best fit's packs
         yield r_offsets, r_ids, np.zeros(0, np.int64), 0
 
