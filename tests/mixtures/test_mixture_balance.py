@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from neatpack.pipes.mixtures import mixture_plan
 from neatpack.pipes.mixtures.mixture import epoch_counts
 from neatpack.pipes.mixtures.mixture_plan import (
     MixturePlan,
@@ -19,7 +20,7 @@ from neatpack.pipes.mixtures.mixture_plan import (
     plan_mixture,
     replan_from_cursor,
 )
-from neatpack.pipes.mixtures.mixture_uses import separate_copies
+from neatpack.pipes.mixtures.mixture_uses import TRADE_MAX, separate_copies
 from neatpack.pipes.planning.balance import COST_TERMS, imbalance, pack_cost_terms, pack_costs
 from neatpack.pipes.planning.plan import plan_packs
 
@@ -72,9 +73,14 @@ def test_repeated_source_mixture_steps_are_as_even_as_one_plan(per_rank: int) ->
     assert fill >= best_fit.utilization() - 0.002
 
 
-def test_one_source_a_pack_stays_one_source_and_keeps_every_use() -> None:
-    """``single_source``: the copies a trade cannot place (best fit puts a short sample's
-    copies together) are planned again by rounds; every use is still served once."""
+@pytest.mark.parametrize("trade_max", [TRADE_MAX, 0])
+def test_one_source_a_pack_stays_one_source_and_keeps_every_use(
+    trade_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``single_source``: the second source's own plan has 709 second copies, 24 of which
+    find no trade (best fit put a short sample's copies together): best fit's packs are
+    planned again by rounds; with ``TRADE_MAX`` 0 they always are. Every use served once."""
+    monkeypatch.setattr(mixture_plan, "TRADE_MAX", trade_max)
     counts, total, visual = _repeated(1)
     entries = np.concatenate([np.repeat(np.arange(6000), counts[0]),
                               np.repeat(np.arange(6000, 7500), counts[1])])  # fmt: skip
@@ -83,6 +89,7 @@ def test_one_source_a_pack_stays_one_source_and_keeps_every_use() -> None:
     _check_uses(plan, entries)
     for p in range(len(plan)):
         assert len(set(plan.pack_sources(p))) == 1
+    assert int(total[plan.ids].sum()) / (len(plan) * 8192) >= 0.99
 
 
 def test_mix_order_serves_made_groups_whole() -> None:
@@ -137,6 +144,8 @@ class Case(NamedTuple):
     per_rank: int | None
     single_source: bool
     max_visual: int | None
+    images: np.ndarray
+    max_images: int | None
     seed: int
 
 
@@ -158,6 +167,8 @@ def mixtures(draw: st.DrawFn) -> Case:
         per_rank=draw(st.sampled_from([None, 1, 2])),
         single_source=draw(st.booleans()),
         max_visual=draw(st.sampled_from([None, 60])),
+        images=np.asarray(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))),
+        max_images=draw(st.sampled_from([None, 3])),
         seed=draw(st.integers(0, 3)),
     )
 
@@ -166,6 +177,7 @@ def _plan(case: Case) -> MixturePlan:
     return plan_mixture(case.counts, case.total, case.visual, capacity=150, epoch=0,
                         group_size=case.group_size, balance="cost", seed=case.seed,
                         single_source=case.single_source, max_visual=case.max_visual,
+                        images=case.images, max_images=case.max_images,
                         per_rank=case.per_rank)  # fmt: skip
 
 
@@ -182,6 +194,8 @@ def test_cost_mixture_plans_serve_every_use_once(case: Case, cut: int) -> None:
         assert int(case.total[ids].sum()) <= 150
         if case.max_visual is not None:
             assert int(case.visual[ids].sum()) <= case.max_visual
+        if case.max_images is not None:
+            assert int(case.images[ids].sum()) <= case.max_images
         if case.single_source:
             assert len(set(plan.pack_sources(p))) == 1
     # a re-plan from a cursor keeps the served packs and serves its uses once too
@@ -190,7 +204,8 @@ def test_cost_mixture_plans_serve_every_use_once(case: Case, cut: int) -> None:
     new = replan_from_cursor(
         plan, cursor, targets, [f"s{s}" for s in range(len(targets))], case.total,
         case.visual, capacity=150, balance="cost", seed=case.seed,
-        single_source=case.single_source, max_visual=case.max_visual, per_rank=case.per_rank,
+        single_source=case.single_source, max_visual=case.max_visual, images=case.images,
+        max_images=case.max_images, per_rank=case.per_rank,
     )  # fmt: skip
     for slot in range(cursor):
         assert new.pack(int(new.order[slot])) == plan.pack(int(plan.order[slot]))
@@ -199,6 +214,8 @@ def test_cost_mixture_plans_serve_every_use_once(case: Case, cut: int) -> None:
         ids = new.pack(p)
         assert len(ids) == len(set(ids))
         assert int(case.total[ids].sum()) <= 150
+        if case.max_images is not None:
+            assert int(case.images[ids].sum()) <= case.max_images
     served = np.bincount(new.source_of(new.ids), minlength=len(targets))
     assert served.tolist() == targets
 
