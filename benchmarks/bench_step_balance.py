@@ -26,8 +26,21 @@ Lengths: ``generated`` (the VLM draw of ``bench_balance.py``) and the real per-s
 of ai2d, chartqa and docvqa, whole (``benchmarks/data/omnibal_lengths.npz``, from ModelTC/OmniBal:
 448px tiles of 256 tokens each).
 
+``metrics["mixture"]``: mixtures whose sources are used more than once, planned as a graph
+plans them (``MixtureLayout.epoch_plan``, ``balance="cost"``, ``per_rank``) and served in
+their mixed order: ``generated`` split 80 / 20 % of the samples at weights 0.5 / 0.5 (the
+small source used 2.5 times, the big one 0.625), ``real`` ai2d / chartqa / docvqa at 0.4 /
+0.3 / 0.3 (ai2d used 2.2 times); packs mixing sources, and one source a pack
+(``single_source``). Per case: p50 / p95 / max attention and vision max/mean, fill, and
+``one_plan``: one ``plan_packs`` of the same uses in its own epoch order (copies of a
+sample may share a pack there: the reference, not a valid plan), and ``best_fit_fill``, best
+fit's fill of the same uses (per source with ``single_source``; the goal: within 0.2
+points). ``--baseline DIR`` gives the same rows with another checkout's neatpack
+(``metrics["mixture_baseline"]``: before / after).
+
     python benchmarks/bench_step_balance.py           # 100k generated samples, 2 epochs
     python benchmarks/bench_step_balance.py --quick   # 20k generated, real lengths at 8 ranks
+    python benchmarks/bench_step_balance.py --mixture-only --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -35,6 +48,10 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +59,9 @@ import numpy as np
 from _machine import machine  # benchmarks/ is on sys.path as the script's folder
 from bench_balance import make_samples
 
+from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
+from neatpack.pipes.mixtures.mixture_plan import plan_mixture
+from neatpack.pipes.mixtures.mixture_source import MixtureLayout
 from neatpack.pipes.planning.balance import (
     COST_TERMS,
     balanced_order,
@@ -190,6 +210,107 @@ def evaluate(
     return out
 
 
+def mixture_corpora(n: int, seed: int) -> dict[str, tuple[list[str], list[float], list[Any]]]:
+    """name -> (source names, weights, per source (total, visual)): the module doc's mixtures."""
+    total, visual = make_samples(n, seed)
+    cut = int(n * 0.8)
+    real = [real_lengths(name) for name in REAL]
+    return {
+        "generated": (["big", "small"], [0.5, 0.5],
+                      [(total[:cut], visual[:cut]), (total[cut:], visual[cut:])]),
+        "real": (list(REAL), [0.4, 0.3, 0.3], real),
+    }  # fmt: skip
+
+
+def mixture_case(
+    corpus: tuple[list[str], list[float], list[Any]],
+    world: int,
+    per_rank: int,
+    single_source: bool,
+    epochs: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One mixture served ``epochs`` epochs on ``world`` ranks x ``per_rank`` packs a step."""
+    names, weights, parts = corpus
+    total = np.concatenate([t for t, _ in parts])
+    visual = np.concatenate([v for _, v in parts])
+    mix = Mixture(sources=[MixtureSource(name=nm, data=None, weight=w)
+                           for nm, w in zip(names, weights, strict=True)])  # fmt: skip
+    layout = MixtureLayout(
+        names=tuple(names), sizes=tuple(t.size for t, _ in parts), total=total, visual=visual,
+        capacity=8192, packing_ratio=1.0, overlong="drop", seed=seed,
+        single_source=single_source, lengths_fingerprint="bench", balance="cost",
+        per_rank=per_rank,
+    )  # fmt: skip
+    blend = mix.blend()
+    unit = world * per_rank
+    out: dict[str, Any] = {}
+    rows: dict[str, list[np.ndarray]] = {"mixture": [], "one_plan": []}
+    for epoch in range(epochs):
+        plan = layout.epoch_plan([(0, blend)], epoch, world)
+        one = plan_packs(total[plan.ids], 8192, visual=visual[plan.ids], world_size=world,
+                         seed=seed, balance="cost", per_rank=per_rank)  # fmt: skip
+        cases = (
+            ("mixture", plan.offsets, plan.ids, plan.order),
+            ("one_plan", one.offsets, plan.ids[one.ids], one.epoch_order(epoch)),
+        )
+        for key, offsets, ids, order in cases:
+            terms = pack_cost_terms(offsets, ids, total, visual)
+            vision = pack_costs(terms)[1]
+            attention = terms[:, COST_TERMS.index("attention")]
+            slots = order[: order.size // unit * unit].reshape(-1, per_rank, world)
+            rows[key].append(np.stack([attention[slots].sum(axis=1),
+                                       vision[slots].sum(axis=1)]))  # fmt: skip
+            fill = float(total[ids].sum()) / max((offsets.size - 1) * 8192, 1)
+            out.setdefault(key, {"packs": offsets.size - 1, "fill": round(fill, 5)})
+        if epoch == 0:
+            # best fit of the same uses (copies may share a pack), per source for single_source
+            src = plan.source_of(plan.ids)
+            uses = [plan.ids[src == k] for k in range(len(names))] if single_source else [plan.ids]
+            n_fit = sum(len(plan_packs(total[u], 8192, world_size=world, seed=seed)) for u in uses)
+            out["best_fit_fill"] = round(float(total[plan.ids].sum()) / (n_fit * 8192), 5)
+            uses = np.bincount(plan.source_of(plan.ids), minlength=len(names))
+            sizes = [t.size for t, _ in parts]
+            out["uses_per_sample"] = [
+                round(int(u) / z, 3) for u, z in zip(uses, sizes, strict=True)
+            ]
+    for key, stats in rows.items():
+        both = np.concatenate(stats, axis=1)  # [2, steps, world]
+        out[key]["steps"] = int(both.shape[1])
+        out[key]["attention"] = ratio_stats(both[0])
+        out[key]["vision"] = ratio_stats(both[1])
+    return out
+
+
+def mixture_rows(
+    n: int, ranks: list[int], per_ranks: list[int], epochs: int, seed: int
+) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for name, corpus in mixture_corpora(n, seed).items():
+        for single in (False, True):
+            for world in ranks:
+                for per_rank in per_ranks:
+                    key = f"{name}/single_source={single}/ranks={world}/per_rank={per_rank}"
+                    rows[key] = mixture_case(corpus, world, per_rank, single, epochs, seed)
+    return rows
+
+
+def baseline_mixture(checkout: str, argv: list[str]) -> tuple[dict[str, Any], str]:
+    """The ``--mixture-only`` rows with the neatpack of ``checkout`` (its ``pipes`` and
+    ``graphs`` as ``neatpack.pipes`` / ``neatpack.graphs``), in a subprocess, and the file
+    its ``plan_mixture`` came from (as ``bench_plan.py``'s ``--baseline``)."""
+    root = Path(checkout).resolve()
+    with tempfile.TemporaryDirectory() as shim:
+        (Path(shim) / "neatpack").mkdir()
+        for sub in ("pipes", "graphs"):
+            (Path(shim) / "neatpack" / sub).symlink_to(root / sub)
+        env = {**os.environ, "PYTHONPATH": shim}
+        cmd = [sys.executable, __file__, *argv, "--mixture-only"]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    printed = json.loads(out.stdout)
+    return printed["metrics"]["mixture"], printed["params"]["planner"]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="20k generated samples, 8 ranks")
@@ -198,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--packs-per-rank", default="1,4")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mixture-only", action="store_true", help="only metrics['mixture']")
+    ap.add_argument("--baseline", default=None, help="a checkout to run the mixture rows with")
     args = ap.parse_args(argv)
     n = 20_000 if args.quick else args.samples
     ranks = [8] if args.quick else [int(r) for r in args.ranks.split(",")]
@@ -207,11 +330,20 @@ def main(argv: list[str] | None = None) -> None:
     both = [np.concatenate(x) for x in zip(*(corpora[name] for name in REAL), strict=True)]
     corpora["real_mix"] = (both[0], both[1])
     metrics: dict[str, Any] = {}
-    for name, (total, visual) in corpora.items():
+    for name, (total, visual) in [] if args.mixture_only else corpora.items():
         for world in ranks:
             for per_rank in per_ranks:
                 key = f"{name}/ranks={world}/per_rank={per_rank}"
                 metrics[key] = evaluate(total, visual, world, per_rank, args.epochs, args.seed)
+    metrics["mixture"] = mixture_rows(n, ranks, per_ranks, args.epochs, args.seed)
+    if args.baseline:
+        passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--mixture-only"]
+        at = passed.index("--baseline") if "--baseline" in passed else None
+        if at is not None:
+            passed = passed[:at] + passed[at + 2 :]
+        passed = [a for a in passed if not a.startswith("--baseline=")]
+        base, planner = baseline_mixture(args.baseline, passed)
+        metrics["mixture_baseline"] = {"planner": planner, "rows": base}
     out = {
         "benchmark": "step_balance",
         "params": {
@@ -224,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
             "seed": args.seed,
             "shuffle": True,
             "quick": args.quick,
+            "mixture_only": args.mixture_only,
+            "planner": plan_mixture.__code__.co_filename,
             "real_source": "ModelTC/OmniBal@fc12bce data/vision/*_wh_token_lengths.json",
         },
         "metrics": metrics,

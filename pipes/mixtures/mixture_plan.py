@@ -10,6 +10,16 @@ far closest to every source's share, so any run of served groups holds every sou
     queues  a: a1 a2 a3 a4 a5 a6   b: b1 b2   c: c1 c2     (shares 60 / 20 / 20 %)
     served  a1 b1 c1 a2 a3 b2 a4 c2 a5 a6                   (never all c at the end)
 
+Under ``balance="cost"`` (the graphs' default) a part's uses, every round of them, are one
+``plan_packs`` (``mixture_uses``: a pack's second copy of a sample is traded for a use of
+like cost in another pack), and the serving order keeps its made step groups whole: the other
+packs of every part are ordered together (``balanced_order("cost")``) and the short last
+group is drawn from them. Before, one plan a round (a sample's ``k``-th use in round ``k``)
+and groups cut from the plans laid end to end: at 8 ranks, sources of 80k and 20k samples
+(the second used 2.5 times), p95 vision max/mean 1.31 against 1.04 now, at 64 ranks 1.85
+against 1.05, as one plan of the same uses (``benchmarks/bench_step_balance.py``,
+``metrics["mixture"]``). The other balances plan by rounds as they did (their states load).
+
 ``replan_from_cursor`` keeps the packs already served (``order[:cursor]``) and plans the rest of
 the epoch again for a new blend: the unconsumed uses are kept where the new blend still wants
 them, dropped (listed in ``replan_dropped``) where it wants fewer, and topped up (least used
@@ -20,17 +30,33 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from neatpack.pipes.mixtures.mixture import IntArray, fill_counts, source_rng
-from neatpack.pipes.planning.balance import BalancePolicy
-from neatpack.pipes.planning.plan import plan_packs
+from neatpack.pipes.mixtures.mixture_uses import (
+    TRADE_MAX,
+    second_copies,
+    separate_copies,
+    use_index,
+)
+from neatpack.pipes.planning.balance import (
+    COST_TERMS,
+    BalancePolicy,
+    balanced_order,
+    pack_cost_terms,
+)
+from neatpack.pipes.planning.plan import plan_images, plan_packs
 
 __all__ = ["MixturePlan", "mix_order", "pack_source_tokens", "plan_mixture", "replan_from_cursor"]
+
+
+#: One plan part: CSR packs of global sample ids, the overlong ones left out, and how many of
+#: its first packs are made step groups (``PackPlan.free_from``).
+Packed = tuple[IntArray, IntArray, IntArray, int]
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,11 +101,15 @@ class MixturePlan:
 
 
 def mix_order(
-    pack_tokens: npt.NDArray[np.int64], group_size: int, rng: np.random.Generator
+    pack_tokens: npt.NDArray[np.int64],
+    group_size: int,
+    rng: np.random.Generator,
+    free_from: int = 0,
 ) -> IntArray:
     """Serving order of packs (``pack_tokens[p, s]``: pack ``p``'s tokens of source ``s``, packs
     in load order): step groups of ``group_size`` neighbours, spread by class (module doc);
-    ``len % group_size`` drawn packs form the tail, as in ``plan.step_group_order``.
+    ``len % group_size`` packs drawn among those from ``free_from`` on (the packs before it are
+    made step groups, never split) form the tail, as in ``plan.step_group_order``.
 
     >>> tokens = np.array([[9, 0]] * 6 + [[0, 9]] * 2)
     >>> order = mix_order(tokens, 1, np.random.default_rng(0))
@@ -87,8 +117,13 @@ def mix_order(
     [2, 6]
     """
     n = int(pack_tokens.shape[0])
+    if free_from % group_size or not 0 <= free_from <= n:
+        raise ValueError(f"{free_from=} must be a whole number of groups of {group_size} in "
+                         f"[0, {n}]: the made step groups come first")  # fmt: skip
     tail_n = n % group_size
-    tail = np.sort(rng.choice(n, size=tail_n, replace=False)) if tail_n else None
+    tail = None
+    if tail_n:
+        tail = free_from + np.sort(rng.choice(n - free_from, size=tail_n, replace=False))
     body = np.arange(n, dtype=np.int64)
     if tail is not None:
         body = np.delete(body, tail)
@@ -174,60 +209,108 @@ def _plan_entries(
     max_images: int | None = None,
     supervised: IntArray | None = None,
     per_rank: int | None = None,
-) -> tuple[IntArray, IntArray, IntArray]:
-    """Packs of ``entries`` (global ids, repeats allowed) as CSR, and the overlong ones left
-    out. One ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``, so no pack
-    holds a sample twice), and per source with ``single_source``. ``balance``, ``max_visual``
-    (``images`` / ``max_images``) and ``per_rank`` (packs per rank per step, the step shape
-    ``balance="cost"`` makes its groups for) are ``plan_packs``' own: each part's packs keep
-    the budgets and come in its balance order, and ``mix_order`` cuts step groups from
-    neighbours in that order."""
-    rounds = _use_index(entries)
+) -> tuple[IntArray, IntArray, IntArray, npt.NDArray[np.bool_]]:
+    """Packs of ``entries`` (global ids, repeats allowed) as CSR, the overlong ones left out,
+    and which packs are made step groups (``PackPlan.free_from``: each part's first packs).
+    Per source with ``single_source``. No pack holds a sample twice: under ``balance="cost"``
+    a part's uses are planned together and copies moved apart (``_apart``), else one
+    ``plan_packs`` per round (a sample's ``k``-th use is in round ``k``). ``balance``,
+    ``max_visual`` (``images`` / ``max_images``) and ``per_rank`` (packs per rank per step,
+    the step shape ``balance="cost"`` makes its groups for) are ``plan_packs``' own: each
+    part's packs keep the budgets and come in its balance order."""
     src = np.searchsorted(bounds, entries, side="right") - 1
     sources = range(int(bounds.size - 1)) if single_source else [None]
-    groups = (  # one at a time: a 10M-entry epoch keeps one part in memory, not all
-        entries[(rounds == r) & (True if s is None else src == s)]
-        for r in range(int(rounds.max()) + 1 if rounds.size else 0)
-        for s in sources
-    )
-    offs, ids, dropped = [np.zeros(1, np.int64)], [], []
-    for part in groups:
-        if not part.size:
-            continue
-        plan = plan_packs(
-            total[part],
-            capacity,
-            visual=visual[part],
-            packing_ratio=packing_ratio,
-            overlong=overlong,
-            world_size=group_size,
-            seed=seed,
-            balance=balance,
-            max_visual=max_visual,
-            images=None if images is None else images[part],
-            max_images=max_images,
-            supervised=None if supervised is None else supervised[part],
+
+    def plan(part: IntArray, how: BalancePolicy = balance) -> Packed:
+        made = plan_packs(
+            total[part], capacity, visual=visual[part], packing_ratio=packing_ratio,
+            overlong=overlong, world_size=group_size, seed=seed, balance=how,
+            max_visual=max_visual, images=None if images is None else images[part],
+            max_images=max_images, supervised=None if supervised is None else supervised[part],
             per_rank=per_rank,
+        )  # fmt: skip
+        return made.offsets, part[made.ids], part[made.dropped_ids], made.free_from
+
+    if balance != "cost":  # (rounds outer, sources inner: the plans as they were)
+        rounds = use_index(entries)
+        parts: Iterator[Packed] = (
+            plan(part)  # one at a time: a 10M-entry epoch keeps one part in memory, not all
+            for r in range(int(rounds.max()) + 1 if rounds.size else 0)
+            for s in sources
+            if (part := entries[(rounds == r) & (True if s is None else src == s)]).size
         )
-        offs.append(plan.offsets[1:] + offs[-1][-1] if len(offs) else plan.offsets[1:])
-        ids.append(part[plan.ids])
-        dropped.append(part[plan.dropped_ids])
-    return np.concatenate(offs).astype(np.int64), _cat(ids), np.unique(_cat(dropped))
+    else:
+        parts = (
+            packed
+            for s in sources
+            if (part := entries if s is None else entries[src == s]).size
+            for packed in _apart(
+                plan(part),
+                plan,
+                total,
+                visual,
+                images,
+                capacity=capacity,
+                packing_ratio=packing_ratio,
+                max_visual=max_visual,
+                max_images=max_images,
+            )
+        )
+
+    offs, ids, dropped, made, end = [np.zeros(1, np.int64)], [], [], [], 0
+    for p_offsets, p_ids, p_dropped, free_from in parts:
+        offs.append(p_offsets[1:] + end)
+        end += int(p_offsets[-1])
+        ids.append(p_ids)
+        dropped.append(p_dropped)
+        made.append(np.arange(p_offsets.size - 1) < free_from)
+    out_offsets = np.concatenate(offs).astype(np.int64)
+    made_mask = np.concatenate(made) if made else np.zeros(0, bool)
+    return out_offsets, _cat(ids), np.unique(_cat(dropped)), made_mask
 
 
-def _use_index(entries: IntArray) -> IntArray:
-    """For each entry, how many entries of the same sample come before it (0 for the first).
-
-    >>> _use_index(np.array([5, 3, 5, 5, 3])).tolist()
-    [0, 0, 1, 2, 1]
-    """
-    order = np.argsort(entries, kind="stable")
-    ordered = entries[order]
-    first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if entries.size else order
-    run_start = np.repeat(first, np.diff(np.r_[first, entries.size]))
-    out = np.empty(entries.size, dtype=np.int64)
-    out[order] = np.arange(entries.size) - run_start
-    return out
+def _apart(
+    packed: Packed,
+    plan: Callable[[IntArray, BalancePolicy], Packed],
+    total: IntArray,
+    visual: IntArray,
+    images: IntArray | None,
+    *,
+    capacity: int,
+    packing_ratio: float,
+    max_visual: int | None,
+    max_images: int | None,
+) -> Iterator[Packed]:
+    """One plan of every use of a part (``packed``: CSR of sample ids, repeats allowed, and
+    how many of its first packs are made groups, ``free_from``) with no pack holding a sample
+    twice: second copies traded away (``separate_copies``). Best fit's packs after the made
+    groups put a short sample's copies together (of 85,974 second copies at 3M uses, 85,727
+    were there); where they hold more than ``TRADE_MAX`` (a large plan: trades cost ~40 us
+    each, a few more packs nothing measurable) or some copy finds no trade, those packs are
+    planned again by rounds, best fit, with the made groups' copies that found none."""
+    offsets, ids, dropped, free_from = packed
+    cut = int(offsets[free_from])
+    copies = second_copies(offsets, ids)
+    whole = int(np.count_nonzero(copies >= cut)) <= TRADE_MAX  # trade in every pack
+    end = offsets.size if whole else free_from + 1
+    traded, stuck = separate_copies(
+        offsets[:end], ids[: int(offsets[end - 1])], total, visual, images,
+        capacity=int(capacity * packing_ratio), max_visual=max_visual, max_images=max_images,
+    )  # fmt: skip
+    if whole and not stuck.size:
+        yield offsets, traded, dropped, free_from
+        return
+    keep = np.ones(cut, dtype=bool)
+    keep[stuck[stuck < cut]] = False
+    pack_of = np.repeat(np.arange(free_from, dtype=np.int64), np.diff(offsets[: free_from + 1]))
+    kept = np.bincount(pack_of[keep], minlength=free_from)
+    made_offsets = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
+    yield made_offsets, traded[:cut][keep], dropped, free_from
+    rest = np.concatenate([traded[:cut][~keep], traded[cut:] if whole else ids[cut:]])
+    rounds = use_index(rest)
+    for r in range(int(rounds.max(initial=-1)) + 1):
+        r_offsets, r_ids, _, _ = plan(rest[rounds == r], "tokens")  # best fit's packs
+        yield r_offsets, r_ids, np.zeros(0, np.int64), 0
 
 
 def _cat(parts: list[IntArray]) -> IntArray:
@@ -237,21 +320,52 @@ def _cat(parts: list[IntArray]) -> IntArray:
 def _finish(
     prefix_offsets: IntArray,
     prefix_ids: IntArray,
-    offsets: IntArray,
-    ids: IntArray,
-    total: IntArray,
+    packed: tuple[IntArray, IntArray, npt.NDArray[np.bool_]],
+    lengths: tuple[IntArray, IntArray, IntArray | None],
     bounds: IntArray,
     group_size: int,
     rng: np.random.Generator,
+    balance: BalancePolicy,
 ) -> tuple[IntArray, IntArray, IntArray]:
-    """Served prefix packs (kept in order) + new packs in ``mix_order``: CSR and order."""
-    tokens = pack_source_tokens(offsets, ids, total, bounds)
-    order = mix_order(tokens, group_size, rng)
+    """Served prefix packs (kept in order) + new packs (``packed``: CSR and which packs are
+    made step groups) in ``mix_order``: CSR and order. Under ``balance="cost"`` the made
+    groups stay whole and the parts' other packs are ordered together
+    (``balanced_order("cost")``), not cut where one part's packs end and the next's begin."""
+    offsets, ids, made = packed
+    tokens = pack_source_tokens(offsets, ids, lengths[0], bounds)
+    if balance == "cost":
+        load = _cost_load_order(offsets, ids, made, lengths, group_size)
+        n_made = int(np.count_nonzero(made))
+        order = load[mix_order(tokens[load], group_size, rng, free_from=n_made)]
+    else:  # (the plans as they were: states saved under these balances still load)
+        order = mix_order(tokens, group_size, rng)
     n_prefix = int(prefix_offsets.size - 1)
     all_offsets = np.concatenate([prefix_offsets, offsets[1:] + prefix_offsets[-1]])
     all_ids = np.concatenate([prefix_ids, ids])
     full = np.concatenate([np.arange(n_prefix, dtype=np.int64), order + n_prefix])
     return all_offsets.astype(np.int64), all_ids.astype(np.int64), full
+
+
+def _cost_load_order(
+    offsets: IntArray,
+    ids: IntArray,
+    made: npt.NDArray[np.bool_],
+    lengths: tuple[IntArray, IntArray, IntArray | None],
+    group_size: int,
+) -> IntArray:
+    """The made groups' packs (each part's, in order: whole groups), then every other pack
+    in ``balanced_order("cost")``, as ``plan_packs`` orders one plan's free packs."""
+    total, visual, images = lengths
+    free = np.flatnonzero(~made)
+    sizes = np.diff(offsets)[free]
+    sub_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    sub_ids = ids[np.repeat(offsets[free] - sub_offsets[:-1], sizes) + np.arange(sizes.sum())]
+    terms = pack_cost_terms(sub_offsets, sub_ids, total, visual,
+                            images=plan_images(images, "cost", None))  # fmt: skip
+    tot_p = terms[:, COST_TERMS.index("tokens")].astype(np.int64)
+    vis_p = terms[:, COST_TERMS.index("patches")].astype(np.int64)
+    by_cost = balanced_order("cost", terms, vis_p, tot_p, group_size)
+    return np.concatenate([np.flatnonzero(made), free[by_cost]]).astype(np.int64)
 
 
 def _set_options(
@@ -326,7 +440,7 @@ def plan_mixture(
     entries = np.concatenate(
         [np.repeat(np.arange(c.size, dtype=np.int64) + bounds[s], c) for s, c in enumerate(counts)]
     )
-    offsets, ids, dropped = _plan_entries(
+    offsets, ids, dropped, made = _plan_entries(
         entries, tot, vis, bounds, capacity=capacity, packing_ratio=packing_ratio,
         overlong=overlong, group_size=group_size, seed=seed, single_source=single_source,
         balance=balance, max_visual=max_visual, images=imgs, max_images=max_images,
@@ -335,8 +449,9 @@ def plan_mixture(
     rng = np.random.default_rng([seed, epoch, 1])
     empty = np.zeros(1, np.int64)
     offsets, ids, order = _finish(
-        empty, np.zeros(0, np.int64), offsets, ids, tot, bounds, group_size, rng
-    )
+        empty, np.zeros(0, np.int64), (offsets, ids, made), (tot, vis, imgs), bounds,
+        group_size, rng, balance,
+    )  # fmt: skip
     fp = _fingerprint(
         "mixture-plan/1", epoch, group_size, capacity, packing_ratio, overlong, seed,
         single_source, offsets, ids, order,
@@ -417,7 +532,7 @@ def replan_from_cursor(
         else:
             keep = left + fill_counts(used + left, want - int(left.sum()), rng)
         entries.append(np.repeat(np.arange(hi - lo, dtype=np.int64) + lo, keep))
-    offsets, ids, overlong_out = _plan_entries(
+    offsets, ids, overlong_out, made = _plan_entries(
         np.concatenate(entries), tot, vis, bounds, capacity=capacity,
         packing_ratio=packing_ratio, overlong=overlong, group_size=plan.group_size, seed=seed,
         single_source=single_source, balance=balance, max_visual=max_visual, images=imgs,
@@ -425,8 +540,9 @@ def replan_from_cursor(
     )  # fmt: skip
     rng = np.random.default_rng([seed, plan.epoch, 2, cursor])
     offsets, ids, order = _finish(
-        prefix_offsets, prefix_ids, offsets, ids, tot, bounds, plan.group_size, rng
-    )
+        prefix_offsets, prefix_ids, (offsets, ids, made), (tot, vis, imgs), bounds,
+        plan.group_size, rng, balance,
+    )  # fmt: skip
     fp = _fingerprint("mixture-replan/1", plan.fingerprint, cursor, list(targets), offsets, ids)
     return MixturePlan(
         offsets=offsets, ids=ids, order=order, bounds=bounds, epoch=plan.epoch,

@@ -123,6 +123,8 @@ class MixtureLayout:
             key += [hashlib.sha256(np.asarray(self.supervised, "<i8").tobytes()).hexdigest()]
         if self.balance == "cost" and self.per_rank is not None:  # the step shape it plans for
             key += [f"per_rank={int(self.per_rank)}"]
+        if self.balance == "cost":  # every use in one plan (mixture_uses): older states refused
+            key += ["uses-together"]
         return hashlib.sha256(("mixture/1" + json.dumps(key)).encode()).hexdigest()
 
     def targets(self, blend: Blend) -> IntArray:
