@@ -112,8 +112,9 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 def test_text_states_saved_before_the_groups_resume_exactly() -> None:
     records = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 3, 7, 4, 6, 8, 2, 11, 5)]
     # saved when tokens was the default balance: resumed with it set, refused without
-    cases = [("neat_llm", NeatLLMConfig(pack_size=16, balance="tokens"), 2),
-             ("neat_llm_cp", NeatLLMConfig(pack_size=16, cp_size=2, balance="tokens"), 1)]  # fmt: skip
+    old: dict[str, Any] = {"balance": "tokens"}
+    cases = [("neat_llm", NeatLLMConfig(pack_size=16, **old), 2),
+             ("neat_llm_cp", NeatLLMConfig(pack_size=16, cp_size=2, **old), 1)]  # fmt: skip
     for name, cfg, done in cases:
         whole = _batches(neat_llm_graph(records, config=cfg), done + 1)
         resumed = neat_llm_graph(records, config=cfg)
@@ -132,8 +133,9 @@ def test_vlm_states_saved_before_the_groups_resume_exactly(
     data = write_corpus(tmp_path, num_samples=12, seed=3)  # the corpus the states were saved on
     media = f"{tmp_path}/media"
     # saved when tokens was the default balance: resumed with it set, refused without
-    cfg: Any = (NeatVLMConfig(pack_size=1024, media_root=media, balance="tokens")
-                if name == "neat_vlm" else GroupedConfig(batch_size=2, media_root=media))  # fmt: skip
+    cfg: Any = GroupedConfig(batch_size=2, media_root=media)
+    if name == "neat_vlm":
+        cfg = NeatVLMConfig(pack_size=1024, media_root=media, balance="tokens")
     processor = load_tiny_processor()
     whole = _batches(graph(data, processor, config=cfg), 3)
     resumed = graph(data, processor, config=cfg)

@@ -83,7 +83,8 @@ def test_one_term_balance_sorts_neighbours_alike(balance: str) -> None:
 def test_the_default_balance_is_cost_and_tokens_keeps_the_old_key() -> None:
     """cost is the graphs' default and enters the key; tokens, the default states were saved
     under before it, stays out of the key, so those states still load with it set."""
-    assert NeatVLMConfig().balance == "cost" and NeatLLMConfig().balance == "cost"
+    assert NeatVLMConfig().balance == "cost"
+    assert NeatLLMConfig().balance == "cost"
     assert checkpoint_key(NeatVLMConfig())["balance"] == "cost"
     assert "balance" not in checkpoint_key(NeatVLMConfig(balance="tokens"))
     assert checkpoint_key(NeatVLMConfig(balance="lm"))["balance"] == "lm"
