@@ -166,7 +166,7 @@ def _into_rooms(
     if cand.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
-    units = np.concatenate([capacity + 1 + used, lengths[cand]]).astype(np.int64)
+    units = np.concatenate([capacity + 1 + used, lengths[cand]]).astype(np.int64, copy=False)
     b_off, items = best_fit_decreasing(units, 2 * capacity + 1)
     bin_of = np.repeat(np.arange(b_off.size - 1), np.diff(b_off))
     head = items[b_off[:-1]]
@@ -191,12 +191,14 @@ def _tuples(visual: IntArray, vcost: FloatArray, order: IntArray, span: int) -> 
 
 
 def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
-            start_v: FloatArray) -> IntArray:  # fmt: skip
+            start_v: FloatArray, vc: FloatArray | None = None) -> IntArray:  # fmt: skip
     """Pack (0..size-1 within its group) of every member: rounds of one tuple per group, LPT;
-    then swaps of one tuple's members between the heaviest and the lightest pack."""
+    then swaps of one tuple's members between the heaviest and the lightest pack. ``vc``:
+    ``vcost[members]`` where the caller has it."""
     counts = np.bincount(tp_of, minlength=n_tp)
     starts = _csr(counts)[:-1]
-    vc = vcost[members]
+    if vc is None:
+        vc = vcost[members]
     n_rounds = int(counts.max(initial=0))
     # Each round as slices, not gathers and scatters by group: the groups by tuple count, most
     # first (those a round deals to are a prefix), members laid out round by round (round
@@ -426,9 +428,13 @@ def _deal(rows: IntArray, cost: FloatArray, tp_of: IntArray, n_tp: int, size: in
     """Step 5 on ``cost``: (the tuples, widest spread first in each group, and the pack of
     each member), the fillers' cost counted."""
     start = np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size).astype(np.float64)
-    spread = cost[rows].max(axis=1) - cost[rows].min(axis=1)
-    members = rows[np.lexsort((-spread, tp_of))]
-    return members, _assign(members, cost, tp_of, n_tp, size, start.reshape(n_tp, size))
+    by_row = cost[rows]  # gathered once: the spread's, and (rows reordered) the deal's
+    spread = by_row.max(axis=1)
+    spread -= by_row.min(axis=1)
+    order = np.lexsort((-spread, tp_of))
+    members = rows[order]
+    dest = _assign(members, cost, tp_of, n_tp, size, start.reshape(n_tp, size), by_row[order])
+    return members, dest
 
 
 def _spreads(lengths: IntArray, vcost: FloatArray, members: IntArray, dest: IntArray,
@@ -438,9 +444,14 @@ def _spreads(lengths: IntArray, vcost: FloatArray, members: IntArray, dest: IntA
     size = dest.shape[1]
     pack = (tp_of[:, None] * size + dest).ravel()
     out = []
-    for cost in (lengths.astype(np.float64) ** 2, vcost):
-        load = np.bincount(pack, weights=cost[members.ravel()], minlength=n_tp * size)
-        load += np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size)
+    for squared, cost in ((True, lengths), (False, vcost)):
+        # squared after the gather: the same values, without a float copy of every sample
+        weights = [cost[m].astype(np.float64, copy=False) for m in (members.ravel(), f_ids)]
+        if squared:
+            for w in weights:
+                w *= w
+        load = np.bincount(pack, weights=weights[0], minlength=n_tp * size)
+        load += np.bincount(f_pack, weights=weights[1], minlength=n_tp * size)
         out.append(imbalance(load.reshape(n_tp, size)))
     return out[0], out[1]
 
