@@ -138,10 +138,12 @@ SCORE_PER_RANK: Final = 4
 SWAP_ROUNDS: Final = 16
 SWAP_TUPLES: Final = 16
 SWAP_BLOCK: Final = 1 << 15
-#: Memory one candidate takes while it is built and scored, per sample (measured: 88-91
-#: bytes at 2M samples and 64 ranks): ``group_packs`` runs no more candidates at once than
-#: the free memory holds.
-CANDIDATE_BYTES: Final = 128
+#: Memory per sample that ``group_packs`` holds for all its candidates (the samples' orders
+#: and fillers per filler share) and that one candidate takes while it is built and scored
+#: (tracemalloc at 2M samples, 64 ranks: 141 bytes a sample with one thread, +67 with a
+#: second): it runs no more candidates at once than the free memory holds.
+SHARED_BYTES: Final = 64
+CANDIDATE_BYTES: Final = 96
 
 FloatArray = npt.NDArray[np.float64]
 #: (offsets, ids, order, grouped): CSR packs and their storage order; its first ``grouped``
@@ -616,7 +618,7 @@ def _candidate(tok: IntArray, vis: IntArray, capacity: int, group_size: int,
 def _threads(n: int) -> int:
     """Threads for ``group_packs``: its candidates and best fit's score at once (numpy lets
     go of the GIL in its sorts, gathers and sums), as many as the cores, and as the free
-    memory holds at ``CANDIDATE_BYTES`` a sample each."""
+    memory holds (``SHARED_BYTES`` and ``CANDIDATE_BYTES`` a sample each); at least one."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -628,7 +630,7 @@ def _threads(n: int) -> int:
                         if line.startswith("MemAvailable:"))  # fmt: skip
     except (OSError, StopIteration, ValueError):  # not Linux: the cores alone
         return threads
-    return max(1, min(threads, free // max(CANDIDATE_BYTES * n, 1)))
+    return max(1, min(threads, (free - SHARED_BYTES * n) // max(CANDIDATE_BYTES * n, 1)))
 
 
 def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:
