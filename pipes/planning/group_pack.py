@@ -407,10 +407,17 @@ def _groups(
     att, vis = _spreads(lengths, vcost, members, dest, tp_of, n_tp, f_pack, f_ids)
     again = np.flatnonzero((att > vis) & (att > 1 + REDEAL_ABOVE))
     if again.size:
-        sq = lengths.astype(np.float64) ** 2
-        both = sq / max(float(sq[rows].mean()), 1.0)
-        if (vcost[rows] > 0).any():
-            both += vcost / float(vcost[rows][vcost[rows] > 0].mean())
+        # the rows' squares and vision gathered once (the same means: same values, same shape)
+        sq_rows = lengths[rows].astype(np.float64)
+        sq_rows *= sq_rows
+        v_rows = vcost[rows]
+        both = lengths.astype(np.float64)
+        both *= both
+        both /= max(float(sq_rows.mean()), 1.0)
+        del sq_rows
+        if (v_rows > 0).any():
+            both += vcost / float(v_rows[v_rows > 0].mean())
+        del v_rows
         in_again = np.zeros(n_tp, dtype=bool)
         in_again[again] = True
         sub, f_sub = in_again[tp_of], in_again[f_pack // size]
@@ -474,13 +481,14 @@ def _finish(
     n_groups = int(pack.max(initial=-1)) // size + 1
     total = float(lengths.sum())
     floor_fill = total / (best_fit_packs * capacity) - FILL_SLACK
-    g_tok = np.bincount(pack // size, weights=lengths[ids], minlength=n_groups)
+    group = pack // size  # (once: free_packs below asks for it on every try)
+    g_tok = np.bincount(group, weights=lengths[ids], minlength=n_groups)
     worst = np.argsort(g_tok, kind="stable")
 
     def free_packs(drop: int) -> tuple[npt.NDArray[np.bool_], IntArray, IntArray, IntArray, bool]:
         keep = np.ones(n_groups, dtype=bool)
         keep[worst[:drop]] = False
-        free = np.concatenate([rest, ids[~keep[pack // size]]])
+        free = np.concatenate([rest, ids[~keep[group]]])
         if max_visual is None:
             f_off, f_sub = best_fit_decreasing(lengths[free], capacity)
         else:
@@ -530,9 +538,9 @@ def _finish(
     if kept == 0:
         return None
     renumber = np.cumsum(keep) - 1
-    in_kept = keep[pack // size]
+    in_kept = keep[group]
     n_members = int(in_kept[:n_members].sum())
-    pack = renumber[pack[in_kept] // size] * size + pack[in_kept] % size
+    pack = renumber[group[in_kept]] * size + pack[in_kept] % size
     ids = ids[in_kept]
     g_off = _csr(np.bincount(pack, minlength=kept * size))
     if max_visual is None:
