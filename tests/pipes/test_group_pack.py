@@ -4,6 +4,9 @@ whole through the epoch shuffle."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -213,3 +216,43 @@ def test_packs_per_rank_is_part_of_the_cost_plan() -> None:
     assert tokens[0] == tokens[1]
     with pytest.raises(ValueError, match="per_rank=0"):
         plan_packs(total, 1024, balance="cost", per_rank=0, **kw)
+
+
+def test_candidates_in_threads_make_the_plan_one_thread_makes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``group_packs`` builds its candidates in threads: whatever order they end in (here the
+    reverse of theirs: each waits for the next one to end), the packs are those that one
+    thread, candidate after candidate, keeps."""
+    rng = np.random.default_rng(7)
+    total = rng.integers(20, 1500, size=20_000)
+    images = np.where(rng.random(total.size) < 0.35, 0, rng.integers(1, 5, total.size))
+    visual = np.minimum(images * rng.integers(64, 600, total.size), total)
+    args = (total, visual, 4096, 8)
+    monkeypatch.setattr(group_pack, "_threads", lambda n: 1)
+    one = group_pack.group_packs(*args, images=images)
+    # which candidate a call is: its span and its fillers' count (one per filler share)
+    shares = sorted({share for _, share in group_pack.CANDIDATES})
+    splits = group_pack._splits(total, visual, tuple(shares), images)
+    share_of = {splits[s][1].size: s for s in shares}
+    index = {c: i for i, c in enumerate(group_pack.CANDIDATES)}
+    ended = [threading.Event() for _ in group_pack.CANDIDATES]
+    build = group_pack._candidate
+
+    def reverse(*a: Any) -> Any:
+        i = index[(a[5], share_of[a[7][1].size])]
+        made = build(*a)
+        if i + 1 < len(ended):
+            ended[i + 1].wait(timeout=60)
+        ended[i].set()
+        return made
+
+    monkeypatch.setattr(group_pack, "_candidate", reverse)
+    monkeypatch.setattr(group_pack, "_threads", lambda n: len(group_pack.CANDIDATES) + 1)
+    many = group_pack.group_packs(*args, images=images)
+    assert one is not None
+    assert many is not None
+    assert all(e.is_set() for e in ended)
+    for a, b in zip(one[:3], many[:3], strict=True):
+        assert np.array_equal(a, b)
+    assert one[3] == many[3]
