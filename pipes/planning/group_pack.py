@@ -407,20 +407,26 @@ def _groups(
     att, vis = _spreads(lengths, vcost, members, dest, tp_of, n_tp, f_pack, f_ids)
     again = np.flatnonzero((att > vis) & (att > 1 + REDEAL_ABOVE))
     if again.size:
-        # the rows' squares and vision gathered once (the same means: same values, same shape)
-        sq_rows = lengths[rows].astype(np.float64)
-        sq_rows *= sq_rows
-        v_rows = vcost[rows]
-        both = lengths.astype(np.float64)
-        both *= both
-        both /= max(float(sq_rows.mean()), 1.0)
-        del sq_rows
-        if (v_rows > 0).any():
-            both += vcost / float(v_rows[v_rows > 0].mean())
-        del v_rows
         in_again = np.zeros(n_tp, dtype=bool)
         in_again[again] = True
         sub, f_sub = in_again[tp_of], in_again[f_pack // size]
+        # the rows' squares and vision gathered once (the same means: same values, same
+        # shape), and the cost of both terms only for the samples dealt again (zeros: pages
+        # never written take no memory; the second call of a candidate has few samples)
+        sq_rows = lengths[rows].astype(np.float64)
+        sq_rows *= sq_rows
+        v_rows = vcost[rows]
+        dealt = np.concatenate([rows[sub].ravel(), f_ids[f_sub]])
+        cost = lengths[dealt].astype(np.float64)
+        cost *= cost
+        cost /= max(float(sq_rows.mean()), 1.0)
+        del sq_rows
+        if (v_rows > 0).any():
+            cost += vcost[dealt] / float(v_rows[v_rows > 0].mean())
+        del v_rows
+        both = np.zeros(lengths.size)
+        both[dealt] = cost
+        del dealt, cost
         local = np.searchsorted(again, tp_of[sub])
         f_local = np.searchsorted(again, f_pack[f_sub] // size) * size + f_pack[f_sub] % size
         m2, d2 = _deal(rows[sub], both, local, again.size, size, f_local, f_ids[f_sub])
@@ -540,7 +546,8 @@ def _finish(
     renumber = np.cumsum(keep) - 1
     in_kept = keep[group]
     n_members = int(in_kept[:n_members].sum())
-    pack = renumber[group[in_kept]] * size + pack[in_kept] % size
+    pack = pack[in_kept]  # renumbered: each kept group moves down by the groups dropped before it
+    pack += ((renumber - np.arange(n_groups)) * size)[group[in_kept]]
     ids = ids[in_kept]
     g_off = _csr(np.bincount(pack, minlength=kept * size))
     if max_visual is None:
