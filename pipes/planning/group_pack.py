@@ -63,9 +63,17 @@ Every other cell (ai2d, chartqa, docvqa and their mix, whole, at 8 and 64 ranks)
 fill within 0.18 points of best fit's. docvqa at 64 ranks has 160 samples per rank and 29
 steps an epoch: sorting best fit's packs by attention alone leaves p95 1.093 (the worst step
 at least 1.28: the heaviest pack over the mean of the 64 heaviest), and the group of free
-packs the fill leaves (84 packs) steps at 1.11-1.13 once an epoch. Planning takes 1.9-2.0 s
-at 1M samples and 28-29 s at 10M (8 or 64 ranks; the first version: 2.0-2.1 s and 24-26 s
-with four candidates and one deal; best fit alone 0.07 s and 0.6 s): ``python
+packs the fill leaves (84 packs) steps at 1.11-1.13 once an epoch.
+
+The candidates, and best fit's score, are built in threads (numpy lets go of the GIL in its
+sorts, gathers and sums): as many as the cores and the free memory allow (``_threads``:
+``SHARED_BYTES`` a sample, then ``CANDIDATE_BYTES`` a thread), and the pick is the first
+candidate of the lowest score whatever order they end in, so the plan is the same with one
+thread or six. Planning takes 2.2 s at 1M samples and 17-22 s at 10M (64 / 8 ranks; 138e5df
+in the same run: 2.1 s and 30 s; best fit alone 0.08 s and 0.7 s) on a shared 2-core machine,
+two threads at a time; one thread: 25 s of CPU at 10M, 64 ranks, against 29 s. At 100M
+samples, 64 ranks: 372 s in one thread (the free memory held one: peak RSS 19.4 GB with the
+lengths), of which 180 s in the kernel (the page faults of fresh full-size arrays): ``python
 benchmarks/bench_plan.py --balance-only --balance cost,tokens --sizes 1000000,10000000 --ranks
 8,64 --baseline <checkout>``.
 
