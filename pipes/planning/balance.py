@@ -161,13 +161,18 @@ def balanced_order(
     attention = terms[:, COST_TERMS.index("attention")]
     if n == 0:
         return index
-    by_attention = np.lexsort((index, vision, attention)).astype(np.int64)
-    by_vision = np.lexsort((index, attention, vision)).astype(np.int64)
+    # lexsort is stable: equal keys keep the pack order (no index key needed)
+    by_attention = np.lexsort((vision, attention)).astype(np.int64)
+    by_vision = np.lexsort((attention, vision)).astype(np.int64)
     tries = np.geomspace(1.0, max(1.0, n / max(group_size, 1)), STRIP_CANDIDATES)
     counts = sorted({max(1, round(float(k))) for k in tries})
-    orders = [_snake(by_attention, by_vision, k) for k in counts]
-    scores = [group_p95((attention[order], vision[order]), group_size) for order in orders]
-    return orders[int(np.argmin(scores))]  # ties: the fewer strips
+    best, best_score = index, np.inf
+    for i, k in enumerate(counts):  # one order at a time: only the best is held
+        order = _snake(by_attention, by_vision, k)
+        score = group_p95((attention[order], vision[order]), group_size)
+        if i == 0 or score < best_score:  # ties: the fewer strips
+            best, best_score = order, score
+    return best
 
 
 def _snake(by_attention: IntArray, by_vision: IntArray, k: int) -> IntArray:

@@ -81,13 +81,22 @@ and the other three are too narrow to make up the longest's spread), on vision o
 (tuples of 3- and 5-tile samples). The gain depends on ``WIDE_ROOM``: 0.25 and 0.30 pass
 (1.030 / 1.045 and 1.041 / 1.043); at 0.20 and 0.35-0.50 the build with the rules scores
 worse and the one without is kept (1.073 / 1.064): which groups the fill keeps turns on a
-few hundred tokens of room (``ROOM_WASTE`` 0.005-0.02 pass, 0 and 0.03 do not). Planning
-takes 1.9-2.0 s at 1M samples and 28-29 s at 10M (8 or 64 ranks; the first version: 2.0-2.1
-s and 24-26 s with four candidates and one deal; best fit alone 0.07 s and 0.6 s): ``python
-benchmarks/bench_plan.py --balance-only --balance cost,tokens --sizes 1000000,10000000
---ranks 8,64 --baseline <checkout>``. The generated lengths leave no free step group to
-``ROOMS_CANDIDATE``, so their plans and times are the same with the room rules; docvqa at 64
-ranks plans in 0.13 s of CPU, 0.12 s without them.
+few hundred tokens of room (``ROOM_WASTE`` 0.005-0.02 pass, 0 and 0.03 do not). The
+generated lengths leave no free step group to ``ROOMS_CANDIDATE``, so their plans and times
+are the same with the room rules; docvqa at 64 ranks plans in 0.13 s of CPU, 0.12 s without
+them.
+
+The candidates, and best fit's score, are built in threads (numpy lets go of the GIL in its
+sorts, gathers and sums): as many as the cores and the free memory allow (``_threads``:
+``SHARED_BYTES`` a sample, then ``CANDIDATE_BYTES`` a thread), and the pick is the first
+candidate of the lowest score whatever order they end in, so the plan is the same with one
+thread or six. Planning takes 2.2 s at 1M samples and 17-22 s at 10M (64 / 8 ranks; 138e5df
+in the same run: 2.1 s and 30 s; best fit alone 0.08 s and 0.7 s) on a shared 2-core machine,
+two threads at a time; one thread: 25 s of CPU at 10M, 64 ranks, against 29 s. At 100M
+samples, 64 ranks: 372 s in one thread (the free memory held one: peak RSS 19.4 GB with the
+lengths), of which 180 s in the kernel (the page faults of fresh full-size arrays): ``python
+benchmarks/bench_plan.py --balance-only --balance cost,tokens --sizes 1000000,10000000 --ranks
+8,64 --baseline <checkout>``.
 
 The plan keeps the made groups as its first packs (``PackPlan.free_from``); the epoch shuffle
 permutes whole groups and draws the short last group from the free packs, so every step of
@@ -106,6 +115,8 @@ tuple (1, 0) is dealt first (the widest vision spread): sample 0 (4 visual token
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Final
 
 import numpy as np
@@ -165,6 +176,12 @@ SWAP_BLOCK: Final = 1 << 15
 ROOM_WASTE: Final = 0.01
 ROOM_ROUNDS: Final = 4
 WIDE_ROOM: Final = 0.25
+#: Memory per sample that ``group_packs`` holds for all its candidates (the samples' orders
+#: and fillers per filler share) and that one candidate takes while it is built and scored
+#: (tracemalloc at 2M samples, 64 ranks: 141 bytes a sample with one thread, +67 with a
+#: second): it runs no more candidates at once than the free memory holds.
+SHARED_BYTES: Final = 64
+CANDIDATE_BYTES: Final = 96
 
 FloatArray = npt.NDArray[np.float64]
 #: (offsets, ids, order, grouped): CSR packs and their storage order; its first ``grouped``
@@ -189,7 +206,7 @@ def _into_rooms(
     if cand.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
-    units = np.concatenate([capacity + 1 + used, lengths[cand]]).astype(np.int64)
+    units = np.concatenate([capacity + 1 + used, lengths[cand]]).astype(np.int64, copy=False)
     b_off, items = best_fit_decreasing(units, 2 * capacity + 1)
     bin_of = np.repeat(np.arange(b_off.size - 1), np.diff(b_off))
     head = items[b_off[:-1]]
@@ -214,12 +231,14 @@ def _tuples(visual: IntArray, vcost: FloatArray, order: IntArray, span: int) -> 
 
 
 def _assign(members: IntArray, vcost: FloatArray, tp_of: IntArray, n_tp: int, size: int,
-            start_v: FloatArray) -> IntArray:  # fmt: skip
+            start_v: FloatArray, vc: FloatArray | None = None) -> IntArray:  # fmt: skip
     """Pack (0..size-1 within its group) of every member: rounds of one tuple per group, LPT;
-    then swaps of one tuple's members between the heaviest and the lightest pack."""
+    then swaps of one tuple's members between the heaviest and the lightest pack. ``vc``:
+    ``vcost[members]`` where the caller has it."""
     counts = np.bincount(tp_of, minlength=n_tp)
     starts = _csr(counts)[:-1]
-    vc = vcost[members]
+    if vc is None:
+        vc = vcost[members]
     n_rounds = int(counts.max(initial=0))
     # Each round as slices, not gathers and scatters by group: the groups by tuple count, most
     # first (those a round deals to are a prefix), members laid out round by round (round
@@ -436,13 +455,26 @@ def _groups(
     att, vis = _spreads(lengths, vcost, members, dest, tp_of, n_tp, f_pack, f_ids)
     again = np.flatnonzero((att > vis) & (att > 1 + REDEAL_ABOVE))
     if again.size:
-        sq = lengths.astype(np.float64) ** 2
-        both = sq / max(float(sq[rows].mean()), 1.0)
-        if (vcost[rows] > 0).any():
-            both += vcost / float(vcost[rows][vcost[rows] > 0].mean())
         in_again = np.zeros(n_tp, dtype=bool)
         in_again[again] = True
         sub, f_sub = in_again[tp_of], in_again[f_pack // size]
+        # the rows' squares and vision gathered once (the same means: same values, same
+        # shape), and the cost of both terms only for the samples dealt again (zeros: pages
+        # never written take no memory; the second call of a candidate has few samples)
+        sq_rows = lengths[rows].astype(np.float64)
+        sq_rows *= sq_rows
+        v_rows = vcost[rows]
+        dealt = np.concatenate([rows[sub].ravel(), f_ids[f_sub]])
+        cost = lengths[dealt].astype(np.float64)
+        cost *= cost
+        cost /= max(float(sq_rows.mean()), 1.0)
+        del sq_rows
+        if (v_rows > 0).any():
+            cost += vcost[dealt] / float(v_rows[v_rows > 0].mean())
+        del v_rows
+        both = np.zeros(lengths.size)
+        both[dealt] = cost
+        del dealt, cost
         local = np.searchsorted(again, tp_of[sub])
         f_local = np.searchsorted(again, f_pack[f_sub] // size) * size + f_pack[f_sub] % size
         m2, d2 = _deal(rows[sub], both, local, again.size, size, f_local, f_ids[f_sub])
@@ -538,9 +570,13 @@ def _deal(rows: IntArray, cost: FloatArray, tp_of: IntArray, n_tp: int, size: in
     """Step 5 on ``cost``: (the tuples, widest spread first in each group, and the pack of
     each member), the fillers' cost counted."""
     start = np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size).astype(np.float64)
-    spread = cost[rows].max(axis=1) - cost[rows].min(axis=1)
-    members = rows[np.lexsort((-spread, tp_of))]
-    return members, _assign(members, cost, tp_of, n_tp, size, start.reshape(n_tp, size))
+    by_row = cost[rows]  # gathered once: the spread's, and (rows reordered) the deal's
+    spread = by_row.max(axis=1)
+    spread -= by_row.min(axis=1)
+    order = np.lexsort((-spread, tp_of))
+    members = rows[order]
+    dest = _assign(members, cost, tp_of, n_tp, size, start.reshape(n_tp, size), by_row[order])
+    return members, dest
 
 
 def _spreads(lengths: IntArray, vcost: FloatArray, members: IntArray, dest: IntArray,
@@ -550,9 +586,14 @@ def _spreads(lengths: IntArray, vcost: FloatArray, members: IntArray, dest: IntA
     size = dest.shape[1]
     pack = (tp_of[:, None] * size + dest).ravel()
     out = []
-    for cost in (lengths.astype(np.float64) ** 2, vcost):
-        load = np.bincount(pack, weights=cost[members.ravel()], minlength=n_tp * size)
-        load += np.bincount(f_pack, weights=cost[f_ids], minlength=n_tp * size)
+    for squared, cost in ((True, lengths), (False, vcost)):
+        # squared after the gather: the same values, without a float copy of every sample
+        weights = [cost[m].astype(np.float64, copy=False) for m in (members.ravel(), f_ids)]
+        if squared:
+            for w in weights:
+                w *= w
+        load = np.bincount(pack, weights=weights[0], minlength=n_tp * size)
+        load += np.bincount(f_pack, weights=weights[1], minlength=n_tp * size)
         out.append(imbalance(load.reshape(n_tp, size)))
     return out[0], out[1]
 
@@ -573,13 +614,14 @@ def _finish(
     n_groups = int(pack.max(initial=-1)) // size + 1
     total = float(lengths.sum())
     floor_fill = total / (best_fit_packs * capacity) - FILL_SLACK
-    g_tok = np.bincount(pack // size, weights=lengths[ids], minlength=n_groups)
+    group = pack // size  # (once: free_packs below asks for it on every try)
+    g_tok = np.bincount(group, weights=lengths[ids], minlength=n_groups)
     worst = np.argsort(g_tok, kind="stable")
 
     def free_packs(drop: int) -> tuple[npt.NDArray[np.bool_], IntArray, IntArray, IntArray, bool]:
         keep = np.ones(n_groups, dtype=bool)
         keep[worst[:drop]] = False
-        free = np.concatenate([rest, ids[~keep[pack // size]]])
+        free = np.concatenate([rest, ids[~keep[group]]])
         if max_visual is None:
             f_off, f_sub = best_fit_decreasing(lengths[free], capacity)
         else:
@@ -629,9 +671,10 @@ def _finish(
     if kept == 0:
         return None
     renumber = np.cumsum(keep) - 1
-    in_kept = keep[pack // size]
+    in_kept = keep[group]
     n_members = int(in_kept[:n_members].sum())
-    pack = renumber[pack[in_kept] // size] * size + pack[in_kept] % size
+    pack = pack[in_kept]  # renumbered: each kept group moves down by the groups dropped before it
+    pack += ((renumber - np.arange(n_groups)) * size)[group[in_kept]]
     ids = ids[in_kept]
     g_off = _csr(np.bincount(pack, minlength=kept * size))
     if max_visual is None:
@@ -679,25 +722,70 @@ def group_packs(
     imgs = None if images is None else np.asarray(images).astype(np.int64, copy=False)
     if group_size < 2 or tok.size < group_size:
         return None
-    if max_visual is None:
-        bf_off, bf_ids = best_fit_decreasing(tok, capacity)
-    else:
-        bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
     shape = (group_size, SCORE_PER_RANK if per_rank is None else per_rank)
-    today = _scored(bf_off, bf_ids, 0, tok, vis, *shape, images=imgs)
-    best = (today[0] - SCORE_MARGIN, today[1])  # made groups must win clearly
-    splits = _splits(tok, vis, tuple(sorted({share for _, share in CANDIDATES})), imgs)
-    for span, share in CANDIDATES:
-        for rooms in (False, True):
-            built = _build(tok, vis, capacity, group_size, max_visual, span, bf_off.size - 1,
-                           splits[share], rooms)  # fmt: skip
-            if built is None:
-                break
-            made = _scored(*built, tok, vis, *shape, images=imgs)
-            best = made if made[0] < best[0] else best
-            if (span, share) != ROOMS_CANDIDATE or built[0].size - 1 - built[2] < group_size:
-                break
+    with ThreadPoolExecutor(_threads(tok.size), thread_name_prefix="group-packs") as pool:
+        shares = tuple(sorted({share for _, share in CANDIDATES}))
+        splitting = pool.submit(_splits, tok, vis, shares, imgs)
+        if max_visual is None:
+            bf_off, bf_ids = best_fit_decreasing(tok, capacity)
+        else:
+            bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
+        today = pool.submit(_scored, bf_off, bf_ids, 0, tok, vis, *shape, images=imgs)
+        splits = splitting.result()
+        made = {pool.submit(_candidate, tok, vis, capacity, group_size, max_visual, span,
+                            share, bf_off.size - 1, splits[share], shape, imgs): i
+                for i, (span, share) in enumerate(CANDIDATES)}  # fmt: skip
+        del splits
+        score, packs = today.result()
+        # the first candidate of the lowest score, best fit's packs before them all (made
+        # groups must win clearly): the same pick whatever order the threads end in, and
+        # only the best so far is held
+        best, best_i = (score - SCORE_MARGIN, packs), -1
+        for done in as_completed(made):
+            i, scored = made.pop(done), done.result()
+            if scored is not None and (scored[0], i) < (best[0], best_i):
+                best, best_i = scored, i
     return best[1]
+
+
+def _candidate(tok: IntArray, vis: IntArray, capacity: int, group_size: int,
+               max_visual: int | None, span: int, share: float, best_fit_packs: int,
+               split: tuple[FloatArray, IntArray, IntArray], shape: tuple[int, int],
+               imgs: IntArray | None) -> tuple[float, GroupedPacks] | None:  # fmt: skip
+    """One of ``CANDIDATES`` built and scored (a pure function: candidates run in threads).
+    ``share`` is the candidate's filler share: ``ROOMS_CANDIDATE``, where its build leaves a
+    whole step group of free packs, is built again with the room rules, and the rules' build
+    is kept only where it scores lower."""
+    built = _build(tok, vis, capacity, group_size, max_visual, span, best_fit_packs, split)
+    if built is None:
+        return None
+    scored = _scored(*built, tok, vis, *shape, images=imgs)
+    if (span, share) != ROOMS_CANDIDATE or built[0].size - 1 - built[2] < group_size:
+        return scored
+    del built
+    rooms = _build(tok, vis, capacity, group_size, max_visual, span, best_fit_packs, split, True)
+    if rooms is None:
+        return scored
+    with_rules = _scored(*rooms, tok, vis, *shape, images=imgs)
+    return with_rules if with_rules[0] < scored[0] else scored
+
+
+def _threads(n: int) -> int:
+    """Threads for ``group_packs``: its candidates and best fit's score at once (numpy lets
+    go of the GIL in its sorts, gathers and sums), as many as the cores, and as the free
+    memory holds (``SHARED_BYTES`` and ``CANDIDATE_BYTES`` a sample each); at least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    threads = min(len(CANDIDATES) + 1, cores)
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("MemAvailable:"))  # fmt: skip
+    except (OSError, StopIteration, ValueError):  # not Linux: the cores alone
+        return threads
+    return max(1, min(threads, (free - SHARED_BYTES * n) // max(CANDIDATE_BYTES * n, 1)))
 
 
 def grouped_order(terms: FloatArray, grouped: int, group_size: int) -> IntArray:

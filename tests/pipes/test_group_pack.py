@@ -4,8 +4,10 @@ whole through the epoch shuffle."""
 
 from __future__ import annotations
 
+import threading
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -277,3 +279,40 @@ def test_docvqa_at_64_ranks_steps_only_made_groups() -> None:
         by_rank = costs[steps, term].reshape(-1, 64)
         ratio = by_rank.max(axis=1) / by_rank.mean(axis=1)
         assert np.percentile(ratio, 95) <= 1.05
+
+
+def test_candidates_in_threads_make_the_plan_one_thread_makes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``group_packs`` builds its candidates in threads: whatever order they end in (here the
+    reverse of theirs: each waits for the next one to end), the packs are those that one
+    thread, candidate after candidate, keeps."""
+    rng = np.random.default_rng(7)
+    total = rng.integers(20, 1500, size=20_000)
+    images = np.where(rng.random(total.size) < 0.35, 0, rng.integers(1, 5, total.size))
+    visual = np.minimum(images * rng.integers(64, 600, total.size), total)
+    args = (total, visual, 4096, 8)
+    monkeypatch.setattr(group_pack, "_threads", lambda n: 1)
+    one = group_pack.group_packs(*args, images=images)
+    # which candidate a call is: its span and its filler share
+    index = {c: i for i, c in enumerate(group_pack.CANDIDATES)}
+    ended = [threading.Event() for _ in group_pack.CANDIDATES]
+    build = group_pack._candidate
+
+    def reverse(*a: Any) -> Any:
+        i = index[(a[5], a[6])]
+        made = build(*a)
+        if i + 1 < len(ended):
+            ended[i + 1].wait(timeout=60)
+        ended[i].set()
+        return made
+
+    monkeypatch.setattr(group_pack, "_candidate", reverse)
+    monkeypatch.setattr(group_pack, "_threads", lambda n: len(group_pack.CANDIDATES) + 1)
+    many = group_pack.group_packs(*args, images=images)
+    assert one is not None
+    assert many is not None
+    assert all(e.is_set() for e in ended)
+    for a, b in zip(one[:3], many[:3], strict=True):
+        assert np.array_equal(a, b)
+    assert one[3] == many[3]
