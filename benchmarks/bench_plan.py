@@ -42,17 +42,15 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _machine import machine  # benchmarks/ is on sys.path as the script's folder
+from _checkout import run_in_checkout  # benchmarks/ is on sys.path as the script's folder
+from _machine import machine
 
 from neatpack.pipes.planning.binpack import (
     best_fit_decreasing,
@@ -160,7 +158,6 @@ def vlm_lengths(n: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarra
 def corpus_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(total, visual, images) of ``write_corpus(num_samples=n)`` from the tiny Qwen2-VL
     processor's exact length index (the lengths ``neat_vlm_graph`` plans with)."""
-    import tempfile
 
     from neatpack.graphs import NeatVLMConfig
     from neatpack.graphs.families import plan_family
@@ -301,15 +298,7 @@ def baseline_rows(checkout: str, argv: list[str]) -> tuple[dict[str, Any], str]:
     """This script's ``--balance-only`` rows with the neatpack of ``checkout`` (its ``pipes``
     and ``graphs`` folders as ``neatpack.pipes`` / ``neatpack.graphs``), in a subprocess, and
     the file its ``plan_packs`` came from."""
-    root = Path(checkout).resolve()
-    with tempfile.TemporaryDirectory() as shim:
-        (Path(shim) / "neatpack").mkdir()
-        for sub in ("pipes", "graphs"):
-            (Path(shim) / "neatpack" / sub).symlink_to(root / sub)
-        env = {**os.environ, "PYTHONPATH": shim}
-        cmd = [sys.executable, __file__, *argv, "--balance-only", "--repeats", "1"]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-    printed = json.loads(out.stdout)
+    printed = run_in_checkout(checkout, __file__, [*argv, "--balance-only", "--repeats", "1"])
     return printed["metrics"]["balance_plan"], printed["params"]["planner"]
 
 

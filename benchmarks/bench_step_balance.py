@@ -48,15 +48,13 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _machine import machine  # benchmarks/ is on sys.path as the script's folder
+from _checkout import run_in_checkout  # benchmarks/ is on sys.path as the script's folder
+from _machine import machine
 from bench_balance import make_samples
 
 from neatpack.pipes.mixtures.mixture import Mixture, MixtureSource
@@ -299,15 +297,7 @@ def baseline_mixture(checkout: str, argv: list[str]) -> tuple[dict[str, Any], st
     """The ``--mixture-only`` rows with the neatpack of ``checkout`` (its ``pipes`` and
     ``graphs`` as ``neatpack.pipes`` / ``neatpack.graphs``), in a subprocess, and the file
     its ``plan_mixture`` came from (as ``bench_plan.py``'s ``--baseline``)."""
-    root = Path(checkout).resolve()
-    with tempfile.TemporaryDirectory() as shim:
-        (Path(shim) / "neatpack").mkdir()
-        for sub in ("pipes", "graphs"):
-            (Path(shim) / "neatpack" / sub).symlink_to(root / sub)
-        env = {**os.environ, "PYTHONPATH": shim}
-        cmd = [sys.executable, __file__, *argv, "--mixture-only"]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-    printed = json.loads(out.stdout)
+    printed = run_in_checkout(checkout, __file__, [*argv, "--mixture-only"])
     return printed["metrics"]["mixture"], printed["params"]["planner"]
 
 
