@@ -141,8 +141,10 @@ from neatpack.pipes.planning.binpack import (
 
 __all__ = [
     "CANDIDATES",
+    "CHUNK_SAMPLES",
     "FILL_SLACK",
     "GroupedPacks",
+    "chunk_count",
     "group_packs",
     "grouped_order",
 ]
@@ -182,6 +184,10 @@ WIDE_ROOM: Final = 0.25
 #: second): it runs no more candidates at once than the free memory holds.
 SHARED_BYTES: Final = 64
 CANDIDATE_BYTES: Final = 96
+#: Above this many samples ``group_packs`` plans them in chunks of at most this many (sample
+#: ``i`` in chunk ``i % chunks``: each a fair share of a file sorted by length or source), one
+#: chunk at a time: its memory and time stay those of this many samples.
+CHUNK_SAMPLES: Final = 8_000_000
 
 FloatArray = npt.NDArray[np.float64]
 #: (offsets, ids, order, grouped): CSR packs and their storage order; its first ``grouped``
@@ -702,6 +708,7 @@ def group_packs(
     max_visual: int | None = None,
     images: npt.ArrayLike | None = None,
     per_rank: int | None = None,
+    chunks: int | None = None,
 ) -> GroupedPacks | None:
     """Packs made ``group_size`` at a time (module docstring), every sample exactly once, each
     within ``capacity`` tokens (and ``max_visual`` visual tokens when set; every sample must
@@ -711,7 +718,8 @@ def group_packs(
     items per sample (``LengthIndex.images``), which price the vision encoder as
     ``balance.pack_cost_terms`` does (None: one image per sample). ``per_rank``: packs per
     rank per step, when known: candidates are scored on that step shape as well as on one
-    pack per rank (None: ``SCORE_PER_RANK``).
+    pack per rank (None: ``SCORE_PER_RANK``). ``chunks``: how many chunks the samples are
+    planned in (sample ``i`` in chunk ``i % chunks``; None: ``chunk_count`` of the samples).
 
     >>> offsets, ids, order, grouped = group_packs([5, 5, 3, 3, 2, 2], [4, 3, 0, 0, 0, 0], 10, 2)
     >>> [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])], order.tolist(), grouped
@@ -723,6 +731,47 @@ def group_packs(
     if group_size < 2 or tok.size < group_size:
         return None
     shape = (group_size, SCORE_PER_RANK if per_rank is None else per_rank)
+    k = chunk_count(tok.size) if chunks is None else chunks
+    k = max(1, min(k, tok.size // group_size))  # every chunk holds a step group's samples
+    if k == 1:
+        return _one_set(tok, vis, capacity, group_size, max_visual, imgs, shape)
+    made: list[tuple[IntArray, IntArray]] = []  # (offsets, ids) of each chunk's made groups
+    free: list[tuple[IntArray, IntArray]] = []
+    for c in range(k):  # one after another: the peak is one chunk's (its candidates threaded)
+        sub = np.arange(c, tok.size, k, dtype=np.int64)
+        part = _one_set(tok[sub], vis[sub], capacity, group_size, max_visual,
+                        None if imgs is None else imgs[sub], shape)  # fmt: skip
+        off, ids, order, grouped = part
+        for out, packs in ((made, order[:grouped]), (free, order[grouped:])):
+            out.append(_take_packs(off, sub[ids], packs))
+        del part, off, ids, order
+    pieces = made + free
+    offsets = _csr(np.concatenate([np.diff(off) for off, _ in pieces]))
+    ids = np.concatenate([i for _, i in pieces]).astype(np.int64, copy=False)
+    grouped = sum(off.size - 1 for off, _ in made)
+    terms = pack_cost_terms(offsets, ids, tok, vis, imgs)
+    return offsets, ids, grouped_order(terms, grouped, group_size), grouped
+
+
+def chunk_count(n: int) -> int:
+    """How many chunks ``group_packs`` plans ``n`` samples in: one up to ``CHUNK_SAMPLES``,
+    then as many as keep each at most that (sample ``i`` in chunk ``i % chunks``)."""
+    return max(1, -(-n // CHUNK_SAMPLES))
+
+
+def _take_packs(offsets: IntArray, ids: IntArray, packs: IntArray) -> tuple[IntArray, IntArray]:
+    """The CSR packs ``packs`` (indices, in that order) of ``(offsets, ids)``."""
+    sizes = np.diff(offsets)[packs]
+    new = _csr(sizes)
+    at = np.repeat(offsets[packs] - new[:-1], sizes) + np.arange(int(new[-1]), dtype=np.int64)
+    return new, ids[at]
+
+
+def _one_set(tok: IntArray, vis: IntArray, capacity: int, group_size: int,
+             max_visual: int | None, imgs: IntArray | None,
+             shape: tuple[int, int]) -> GroupedPacks:  # fmt: skip
+    """``group_packs`` of one set of samples (the whole, or one chunk): every candidate and
+    best fit's packs, the best kept."""
     with ThreadPoolExecutor(_threads(tok.size), thread_name_prefix="group-packs") as pool:
         shares = tuple(sorted({share for _, share in CANDIDATES}))
         splitting = pool.submit(_splits, tok, vis, shares, imgs)

@@ -50,7 +50,7 @@ from neatpack.pipes.planning.binpack import (
     id_dtype,
     packed_csr,
 )
-from neatpack.pipes.planning.group_pack import group_packs
+from neatpack.pipes.planning.group_pack import chunk_count, group_packs
 
 __all__ = [
     "PLAN_VERSION",
@@ -324,7 +324,7 @@ def _check_visual(vis: npt.NDArray[Any], total: npt.NDArray[Any]) -> None:
 def _params(
     capacity: int, packing_ratio: float, max_packs: int | None, overlong: str, world_size: int,
     seed: int, shuffle: bool, balance: str, max_visual: int | None, max_images: int | None = None,
-    per_rank: int | None = None,
+    per_rank: int | None = None, n_samples: int = 0,
 ) -> dict[str, object]:  # fmt: skip
     params: dict[str, object] = {
         "capacity": int(capacity),
@@ -344,6 +344,9 @@ def _params(
         params["packs"] = "grouped/3"
         if per_rank is not None:  # the step shape its candidates are scored on
             params["per_rank"] = int(per_rank)
+        chunks = chunk_count(n_samples)
+        if chunks > 1 and max_images is None:  # planned in chunks (other packs): only then,
+            params["chunks"] = chunks  # so smaller plans keep their fingerprint
     if max_visual is not None:  # only when set: plans without it keep their fingerprint
         params["max_visual"] = int(max_visual)
     if max_images is not None:  # the same
@@ -380,7 +383,7 @@ def plan_fingerprint(
     imgs = None if images is None else np.asarray(images)
     sup = None if supervised is None else np.asarray(supervised)
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
-                     balance, max_visual, max_images, per_rank)  # fmt: skip
+                     balance, max_visual, max_images, per_rank, total.size)  # fmt: skip
     return _fingerprint(total, vis, params, plan_images(imgs, balance, max_images),
                         plan_supervised(sup, balance))  # fmt: skip
 
@@ -488,7 +491,7 @@ def plan_packs(
     if per_rank is not None and per_rank < 1:
         raise ValueError(f"{per_rank=} must be None or >= 1 (packs per rank per step)")
     params = _params(capacity, packing_ratio, max_packs, overlong, world_size, seed, shuffle,
-                     balance, max_visual, max_images, per_rank)  # fmt: skip
+                     balance, max_visual, max_images, per_rank, total.size)  # fmt: skip
     # the fingerprint hashes every length (1.2 s at 100M samples); hashlib and numpy's casts
     # let go of the GIL, so it runs on another core while the packer works
     hashing = ThreadPoolExecutor(1, thread_name_prefix="plan-fingerprint")
@@ -592,8 +595,10 @@ def _group_packs(
     kept = np.flatnonzero(placed).astype(np.int64)
     visual = vis[kept] if vis is not None else np.zeros(kept.size, np.int64)
     imgs = images[kept] if images is not None else None
+    # chunked by all the samples, as the fingerprint is (``_params``)
+    chunks = chunk_count(work.shape[0])
     made = group_packs(work[kept], visual, capacity, world_size, max_visual=max_visual,
-                       images=imgs, per_rank=per_rank)  # fmt: skip
+                       images=imgs, per_rank=per_rank, chunks=chunks)  # fmt: skip
     if made is None:
         return None
     offsets, sub, order, free_from = made

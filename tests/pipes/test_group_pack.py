@@ -316,3 +316,42 @@ def test_candidates_in_threads_make_the_plan_one_thread_makes(
     for a, b in zip(one[:3], many[:3], strict=True):
         assert np.array_equal(a, b)
     assert one[3] == many[3]
+
+
+def test_many_samples_are_planned_in_fair_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``CHUNK_SAMPLES`` the samples are planned in chunks (sample ``i`` in chunk
+    ``i % chunks``), here 4 of 10,000 from a file sorted by length: every sample once, the
+    made groups whole and first, as even and as full as one plan of them all, the same plan
+    with one thread or three, and a fingerprint of its own."""
+    rng = np.random.default_rng(3)
+    n = 40_000
+    images = np.where(rng.random(n) < 0.35, 0, rng.integers(1, 5, size=n))
+    visual = (rng.integers(64, 1281, size=(n, 4)) * (np.arange(4) < images[:, None])).sum(1)
+    total = np.rint(rng.lognormal(np.log(300.0), 0.9, size=n)).astype(np.int64) + 1 + visual
+    total = np.minimum(total, 8192)
+    by_length = np.argsort(total, kind="stable")  # sorted: a chunk of neighbours would be unfair
+    total, visual, images = total[by_length], visual[by_length], images[by_length]
+    kw: dict[str, Any] = {"visual": visual, "world_size": 8, "images": images, "balance": "cost"}
+    whole = plan_packs(total, 8192, **kw)
+    tokens = plan_packs(total, 8192, visual=visual, world_size=8)
+    monkeypatch.setattr(group_pack, "CHUNK_SAMPLES", 10_000)
+    assert group_pack.chunk_count(n) == 4
+    monkeypatch.setattr(group_pack, "_threads", lambda n: 1)
+    chunked = plan_packs(total, 8192, **kw)
+    monkeypatch.setattr(group_pack, "_threads", lambda n: 3)
+    again = plan_packs(total, 8192, **kw)
+    assert np.array_equal(np.sort(chunked.ids), np.arange(n))  # every sample once
+    for a, b in ((chunked.offsets, again.offsets), (chunked.ids, again.ids)):
+        assert np.array_equal(a, b)
+    assert chunked.free_from == again.free_from
+    assert chunked.free_from % 8 == 0
+    assert chunked.free_from > 0.9 * len(chunked)  # nearly every step group made
+    assert chunked.utilization() >= tokens.utilization() - group_pack.FILL_SLACK
+    made = [
+        group_pack.group_p95(_attention_vision(plan, total, visual)[: plan.free_from], 8)
+        for plan in (chunked, whole)
+    ]
+    assert made[0] <= made[1] + 0.01
+    # another plan: another fingerprint, which plan_fingerprint gives without planning
+    assert chunked.fingerprint != whole.fingerprint
+    assert chunked.fingerprint == plan_fingerprint(total, 8192, **kw)
