@@ -736,18 +736,25 @@ def group_packs(
     if k == 1:
         return _one_set(tok, vis, capacity, group_size, max_visual, imgs, shape)
     made: list[tuple[IntArray, IntArray]] = []  # (offsets, ids) of each chunk's made groups
-    free: list[tuple[IntArray, IntArray]] = []
+    free: list[IntArray] = []  # the samples of each chunk's free packs
     for c in range(k):  # one after another: the peak is one chunk's (its candidates threaded)
         sub = np.arange(c, tok.size, k, dtype=np.int64)
         part = _one_set(tok[sub], vis[sub], capacity, group_size, max_visual,
                         None if imgs is None else imgs[sub], shape)  # fmt: skip
         off, ids, order, grouped = part
-        for out, packs in ((made, order[:grouped]), (free, order[grouped:])):
-            out.append(_take_packs(off, sub[ids], packs))
+        made.append(_take_packs(off, sub[ids], order[:grouped]))
+        free.append(_take_packs(off, sub[ids], order[grouped:])[1])
         del part, off, ids, order
-    pieces = made + free
-    offsets = _csr(np.concatenate([np.diff(off) for off, _ in pieces]))
-    ids = np.concatenate([i for _, i in pieces]).astype(np.int64, copy=False)
+    # the free samples of every chunk packed again together, by best fit: one part-filled
+    # last pack, not one a chunk (at 4 chunks of 10,000 samples, 0.0006 of fill)
+    rest = np.concatenate(free)
+    if max_visual is None:
+        f_off, f_sub = best_fit_decreasing(tok[rest], capacity)
+    else:
+        f_off, f_sub = best_fit_two_budgets(tok[rest], vis[rest], capacity, max_visual)
+    sizes = [np.diff(off) for off, _ in made] + [np.diff(f_off)]
+    offsets = _csr(np.concatenate(sizes))
+    ids = np.concatenate([i for _, i in made] + [rest[f_sub]]).astype(np.int64, copy=False)
     grouped = sum(off.size - 1 for off, _ in made)
     terms = pack_cost_terms(offsets, ids, tok, vis, imgs)
     return offsets, ids, grouped_order(terms, grouped, group_size), grouped

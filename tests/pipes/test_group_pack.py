@@ -341,17 +341,26 @@ def test_many_samples_are_planned_in_fair_chunks(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(group_pack, "_threads", lambda n: 3)
     again = plan_packs(total, 8192, **kw)
     assert np.array_equal(np.sort(chunked.ids), np.arange(n))  # every sample once
+    # another plan: another fingerprint, which plan_fingerprint gives without planning
+    assert chunked.fingerprint != whole.fingerprint
+    assert chunked.fingerprint == plan_fingerprint(total, 8192, **kw)
     for a, b in ((chunked.offsets, again.offsets), (chunked.ids, again.ids)):
         assert np.array_equal(a, b)
     assert chunked.free_from == again.free_from
     assert chunked.free_from % 8 == 0
     assert chunked.free_from > 0.9 * len(chunked)  # nearly every step group made
-    assert chunked.utilization() >= tokens.utilization() - group_pack.FILL_SLACK
-    made = [
-        group_pack.group_p95(_attention_vision(plan, total, visual)[: plan.free_from], 8)
-        for plan in (chunked, whole)
-    ]
-    assert made[0] <= made[1] + 0.01
-    # another plan: another fingerprint, which plan_fingerprint gives without planning
-    assert chunked.fingerprint != whole.fingerprint
-    assert chunked.fingerprint == plan_fingerprint(total, 8192, **kw)
+    # each chunk keeps within FILL_SLACK of its own best fit's fill, which leaves a part-filled
+    # pack a chunk (4 in 7,520 packs here; 13 in ~15M at 100M samples)
+    slack = group_pack.FILL_SLACK + 4 / len(tokens)
+    assert chunked.utilization() >= tokens.utilization() - slack
+    # as even as the plans of its chunks' samples alone, whose made groups it keeps whole (a
+    # chunk has fewer samples, so less alike tuples: the whole 40,000 in one plan p95 1.10,
+    # the chunks 1.13-1.14; at 1M samples in 4 chunks see benchmarks/bench_step_balance.py)
+    monkeypatch.setattr(group_pack, "CHUNK_SAMPLES", n)
+    chunk_p95 = []
+    for c in range(4):
+        t, v = total[c::4], visual[c::4]
+        one = plan_packs(t, 8192, **{**kw, "visual": v, "images": images[c::4]})
+        chunk_p95.append(group_pack.group_p95(_attention_vision(one, t, v)[: one.free_from], 8))
+    made = _attention_vision(chunked, total, visual)[: chunked.free_from]
+    assert group_pack.group_p95(made, 8) <= max(chunk_p95) + 1e-9
