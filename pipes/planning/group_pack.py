@@ -107,6 +107,14 @@ order, then the free samples of all of them packed again together by best fit (i
 grows with the samples, not faster: at 10M samples, 64 ranks, in two chunks, 29.8 s and
 2.05 GB peak RSS against 31.7 s and 2.82 GB in one (made groups p95 attention / vision
 1.006 / 1.007 against 1.003 / 1.008; fill 0.99881 against 0.99949, best fit's 0.99996).
+At 100M samples, 64 ranks, in 13 chunks: 348 s (325 s of CPU, 116 s of it in the kernel) and
+peak RSS 9.6 GB with the lengths (the process held 4.6 GB before planning: generating them),
+against 372 s and 19.4 GB in one; made groups p95 1.004 / 1.007, fill 0.99926
+(``/usr/bin/time -v`` around ``plan_packs`` of ``bench_plan.vlm_lengths``). Chunks of fewer
+samples make less alike tuples: ``bench_step_balance``'s generated 1M samples in 4 chunks of
+250k (``CHUNK_SAMPLES`` lowered) step at p95 1.004 / 1.032 and 1.009 / 1.047 (8 / 64 ranks,
+one pack per rank) against 1.003 / 1.012 and 1.008 / 1.036 in one plan, as 250k samples
+would; at 8M a chunk is past the 1M plan's evenness.
 Plans of up to ``CHUNK_SAMPLES`` samples are the same as before (and so are their
 fingerprints: ``plan._params`` names the chunks only where there are several).
 
