@@ -78,13 +78,18 @@ def test_a_shared_option_is_declared_once() -> None:
 
 def test_the_key_is_the_declared_fields_for_every_graph() -> None:
     """The keys the graphs wrote themselves before the groups (an allowlist in the VLM graph, a
-    denylist in the LLM graph) are what the declarations give now."""
-    for name, config in (("neat_llm", NeatLLMConfig(pack_size=16)),
-                         ("neat_llm_cp", NeatLLMConfig(pack_size=16, cp_size=2)),
+    denylist in the LLM graph) are what the declarations give now, with the balance they were
+    saved under (tokens, the default then); the default (cost) adds ``balance`` to the key."""
+    old: dict[str, Any] = {"balance": "tokens"}
+    for name, config in (("neat_llm", NeatLLMConfig(pack_size=16, **old)),
+                         ("neat_llm_cp", NeatLLMConfig(pack_size=16, cp_size=2, **old)),
                          ("grouped", GroupedConfig(batch_size=2)),
-                         ("neat_vlm", NeatVLMConfig(pack_size=1024))):  # fmt: skip
+                         ("neat_vlm", NeatVLMConfig(pack_size=1024, **old))):  # fmt: skip
         saved = {k: v for k, v in OLD[name]["config"].items() if k not in ("graph", "lengths")}
         assert checkpoint_key(config) == saved, name
+        if not isinstance(config, GroupedConfig):
+            default = dataclasses.replace(config, balance="cost")
+            assert checkpoint_key(default) == {**saved, "balance": "cost"}, name
     assert "cp_size" not in checkpoint_key(NeatLLMConfig())  # when_set: absent at the default
     assert "handler" not in checkpoint_key(NeatVLMConfig())
 
