@@ -194,7 +194,7 @@ def packed_parts(
                 images=images,
                 max_images=getattr(config, "max_images", None),  # the VLM graph's option
                 supervised=supervised if config.balance == "supervised" else None,
-                per_rank=config.batch_size if config.balance == "cost" else None,
+                per_rank=config.batch_size,  # the step shape (read under cost only)
             )
 
         warn_dense_mask_on_cuda(

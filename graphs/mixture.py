@@ -189,8 +189,9 @@ def _mixed(
         images=None if images is None else np.asarray(images, np.int64),
         max_images=max_images,
         supervised=None if lengths.supervised is None else np.asarray(lengths.supervised, np.int64),
-        # the step shape the cost plan makes its groups for, as the single-source graph passes
-        per_rank=cfg.batch_size if cfg.balance == "cost" else None,
+        # the step shape the cost plan makes its groups for (the other balances do not read
+        # it), as the single-source graph passes
+        per_rank=cfg.batch_size,
     )  # fmt: skip
     pack_source = MixturePackSource(
         layout, mix.blend(), on_change=mix.on_change, rank=rank, world_size=world_size,

@@ -113,7 +113,7 @@ def mixture_plan_report(
         supervised=None if balance != "supervised" else np.concatenate(
             [i.require_supervised("--balance supervised") for i in indexes]
         ).astype(np.int64),
-        per_rank=batch_size if balance == "cost" else None,  # as the graph passes batch_size
+        per_rank=batch_size,  # as the graph passes it (read under cost only)
     )  # fmt: skip
     blend = mix.blend()
     plan = layout.epoch_plan([(0, blend)], epoch, world_size)

@@ -376,7 +376,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             overlong=args.overlong, world_size=args.world_size, seed=args.seed,
             balance=args.balance, max_visual=budget, images=images, max_images=max_images,
             supervised=index.supervised,
-            per_rank=args.batch_size if args.balance == "cost" else None,  # as the graphs pass it
+            per_rank=args.batch_size,  # as the graphs pass it (read under cost only)
         )  # fmt: skip
         report = {
             "data": str(args.data),
