@@ -116,14 +116,12 @@ def _balance(loader: Any, world_size: int = 2, batch_size: int = 1) -> dict[str,
     """
     import numpy as np
 
+    from neatpack.graphs.command.report import step_rows
+
     plan = loader.source.plan_for(world_size)
-    order = np.asarray(loader.source.order_of(0, world_size))
-    per_step = world_size * batch_size
     ratios: dict[str, list[float]] = {}
-    for k in range(order.size // per_step):
-        slots = [k * per_step + j * world_size for j in range(batch_size)]  # rank 0's
-        loads = loader.step_cost.step_loads(plan, order, slots=slots, rank=0, world_size=world_size)
-        for column, (peak, mean) in loads.items():
+    for packs in step_rows(plan, world_size, 0, batch_size):  # each step's [B, W] packs
+        for column, (peak, mean) in loader.step_cost.pack_loads(plan, packs).items():
             ratios.setdefault(column, []).append(peak / mean if mean > 0 else 1.0)
     return {c: round(float(np.mean(r)), 4) for c, r in ratios.items()}
 

@@ -65,7 +65,12 @@ class StepCost:
         order = np.asarray(order, dtype=np.int64)
         base = np.asarray(slots, dtype=np.int64) - rank  # this step's slots on rank 0
         every = base[:, None] + np.arange(world_size, dtype=np.int64)[None, :]
-        packs = order[every % order.size]  # [packs per rank, ranks]
+        return self.pack_loads(plan, order[every % order.size])
+
+    def pack_loads(self, plan: Any, packs: npt.ArrayLike) -> dict[str, tuple[float, float]]:
+        """``{column: (slowest rank's load, mean rank's load)}`` of one step given as its
+        plan's pack indices, ``[packs per rank, ranks]`` (``report.step_rows``' rows)."""
+        packs = np.asarray(packs, dtype=np.int64)
         terms = np.asarray(self._terms_of(plan, packs.reshape(-1)), dtype=np.float64)
         lm, vision = pack_costs(terms)
         cols = np.stack([terms[:, TERMS.index("attention")], vision, lm + vision], axis=1)
