@@ -49,6 +49,7 @@ from neatpack.pipes.planning.balance import (
     balanced_order,
     pack_cost_terms,
 )
+from neatpack.pipes.planning.binpack import reorder_packs
 from neatpack.pipes.planning.plan import plan_images, plan_packs
 
 __all__ = ["MixturePlan", "mix_order", "pack_source_tokens", "plan_mixture", "replan_from_cursor"]
@@ -357,9 +358,7 @@ def _cost_load_order(
     in ``balanced_order("cost")``, as ``plan_packs`` orders one plan's free packs."""
     total, visual, images = lengths
     free = np.flatnonzero(~made)
-    sizes = np.diff(offsets)[free]
-    sub_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    sub_ids = ids[np.repeat(offsets[free] - sub_offsets[:-1], sizes) + np.arange(sizes.sum())]
+    sub_offsets, sub_ids = reorder_packs(offsets, ids, free)
     terms = pack_cost_terms(sub_offsets, sub_ids, total, visual,
                             images=plan_images(images, "cost", None))  # fmt: skip
     tot_p = terms[:, COST_TERMS.index("tokens")].astype(np.int64)

@@ -156,6 +156,7 @@ from neatpack.pipes.planning.binpack import (
     best_fit_decreasing,
     best_fit_two_budgets,
     radix_argsort,
+    reorder_packs,
     within_budget,
 )
 
@@ -762,8 +763,8 @@ def group_packs(
         part = _one_set(tok[sub], vis[sub], capacity, group_size, max_visual,
                         None if imgs is None else imgs[sub], shape)  # fmt: skip
         off, ids, order, grouped = part
-        made.append(_take_packs(off, sub[ids], order[:grouped]))
-        free.append(_take_packs(off, sub[ids], order[grouped:])[1])
+        made.append(reorder_packs(off, sub[ids], order[:grouped]))
+        free.append(reorder_packs(off, sub[ids], order[grouped:])[1])
         del part, off, ids, order
     # the free samples of every chunk packed again together, by best fit: one part-filled
     # last pack, not one a chunk (at 4 chunks of 10,000 samples, 0.0006 of fill)
@@ -784,14 +785,6 @@ def chunk_count(n: int) -> int:
     """How many chunks ``group_packs`` plans ``n`` samples in: one up to ``CHUNK_SAMPLES``,
     then as many as keep each at most that (sample ``i`` in chunk ``i % chunks``)."""
     return max(1, -(-n // CHUNK_SAMPLES))
-
-
-def _take_packs(offsets: IntArray, ids: IntArray, packs: IntArray) -> tuple[IntArray, IntArray]:
-    """The CSR packs ``packs`` (indices, in that order) of ``(offsets, ids)``."""
-    sizes = np.diff(offsets)[packs]
-    new = _csr(sizes)
-    at = np.repeat(offsets[packs] - new[:-1], sizes) + np.arange(int(new[-1]), dtype=np.int64)
-    return new, ids[at]
 
 
 def _one_set(tok: IntArray, vis: IntArray, capacity: int, group_size: int,

@@ -42,13 +42,13 @@ from neatpack.pipes.compat.renamed import renamed_keywords
 from neatpack.pipes.planning.balance import BalancePolicy, balanced_order, pack_cost_terms
 from neatpack.pipes.planning.binpack import (
     IntArray,
-    add_arange,
     best_fit_two_budgets,
     check_budget,
     check_lengths,
     greedy_knapsack,
     id_dtype,
     packed_csr,
+    reorder_packs,
 )
 from neatpack.pipes.planning.group_pack import chunk_count, group_packs
 
@@ -289,24 +289,6 @@ def _csr_sums(values: npt.NDArray[Any], offsets: IntArray) -> IntArray:
         a, b = int(offsets[p0]), int(offsets[p1])
         out[p0:p1] = np.add.reduceat(values[a:b], offsets[p0:p1] - a, dtype=np.int64)
     return out
-
-
-def _reorder(offsets: IntArray, ids: npt.NDArray[Any], order: IntArray) -> tuple[IntArray, Any]:
-    """The CSR with its packs in ``order`` (a subset of them, in that order), a block of packs
-    at a time: the only O(samples) array made is the new ids (the old are freed by the caller)."""
-    sizes = np.diff(offsets)[order]
-    new_offsets = np.zeros(order.size + 1, dtype=np.int64)
-    np.cumsum(sizes, out=new_offsets[1:])
-    out = np.empty(int(new_offsets[-1]), dtype=ids.dtype)
-    starts = offsets[order]
-    step = max(1, _BLOCK // 64)
-    for p0 in range(0, order.size, step):
-        p1 = min(p0 + step, order.size)
-        a, b = int(new_offsets[p0]), int(new_offsets[p1])
-        take = np.repeat((starts[p0:p1] - new_offsets[p0:p1]).astype(ids.dtype), sizes[p0:p1])
-        add_arange(take, a)
-        out[a:b] = ids[take]
-    return new_offsets, out
 
 
 def _check_visual(vis: npt.NDArray[Any], total: npt.NDArray[Any]) -> None:
@@ -558,7 +540,7 @@ def plan_packs(
         truncated = np.sort(np.concatenate([ids[offsets[g] : offsets[g + 1]] for g in cut]))
         truncated = truncated.astype(np.int64)
         by_load = by_load[keep]
-    new_offsets, new_ids = _reorder(offsets, ids, by_load)
+    new_offsets, new_ids = reorder_packs(offsets, ids, by_load)
     del ids
     fingerprint = fingerprint_of.result()
     arrays = [new_offsets, new_ids, tot_p[by_load], vis_p[by_load], dropped, truncated]
