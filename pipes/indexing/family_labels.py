@@ -53,8 +53,7 @@ def family_supervised(handler: str | Handler, processor: Any, record: Mapping[st
 
 
 def _labelled_ids(h: Handler, processor: Any, record: Mapping[str, Any]) -> list[int]:
-    from neatpack.pipes.indexing._template_probe import encode_ids, tokenizer_of
-    from neatpack.pipes.indexing.handler_lengths import STAND_IN, text_record
+    from neatpack.pipes.indexing.handler_lengths import stand_in_tokens, text_record
 
     sid = record.get("sample_id", -1)
     text, filled = text_record(record)
@@ -71,7 +70,7 @@ def _labelled_ids(h: Handler, processor: Any, record: Mapping[str, Any]) -> list
     ids, labels = sample["input_ids"][1:], sample["labels"][1:]
     out = [int(i) for i in ids[labels != IGNORE_INDEX]]
     if emptied:  # the stand-ins' tokens were labelled; the media they replace never are
-        drop = emptied * len(encode_ids(tokenizer_of(processor), [STAND_IN])[0])
+        drop = emptied * stand_in_tokens(processor)
         out = out[: max(len(out) - drop, 0)]
     return out
 

@@ -40,6 +40,7 @@ __all__ = [
     "HandlerEstimator",
     "check_estimate_mode",
     "handler_estimator",
+    "stand_in_tokens",
     "text_record",
 ]
 
@@ -186,9 +187,7 @@ class HandlerEstimator:
         text_rec, filled = text_record(record)
         text = self._count(text_rec, sid)
         if filled and self.mode == "exact":  # the stand-ins' own tokens are no text of it
-            from neatpack.pipes.indexing._template_probe import encode_ids, tokenizer_of
-
-            text -= len(filled) * len(encode_ids(tokenizer_of(self.processor), [STAND_IN])[0])
+            text -= len(filled) * stand_in_tokens(self.processor)
         visual = max(total - text, 0)
         if self.mode == "calibrated":
             text = max(round(self.text_scale * text + self.text_offset), 0)
@@ -227,6 +226,14 @@ def text_record(record: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             out["conversation"][k] = {**msg, "content": [{"type": "text", "text": STAND_IN}]}
             filled.append(str(msg.get("role")))
     return out, filled
+
+
+def stand_in_tokens(processor: Any) -> int:
+    """How many tokens ``STAND_IN`` (a media-only turn's text in ``text_record``) takes: what
+    a count over ``text_record`` subtracts for each turn it filled."""
+    from neatpack.pipes.indexing._template_probe import encode_ids, tokenizer_of
+
+    return len(encode_ids(tokenizer_of(processor), [STAND_IN])[0])
 
 
 def _text_only(record: Mapping[str, Any]) -> dict[str, Any]:
