@@ -222,6 +222,18 @@ def _csr(sizes: npt.NDArray[Any]) -> IntArray:
     return out
 
 
+def _best_fit(lengths: IntArray, visual: IntArray, capacity: int, max_visual: int | None,
+              sub: IntArray | None = None) -> tuple[IntArray, IntArray]:  # fmt: skip
+    """Best fit's packs of the samples ``sub`` (all when None), CSR over positions in ``sub``:
+    ``best_fit_decreasing``, or ``best_fit_two_budgets`` with ``max_visual`` (``visual`` is
+    gathered only then)."""
+    if max_visual is None:
+        return best_fit_decreasing(lengths if sub is None else lengths[sub], capacity)
+    if sub is not None:
+        lengths, visual = lengths[sub], visual[sub]
+    return best_fit_two_budgets(lengths, visual, capacity, max_visual)
+
+
 def _into_rooms(
     used: IntArray, cand: IntArray, lengths: IntArray, capacity: int
 ) -> tuple[IntArray, IntArray, IntArray]:
@@ -522,10 +534,7 @@ def _tuple_packs(longest: IntArray, top_visual: IntArray, capacity: int,
     leaves rooms of ~700 that none of its fillers (>= 821 tokens but 15) fits (fill .90)."""
 
     def packed(sub: IntArray) -> tuple[IntArray, IntArray]:
-        if max_visual is None:
-            off, ids = best_fit_decreasing(longest[sub], capacity)
-        else:
-            off, ids = best_fit_two_budgets(longest[sub], top_visual[sub], capacity, max_visual)
+        off, ids = _best_fit(longest, top_visual, capacity, max_visual, sub)
         return off, sub[ids]
 
     off, ids = packed(np.arange(longest.size))
@@ -574,17 +583,17 @@ def _filler_tuples(lengths: IntArray, visual: IntArray, capacity: int, size: int
     ftup = np.concatenate([by[r_text:n_text], by[n_text + r_img :]]).reshape(-1, size)
     group, placed, out = _into_rooms(used, np.arange(ftup.shape[0]), lengths[ftup].max(axis=1),
                                      capacity)  # fmt: skip
+    t_group = np.repeat(np.arange(n_groups), np.diff(t_off))  # each tuple's group
     if max_visual is not None and placed.size:  # a group over the visual budget takes none
         top = visual[tup].max(axis=1)
-        load = np.bincount(np.repeat(np.arange(n_groups), np.diff(t_off)), weights=top[t_ids],
-                           minlength=n_groups)  # fmt: skip
+        load = np.bincount(t_group, weights=top[t_ids], minlength=n_groups)
         load += np.bincount(group, weights=visual[ftup[placed]].max(axis=1), minlength=n_groups)
         ok = load[group] <= max_visual
         out = np.concatenate([out, placed[~ok]])
         group, placed = group[ok], placed[ok]
     if placed.size == 0:
         return tup, t_off, t_ids, fillers
-    all_group = np.concatenate([np.repeat(np.arange(n_groups), np.diff(t_off)), group])
+    all_group = np.concatenate([t_group, group])
     all_ids = np.concatenate([t_ids, tup.shape[0] + placed])
     t_off = _csr(np.bincount(all_group, minlength=n_groups))
     left.append(ftup[out].ravel())
@@ -649,10 +658,7 @@ def _finish(
         keep = np.ones(n_groups, dtype=bool)
         keep[worst[:drop]] = False
         free = np.concatenate([rest, ids[~keep[group]]])
-        if max_visual is None:
-            f_off, f_sub = best_fit_decreasing(lengths[free], capacity)
-        else:
-            f_off, f_sub = best_fit_two_budgets(lengths[free], visual[free], capacity, max_visual)
+        f_off, f_sub = _best_fit(lengths, visual, capacity, max_visual, free)
         fill = total / ((int(keep.sum()) * size + f_off.size - 1) * capacity)
         return keep, free, f_off, f_sub, fill >= floor_fill
 
@@ -769,10 +775,7 @@ def group_packs(
     # the free samples of every chunk packed again together, by best fit: one part-filled
     # last pack, not one a chunk (at 4 chunks of 10,000 samples, 0.0006 of fill)
     rest = np.concatenate(free)
-    if max_visual is None:
-        f_off, f_sub = best_fit_decreasing(tok[rest], capacity)
-    else:
-        f_off, f_sub = best_fit_two_budgets(tok[rest], vis[rest], capacity, max_visual)
+    f_off, f_sub = _best_fit(tok, vis, capacity, max_visual, rest)
     sizes = [np.diff(off) for off, _ in made] + [np.diff(f_off)]
     offsets = _csr(np.concatenate(sizes))
     ids = np.concatenate([i for _, i in made] + [rest[f_sub]]).astype(np.int64, copy=False)
@@ -795,10 +798,7 @@ def _one_set(tok: IntArray, vis: IntArray, capacity: int, group_size: int,
     with ThreadPoolExecutor(_threads(tok.size), thread_name_prefix="group-packs") as pool:
         shares = tuple(sorted({share for _, share in CANDIDATES}))
         splitting = pool.submit(_splits, tok, vis, shares, imgs)
-        if max_visual is None:
-            bf_off, bf_ids = best_fit_decreasing(tok, capacity)
-        else:
-            bf_off, bf_ids = best_fit_two_budgets(tok, vis, capacity, max_visual)
+        bf_off, bf_ids = _best_fit(tok, vis, capacity, max_visual)
         today = pool.submit(_scored, bf_off, bf_ids, 0, tok, vis, *shape, images=imgs)
         splits = splitting.result()
         made = {pool.submit(_candidate, tok, vis, capacity, group_size, max_visual, span,
