@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from neatpack.pipes.planning.balance import VISION_LINEAR
+from neatpack.pipes.planning.balance import sample_vision_cost
 
 __all__ = ["TRADE_MAX", "WINDOW", "WINDOW_MAX", "second_copies", "separate_copies", "use_index"]
 
@@ -100,16 +100,13 @@ def separate_copies(
     vis = None if visual is None else np.asarray(visual, dtype=np.int64)
     img = None if images is None else np.asarray(images, dtype=np.int64)
     # per slot: attention and vision cost over their means per pack (what a trade keeps
-    # even), as ``balance.pack_costs`` prices them: length^2; VISION_LINEAR * visual +
-    # visual^2 / items (0 items: one image)
+    # even), as ``balance.pack_costs`` prices them: length^2, and ``sample_vision_cost``
     n_packs = max(offsets.size - 1, 1)
     att = tot[slots].astype(np.float64) ** 2
     att /= max(float(att.sum()) / n_packs, 1.0)
     vcost = np.zeros_like(att)
     if vis is not None:
-        v = vis[slots].astype(np.float64)
-        items = np.ones_like(v) if img is None else np.maximum(img[slots], 1)
-        vcost = VISION_LINEAR * v + v * v / items
+        vcost = sample_vision_cost(vis[slots], None if img is None else img[slots])
         vcost /= max(float(vcost.sum()) / n_packs, 1.0)
     # the budgets a trade keeps: tokens, and visual tokens / items where they are set
     budgets = [(tot, capacity), (vis, max_visual), (img, max_images)]

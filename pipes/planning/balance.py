@@ -71,6 +71,7 @@ __all__ = [
     "imbalance",
     "pack_cost_terms",
     "pack_costs",
+    "sample_vision_cost",
 ]
 
 BalancePolicy = Literal["tokens", "cost", "lm", "vision", "supervised"]
@@ -119,6 +120,20 @@ def pack_cost_terms(
     # the cost model's own terms (pipes/planning/cost.py); the index's visual tokens stand in
     # for patches (merge=1: the balance weights below are per visual token)
     return pack_terms(offsets, ids, total, visual, merge=1, images=images)
+
+
+def sample_vision_cost(visual: npt.ArrayLike, images: npt.ArrayLike | None = None) -> FloatArray:
+    """Each sample's vision-encoder cost as ``pack_costs`` prices a pack's (``VISION_LINEAR``
+    a visual token, plus its visual tokens squared split over ``images`` equal images; None,
+    or 0 items: one image): what the planners deal and trade samples on.
+
+    >>> sample_vision_cost(np.array([0, 10]), np.array([0, 2])).tolist()  # 7680 * 10 + 2 * 5^2
+    [0.0, 76850.0]
+    """
+    pairs = np.asarray(visual).astype(np.float64) ** 2
+    if images is not None:
+        pairs /= np.maximum(images, 1)
+    return VISION_LINEAR * np.asarray(visual) + pairs
 
 
 def pack_costs(terms: FloatArray) -> tuple[FloatArray, FloatArray]:

@@ -144,12 +144,12 @@ import numpy.typing as npt
 
 from neatpack.pipes.planning.balance import (
     COST_TERMS,
-    VISION_LINEAR,
     balanced_order,
     group_p95,
     imbalance,
     pack_cost_terms,
     pack_costs,
+    sample_vision_cost,
 )
 from neatpack.pipes.planning.binpack import (
     IntArray,
@@ -360,15 +360,6 @@ def _swap(dest: IntArray, vc: FloatArray, load: FloatArray, counts: IntArray,
         live = g
 
 
-def _vision_cost(visual: IntArray, images: IntArray | None) -> FloatArray:
-    """Vision cost per sample as ``balance.pack_cost_terms`` prices it: its visual tokens
-    split over ``images`` equal images (None, or 0 items: one image)."""
-    pairs = visual.astype(np.float64) ** 2
-    if images is not None:
-        pairs /= np.maximum(images, 1)
-    return VISION_LINEAR * visual + pairs
-
-
 def _split(
     lengths: IntArray, visual: IntArray, share: float = 0.05, images: IntArray | None = None
 ) -> tuple[FloatArray, IntArray, IntArray]:
@@ -385,7 +376,7 @@ def _splits(
     length`` and ``has images, length, visual``, each field in as few bits as its largest
     value needs: 2 passes of 16 bits at pack sizes to 16k, 2.5x faster than numpy's stable
     sort of int64 keys at 10M samples): the others keep the order of all samples by the key."""
-    vcost = _vision_cost(visual, images)
+    vcost = sample_vision_cost(visual, images)
     has = (visual > 0).astype(np.int64)
     lb = int(lengths.max(initial=0)).bit_length()
     vb = int(visual.max(initial=0)).bit_length()

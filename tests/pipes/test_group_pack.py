@@ -20,6 +20,7 @@ from neatpack.pipes.planning.balance import (
     balanced_order,
     pack_cost_terms,
     pack_costs,
+    sample_vision_cost,
 )
 from neatpack.pipes.planning.binpack import best_fit_decreasing
 from neatpack.pipes.planning.plan import PackPlan, plan_fingerprint, plan_packs
@@ -144,7 +145,7 @@ def test_made_groups_price_vision_as_the_score_does(rows: list[tuple[int, int]])
     one = np.arange(visual.size + 1)
     for imgs in (None, images):
         terms = pack_cost_terms(one, one[:-1], visual + 1, visual, imgs)
-        assert np.allclose(group_pack._vision_cost(visual, imgs), pack_costs(terms)[1])
+        assert np.allclose(sample_vision_cost(visual, imgs), pack_costs(terms)[1])
 
 
 @pytest.mark.parametrize("world", [8, 16])
@@ -244,7 +245,7 @@ def test_a_wide_room_takes_its_fillers_as_tuples() -> None:
     two of 15 and three of 10, and the packs are alike."""
     lengths = np.array([40, 40] + [15] * 4 + [10] * 6)
     visual = np.zeros_like(lengths)
-    vcost = group_pack._vision_cost(visual, None)
+    vcost = sample_vision_cost(visual, None)
     order, fillers = np.array([0, 1]), np.arange(2, 12)
     spread = {}
     for rooms in (False, True):
