@@ -77,7 +77,6 @@ __all__ = [
     "legacy_mixture",
     "option",
     "options_markdown",
-    "unkeyed_values",
 ]
 
 #: ``option(key=KEY_WHEN_SET)``: the field enters the key only when it differs from its default
@@ -641,14 +640,6 @@ GROUPS: tuple[type[Options], ...] = (
     StreamOptions,
 )
 CONFIGS: tuple[type[Options], ...] = (NeatVLMConfig, NeatLLMConfig, GroupedConfig, NeatStreamConfig)
-
-
-def unkeyed_values() -> dict[str, Any]:
-    """``{option: the value a checkpoint key without it stands for}`` of every option
-    declared with ``option(unkeyed=...)`` (a default that changed after states were saved):
-    what the loader names when such a state is refused under the new default."""
-    return {f.name: f.metadata["unkeyed"] for config in CONFIGS for f in dataclasses.fields(config)
-            if "unkeyed" in f.metadata}  # fmt: skip
 
 
 def options_markdown() -> str:

@@ -679,14 +679,11 @@ def _mismatch_message(
         if "lengths" in changed
         else ""
     )
-    from neatpack.graphs.config import unkeyed_values  # (the config imports the runtime)
-
-    for name, old in unkeyed_values().items():  # a default that changed since (balance)
-        if name in changed and name not in state["config"]:
-            what += (
-                f" (a state without {name!r} in its key was saved with {name}={old!r}, the "
-                f"default then: pass {name}={old!r} to resume it)"
-            )
+    if "balance" in changed and "balance" not in state["config"]:
+        what += (
+            " (a state without 'balance' in its key was planned with balance='tokens', the "
+            "default before 'cost': pass balance='tokens' to resume it)"
+        )
     if "attn_implementation" in changed:  # "auto" resolves per machine (attention_choice.py)
         saved = state["config"].get("attn_implementation")
         what += (
